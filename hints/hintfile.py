@@ -1,0 +1,242 @@
+"""Hint files: rrfp's versioned JSON (``rrfp-hint/1``) and torch's per-rank schedule CSV.
+
+``rrfp-hint/1`` (the public, versioned hint format)::
+
+    {
+      "format": "rrfp-hint/1",
+      "name": "1f1b",
+      "shape": {"ranks": 4, "chunks": 1, "microbatches": 8, "split_backward": false},
+      "placement": "looping",
+      "orders": [["0F0", "0F1", ...], ["1F0", ...], ...],   # one list per rank
+      "provenance": {"generator": "1f1b", ...}               # free-form, kept verbatim
+    }
+
+Unknown keys are rejected (a typo must not be silently ignored). Loading
+validates fully (:func:`hints.validate.validate_orders`); every failure is a
+:class:`HintError` naming the file, the rank and the task.
+
+torch CSV is what ``PipelineScheduleMulti._dump_csv`` / ``_load_csv`` read and
+write in their ``compute_only`` format: one row per rank, one action per cell
+in torch's grammar (``0F0``, ``1B3``, ``0I2``, ``0W2``); empty cells are idle
+steps. Communication and FSDP actions (``SEND_F``, ``UNSHARD``,
+``REDUCE_GRAD``, ...) are skipped on reading because rrfp derives them; the
+shape is inferred from the tasks present.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+from typing import Any, Sequence
+
+from hints.errors import HintError, UserError
+from hints.orders import BUILTIN_HINTS, HintOrder, builtin_hint
+from hints.tasks import PipelineShape, Task
+from hints.validate import validate_orders
+
+HINT_FORMAT = "rrfp-hint/1"
+TORCH_PREFIX = "torch:"
+_TOP_KEYS = {"format", "name", "shape", "placement", "orders", "provenance"}
+_SHAPE_KEYS = {"ranks", "chunks", "microbatches", "split_backward"}
+
+# torch's action grammar (schedules._action_regex); non-compute actions are skipped.
+_TORCH_ACTION_RE = re.compile(
+    r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$"
+)
+_TORCH_COMPUTE = {"F", "B", "I", "W"}
+
+
+# -- JSON ------------------------------------------------------------------
+
+
+def hint_to_json(hint: HintOrder) -> dict[str, Any]:
+    return {
+        "format": HINT_FORMAT,
+        "name": hint.name,
+        "shape": hint.shape.to_json(),
+        "placement": "looping",
+        "orders": hint.text_orders(),
+        "provenance": dict(hint.provenance),
+    }
+
+
+def save_hint(hint: HintOrder, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(hint_to_json(hint), indent=1) + "\n")
+
+
+def hint_from_json(data: Any, where: str) -> HintOrder:
+    """Build and validate a hint from parsed ``rrfp-hint/1`` JSON."""
+    if not isinstance(data, dict):
+        raise HintError(f"expected a JSON object with format {HINT_FORMAT!r}", where)
+    if data.get("format") != HINT_FORMAT:
+        raise HintError(
+            f"format is {data.get('format')!r}; this rrfp reads {HINT_FORMAT!r}", where
+        )
+    unknown = sorted(set(data) - _TOP_KEYS)
+    if unknown:
+        raise HintError(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_TOP_KEYS))})", where)
+    for key in ("shape", "orders"):
+        if key not in data:
+            raise HintError(f"missing key {key!r}", where)
+    placement = data.get("placement", "looping")
+    if placement != "looping":
+        raise HintError(f"placement {placement!r} is not supported (only 'looping': stage k on rank k % ranks)", where)
+    shape = _shape_from_json(data["shape"], f"{where}: shape")
+    orders = data["orders"]
+    if not isinstance(orders, list) or not all(isinstance(o, list) for o in orders):
+        raise HintError("'orders' must be a list with one list of task strings per rank", where)
+    parsed = [
+        [_parse_task(text, f"{where}: rank {rank}, step {step}") for step, text in enumerate(order)]
+        for rank, order in enumerate(orders)
+    ]
+    validate_orders(shape, parsed, where)
+    name = data.get("name", Path(where).stem)
+    provenance = data.get("provenance", {})
+    if not isinstance(name, str):
+        raise HintError("'name' must be a string", where)
+    if not isinstance(provenance, dict):
+        raise HintError("'provenance' must be an object", where)
+    return HintOrder(shape, tuple(tuple(o) for o in parsed), name, provenance)
+
+
+def _shape_from_json(data: Any, where: str) -> PipelineShape:
+    if not isinstance(data, dict):
+        raise HintError("must be an object with ranks, chunks, microbatches", where)
+    unknown = sorted(set(data) - _SHAPE_KEYS)
+    if unknown:
+        raise HintError(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_SHAPE_KEYS))})", where)
+    for key in ("ranks", "chunks", "microbatches"):
+        if key not in data:
+            raise HintError(f"missing key {key!r}", where)
+    split = data.get("split_backward", False)
+    if not isinstance(split, bool):
+        raise HintError("'split_backward' must be true or false", where)
+    try:
+        return PipelineShape(data["ranks"], data["chunks"], data["microbatches"], split)
+    except UserError as err:
+        raise HintError(err.what, f"{where}: {err.where}") from None
+
+
+def _parse_task(text: Any, where: str) -> Task:
+    if not isinstance(text, str):
+        raise HintError(f"{text!r} is not a task string", where)
+    try:
+        return Task.parse(text)
+    except HintError as err:
+        raise err.located(where) from None
+
+
+# -- torch CSV -------------------------------------------------------------
+
+
+def save_torch_csv(hint: HintOrder, path: str | Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        for order in hint.text_orders():
+            writer.writerow(order)
+
+
+def hint_from_torch_rows(rows: Sequence[Sequence[str]], where: str, name: str) -> HintOrder:
+    """Build a hint from torch's compute-only action rows (one row per rank)."""
+    orders: list[list[Task]] = []
+    for rank, row in enumerate(rows):
+        order = []
+        for column, cell in enumerate(row):
+            text = cell.strip()
+            if not text:
+                continue
+            match = _TORCH_ACTION_RE.match(text)
+            if match is None:
+                raise HintError(
+                    f"{text!r} is not a torch pipelining action", f"{where}: rank {rank}, column {column}"
+                )
+            stage, kind, mb = match.groups()
+            if kind not in _TORCH_COMPUTE:
+                continue  # communication / FSDP actions: rrfp derives its own
+            if not mb:
+                raise HintError(f"{text!r} has no microbatch", f"{where}: rank {rank}, column {column}")
+            order.append(Task.parse(f"{stage}{kind}{mb}"))
+        orders.append(order)
+    return hint_from_task_orders(orders, where, name, {"source": "torch-csv"})
+
+
+def hint_from_task_orders(
+    orders: Sequence[Sequence[Task]], where: str, name: str, provenance: dict[str, object]
+) -> HintOrder:
+    """Infer the shape from the tasks present (ranks = rows) and validate."""
+    ranks = len(orders)
+    tasks = [task for order in orders for task in order]
+    if ranks == 0 or not tasks:
+        raise HintError("holds no tasks", where)
+    stages = max(task.stage for task in tasks) + 1
+    if stages % ranks:
+        raise HintError(
+            f"has {stages} stages over {ranks} ranks; looping placement needs a multiple of the rank count",
+            where,
+        )
+    split = any(task.kind.value in "IW" for task in tasks)
+    shape = PipelineShape(ranks, stages // ranks, max(task.microbatch for task in tasks) + 1, split)
+    validate_orders(shape, orders, where)
+    return HintOrder(shape, tuple(tuple(o) for o in orders), name, provenance)
+
+
+# -- loading any hint ------------------------------------------------------
+
+
+def load_hint(path: str | Path) -> HintOrder:
+    """Load an ``rrfp-hint/1`` JSON file or a torch CSV (by extension ``.csv``)."""
+    path = Path(path)
+    where = str(path)
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise HintError("no such file", where) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise HintError(f"cannot read: {err}", where) from None
+    if path.suffix.lower() == ".csv":
+        rows = list(csv.reader(text.splitlines()))
+        return hint_from_torch_rows(rows, where, path.stem)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as err:
+        raise HintError(f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}", where) from None
+    return hint_from_json(data, where)
+
+
+def resolve_hint(
+    spec: str,
+    ranks: int | None = None,
+    chunks: int | None = None,
+    microbatches: int | None = None,
+    costs: Sequence[float] | None = None,
+) -> HintOrder:
+    """A built-in name or ``torch:SCHEDULE`` (built for the given shape), or a hint file (checked against it).
+
+    For a file, any of ``ranks``/``chunks``/``microbatches`` that is given must
+    match the file's shape.
+    """
+    if spec in BUILTIN_HINTS or spec.startswith(TORCH_PREFIX):
+        if ranks is None or microbatches is None:
+            raise HintError(f"hint {spec!r} needs --stages and --microbatches")
+        if spec in BUILTIN_HINTS:
+            return builtin_hint(spec, ranks, chunks or 1, microbatches, costs)
+        from hints.torch_import import import_torch_schedule  # imports torch: only on this path
+
+        return import_torch_schedule(spec[len(TORCH_PREFIX):], ranks, microbatches, chunks or 1)
+    path = Path(spec)
+    if not path.exists():
+        raise HintError(
+            f"unknown hint {spec!r}: not a built-in ({', '.join(BUILTIN_HINTS)}), not torch:SCHEDULE, "
+            f"and no such file"
+        )
+    hint = load_hint(path)
+    for label, given, actual in (
+        ("--stages", ranks, hint.shape.ranks),
+        ("--chunks", chunks, hint.shape.chunks),
+        ("--microbatches", microbatches, hint.shape.microbatches),
+    ):
+        if given is not None and given != actual:
+            raise HintError(f"the file is for {label.lstrip('-')} {actual} but {label} {given} was asked", spec)
+    return hint

@@ -1,0 +1,338 @@
+"""Hint orders as data, and the built-in generators.
+
+A *hint order* is, for each rank, the ordered list of the tasks that rank runs
+(see :mod:`hints.tasks` for the index conventions). Under the ``fixed`` policy
+a rank runs exactly that list; under ``ready`` the list only ranks the ready
+tasks (lower position wins). Generators are pure functions of plain numbers:
+no torch, no process group, no stage object.
+
+Built-ins (``BUILTIN_HINTS``):
+
+``gpipe``
+    Every rank runs all its forwards, then all its backwards. Forwards go chunk
+    by chunk (all microbatches through chunk 0, then chunk 1, ...), backwards
+    in reverse chunk order, microbatches ascending. With one chunk this is
+    torch's ``ScheduleGPipe``.
+``1f1b``
+    Non-interleaved one-forward-one-backward (PipeDream-flush): rank ``r``
+    warms up with ``min(p-1-r, m)`` forwards, then alternates F and B, then
+    drains. Needs ``chunks == 1``. Equals torch's ``Schedule1F1B``.
+``interleaved-1f1b``
+    Megatron's interleaved 1F1B with torch's relaxation of ``m % p == 0``
+    (microbatches are taken in rounds of ``m // max(1, m // p)``; ``m`` must be
+    a multiple of the number of rounds). Needs ``chunks >= 2``. Equals torch's
+    ``ScheduleInterleaved1F1B``.
+``bf``
+    Breadth-first with looping placement (Lamy-Poirier, "Breadth-First
+    Pipeline Parallelism", 2022): all microbatches through a chunk before the
+    next chunk, then backwards in reverse chunk order and reverse microbatch
+    order. Equals torch's ``ScheduleLoopedBFS``.
+``bfw``
+    Breadth-first *weighted*; see :func:`breadth_first_weighted` and
+    [Note: bfw] below.
+``zb``
+    Zero-bubble with split backward (Qi et al., "Zero Bubble Pipeline
+    Parallelism", 2023, the ZB-H1 idea): the 1F1B skeleton with ``I`` in place
+    of ``B``, a warmup of ``(v-1)*round + (p-1-r)`` forwards, and each ``W``
+    deferred behind the rank's next ``r`` input-gradient tasks, so the later
+    ranks fill their drain bubble with weight gradients. With chunks >= 2 this
+    equals torch's ``ScheduleInterleavedZeroBubble`` order.
+
+[Note: bfw]
+    With variable microbatch cost (sequence length, image count) the tail of a
+    pipeline is set by whichever heavy microbatch enters last. ``bfw`` is the
+    breadth-first order with microbatches sorted by their estimated cost,
+    heaviest first, in both the forward and the backward pass (ties keep index
+    order). This is longest-processing-time-first list scheduling (Graham
+    1969): starting the long jobs early lets short ones fill the gaps behind
+    them, and leaves short jobs to drain the pipeline. The costs come from the
+    workload model (estimated per-microbatch compute summed over stages);
+    without costs every microbatch weighs the same and ``bfw`` runs
+    microbatches in index order in both passes.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Mapping, Sequence
+
+from hints.errors import HintError
+from hints.tasks import B, F, I, PipelineShape, Task, W
+
+RankOrders = list[list[Task]]
+
+
+@dataclass(frozen=True)
+class HintOrder:
+    """Per-rank task orders for one shape, with a name and where it came from."""
+
+    shape: PipelineShape
+    orders: tuple[tuple[Task, ...], ...]
+    name: str
+    provenance: Mapping[str, object] = field(default_factory=dict)
+
+    def hint_ranks(self, rank: int) -> dict[Task, int]:
+        """Task -> position in ``rank``'s order (lower runs earlier)."""
+        return {task: pos for pos, task in enumerate(self.orders[rank])}
+
+    def text_orders(self) -> list[list[str]]:
+        return [[str(task) for task in order] for order in self.orders]
+
+
+# -- generators ----------------------------------------------------------
+
+
+def _local_stages(rank: int, ranks: int, chunks: int) -> range:
+    return range(rank, ranks * chunks, ranks)
+
+
+def gpipe(ranks: int, chunks: int, microbatches: int) -> RankOrders:
+    """All forwards chunk by chunk, then all backwards (reverse chunks, ascending microbatches)."""
+    mbs = list(range(microbatches))
+    return _breadth_first(ranks, chunks, mbs, mbs)
+
+
+def breadth_first(ranks: int, chunks: int, microbatches: int) -> RankOrders:
+    """torch's LoopedBFS: forwards ascending, backwards in reverse chunk and microbatch order."""
+    mbs = list(range(microbatches))
+    return _breadth_first(ranks, chunks, mbs, mbs[::-1])
+
+
+def breadth_first_weighted(
+    ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None
+) -> RankOrders:
+    """Breadth-first with the heaviest microbatches first in both passes ([Note: bfw])."""
+    if costs is None:
+        costs = [1.0] * microbatches
+    if len(costs) != microbatches:
+        raise HintError(f"bfw needs one cost per microbatch: got {len(costs)} for {microbatches}")
+    heavy_first = sorted(range(microbatches), key=lambda mb: (-costs[mb], mb))
+    return _breadth_first(ranks, chunks, heavy_first, heavy_first)
+
+
+def _breadth_first(
+    ranks: int, chunks: int, forward_mbs: Sequence[int], backward_mbs: Sequence[int]
+) -> RankOrders:
+    orders: RankOrders = []
+    for rank in range(ranks):
+        stages = _local_stages(rank, ranks, chunks)
+        order = [Task(stage, F, mb) for stage in stages for mb in forward_mbs]
+        order += [Task(stage, B, mb) for stage in reversed(stages) for mb in backward_mbs]
+        orders.append(order)
+    return orders
+
+
+def microbatches_per_round(ranks: int, microbatches: int) -> int:
+    """torch's interleaving round: ``m // max(1, m // p)``; ``m`` must divide evenly into rounds."""
+    rounds = max(1, microbatches // ranks)
+    if microbatches % rounds:
+        raise HintError(
+            f"interleaved orders take microbatches in {rounds} rounds, so the microbatch count "
+            f"must be a multiple of {rounds}; got {microbatches} (try {rounds * (microbatches // rounds)} "
+            f"or {rounds * (microbatches // rounds + 1)})"
+        )
+    return microbatches // rounds
+
+
+def _one_f_one_b_rank(
+    rank: int,
+    ranks: int,
+    chunks: int,
+    microbatches: int,
+    warmup: int,
+    weight_lag: int | None,
+) -> list[Task]:
+    """One rank's 1F1B-family order (the shape of torch's ``_get_1f1b_rank_ops``, without idle slots).
+
+    Steps ``0 .. warmup-1`` are forwards; then each step is a forward followed by
+    a backward; the last ``warmup`` steps are backwards only. With
+    ``weight_lag`` set, backwards are split into ``I`` + ``W`` and the ``W`` of
+    a backward step is issued ``weight_lag`` backward steps later (the rest at
+    the end).
+    """
+    total = chunks * microbatches
+    warmup = min(warmup, total)
+    per_round = microbatches_per_round(ranks, microbatches) if chunks > 1 else microbatches
+
+    def forward_stage(step: int) -> int:
+        return ((step // per_round) % chunks) * ranks + rank
+
+    def backward_stage(step: int) -> int:
+        return (chunks - 1 - ((step - warmup) // per_round) % chunks) * ranks + rank
+
+    next_forward: dict[int, int] = defaultdict(int)
+    next_backward: dict[int, int] = defaultdict(int)
+    next_weight: dict[int, int] = defaultdict(int)
+    backward_kind = B if weight_lag is None else I
+    backward_steps: list[int] = []
+    weights_done = 0
+    order: list[Task] = []
+
+    def emit(stage: int, kind, counters: dict[int, int]) -> None:
+        order.append(Task(stage, kind, counters[stage]))
+        counters[stage] += 1
+
+    for step in range(warmup + total):
+        if step < total:
+            emit(forward_stage(step), F, next_forward)
+        if step >= warmup:
+            emit(backward_stage(step), backward_kind, next_backward)
+            backward_steps.append(step)
+            if weight_lag is not None and step - warmup >= weight_lag:
+                emit(backward_stage(backward_steps[weights_done]), W, next_weight)
+                weights_done += 1
+    if weight_lag is not None:
+        for step in backward_steps[weights_done:]:
+            emit(backward_stage(step), W, next_weight)
+    return order
+
+
+def one_f_one_b(ranks: int, chunks: int, microbatches: int) -> RankOrders:
+    """Non-interleaved 1F1B; needs one chunk per rank."""
+    if chunks != 1:
+        raise HintError(
+            f"1f1b runs one chunk per rank (got --chunks {chunks}); use interleaved-1f1b for chunks >= 2"
+        )
+    return [
+        _one_f_one_b_rank(rank, ranks, 1, microbatches, ranks - 1 - rank, None)
+        for rank in range(ranks)
+    ]
+
+
+def interleaved_one_f_one_b(ranks: int, chunks: int, microbatches: int) -> RankOrders:
+    """Megatron/torch interleaved 1F1B; needs two or more chunks per rank."""
+    if chunks < 2:
+        raise HintError("interleaved-1f1b needs --chunks >= 2; use 1f1b for one chunk per rank")
+    per_round = microbatches_per_round(ranks, microbatches)
+    return [
+        _one_f_one_b_rank(
+            rank, ranks, chunks, microbatches, (chunks - 1) * per_round + 2 * (ranks - 1 - rank), None
+        )
+        for rank in range(ranks)
+    ]
+
+
+def zero_bubble(ranks: int, chunks: int, microbatches: int) -> RankOrders:
+    """ZB-H1-style split-backward 1F1B; W deferred by ``rank`` backward steps."""
+    per_round = microbatches_per_round(ranks, microbatches) if chunks > 1 else microbatches
+    return [
+        _one_f_one_b_rank(
+            rank, ranks, chunks, microbatches, (chunks - 1) * per_round + (ranks - 1 - rank), rank
+        )
+        for rank in range(ranks)
+    ]
+
+
+# -- registry ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class BuiltinHint:
+    name: str
+    summary: str
+    generator: Callable[..., RankOrders]
+    split_backward: bool = False
+    takes_costs: bool = False
+    chunks: str = "any"  # human-readable requirement, for `rrfp hints list`
+
+    def build(
+        self,
+        ranks: int,
+        chunks: int,
+        microbatches: int,
+        costs: Sequence[float] | None = None,
+    ) -> HintOrder:
+        shape = PipelineShape(ranks, chunks, microbatches, self.split_backward)
+        if self.takes_costs:
+            rank_orders = self.generator(ranks, chunks, microbatches, costs)
+        else:
+            rank_orders = self.generator(ranks, chunks, microbatches)
+        provenance: dict[str, object] = {"generator": self.name}
+        if self.takes_costs and costs is not None:
+            provenance["costs"] = [float(c) for c in costs]
+        return HintOrder(shape, tuple(tuple(o) for o in rank_orders), self.name, provenance)
+
+
+BUILTIN_HINTS: dict[str, BuiltinHint] = {
+    hint.name: hint
+    for hint in (
+        BuiltinHint("gpipe", "all forwards, then all backwards (chunk by chunk)", gpipe),
+        BuiltinHint("1f1b", "one-forward-one-backward after a warmup (PipeDream-flush)", one_f_one_b, chunks="1"),
+        BuiltinHint(
+            "interleaved-1f1b", "Megatron's interleaved 1F1B over virtual stages",
+            interleaved_one_f_one_b, chunks=">= 2",
+        ),
+        BuiltinHint("bf", "breadth-first, looping placement (torch LoopedBFS)", breadth_first),
+        BuiltinHint(
+            "bfw", "breadth-first, heaviest microbatches first (needs workload costs)",
+            breadth_first_weighted, takes_costs=True,
+        ),
+        BuiltinHint(
+            "zb", "zero-bubble 1F1B: split backward, W deferred into the drain (ZB-H1)",
+            zero_bubble, split_backward=True,
+        ),
+    )
+}
+
+
+def builtin_hint(
+    name: str,
+    ranks: int,
+    chunks: int,
+    microbatches: int,
+    costs: Sequence[float] | None = None,
+) -> HintOrder:
+    """Build a built-in hint by name; unknown names raise :class:`HintError` listing the choices."""
+    hint = BUILTIN_HINTS.get(name)
+    if hint is None:
+        raise HintError(f"unknown hint {name!r}; built-ins are {', '.join(BUILTIN_HINTS)}")
+    return hint.build(ranks, chunks, microbatches, costs)
+
+
+def applicable_builtins(
+    ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None
+) -> dict[str, HintOrder]:
+    """Every built-in that can be generated for this shape, built (used by ``--compare``)."""
+    built = {}
+    for name, hint in BUILTIN_HINTS.items():
+        try:
+            built[name] = hint.build(ranks, chunks, microbatches, costs)
+        except HintError:
+            continue
+    return built
+
+
+def baseline_hint_name(chunks: int) -> str:
+    """The fixed-order 1F1B every speedup is measured against (interleaved when chunks >= 2)."""
+    return "1f1b" if chunks == 1 else "interleaved-1f1b"
+
+
+def peak_in_flight(order: Sequence[Task], final_backward) -> int:
+    """Most microbatch-chunks forwarded and not yet finished along one rank's order."""
+    live = peak = 0
+    for task in order:
+        if task.kind is F:
+            live += 1
+            peak = max(peak, live)
+        elif task.kind is final_backward:
+            live -= 1
+    return peak
+
+
+__all__ = [
+    "BUILTIN_HINTS",
+    "BuiltinHint",
+    "HintOrder",
+    "applicable_builtins",
+    "baseline_hint_name",
+    "breadth_first",
+    "breadth_first_weighted",
+    "builtin_hint",
+    "gpipe",
+    "interleaved_one_f_one_b",
+    "microbatches_per_round",
+    "one_f_one_b",
+    "peak_in_flight",
+    "zero_bubble",
+]

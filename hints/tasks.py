@@ -1,0 +1,176 @@
+"""The task model: pipeline shapes and the tasks a pipeline runs.
+
+Convention used throughout rrfp
+-------------------------------
+* ``p`` ranks, ``v`` chunks per rank (virtual stages), ``m`` microbatches.
+* The model is cut into ``S = p * v`` *model stages* ``0 .. S-1``. Placement is
+  *looping* (Megatron's interleaving, torch's looped schedules): stage ``k``
+  lives on rank ``k % p`` as its chunk ``k // p``. Chunk 0 of every rank holds
+  the stages ``0 .. p-1``.
+* A task is one unit of compute on one stage for one microbatch:
+  ``F`` forward, ``B`` full backward, or, for a *split* backward (zero-bubble
+  style), ``I`` (gradient with respect to the stage input, what the previous
+  stage waits for) followed by ``W`` (gradient with respect to the weights,
+  which nobody waits for). A shape either splits every backward or none.
+* The canonical text of a task is torch's pipelining action grammar:
+  ``<stage><kind><microbatch>`` such as ``2F0``, ``1B3``, ``0I2``, ``0W2``.
+  That one form is used in hint files, traces, logs and error messages, and it
+  parses back with :meth:`Task.parse`.
+
+This module imports nothing heavier than the standard library.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+from typing import Iterator, NamedTuple
+
+from hints.errors import HintError, UserError
+
+
+class Kind(str, Enum):
+    """What a task computes. The values are torch's action letters."""
+
+    FORWARD = "F"
+    BACKWARD = "B"  # full backward: input and weight gradients together
+    BACKWARD_INPUT = "I"  # split backward, part 1: gradient sent upstream
+    BACKWARD_WEIGHT = "W"  # split backward, part 2: weight gradient only
+
+    def __str__(self) -> str:  # "F", not "Kind.FORWARD"
+        return self.value
+
+    @property
+    def is_backward(self) -> bool:
+        return self is not Kind.FORWARD
+
+
+F = Kind.FORWARD
+B = Kind.BACKWARD
+I = Kind.BACKWARD_INPUT  # noqa: E741 - torch's own letter
+W = Kind.BACKWARD_WEIGHT
+
+_TASK_RE = re.compile(r"^\s*(\d+)([FBIW])(\d+)\s*$")
+
+
+class Task(NamedTuple):
+    """One unit of pipeline work: ``kind`` of model stage ``stage`` on microbatch ``microbatch``.
+
+    A ``NamedTuple`` so it is immutable, hashable, cheap, and orders by
+    (stage, kind, microbatch) when sorted.
+    """
+
+    stage: int
+    kind: Kind
+    microbatch: int
+
+    def __str__(self) -> str:
+        return f"{self.stage}{self.kind.value}{self.microbatch}"
+
+    def __repr__(self) -> str:
+        return f"Task({self})"
+
+    @staticmethod
+    def parse(text: str) -> "Task":
+        """Parse the canonical form (``2F0``); raises :class:`HintError` on anything else."""
+        match = _TASK_RE.match(text) if isinstance(text, str) else None
+        if match is None:
+            raise HintError(
+                f"{text!r} is not a task; expected <stage><F|B|I|W><microbatch>, e.g. 2F0"
+            )
+        return Task(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineShape:
+    """``ranks`` x ``chunks`` model stages (looping placement) and ``microbatches``.
+
+    ``split_backward`` says whether every backward is split into ``I`` + ``W``.
+    """
+
+    ranks: int
+    chunks: int
+    microbatches: int
+    split_backward: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("ranks", "chunks", "microbatches"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise UserError(f"must be a whole number >= 1, got {value!r}", f"shape {name}")
+
+    # -- placement ---------------------------------------------------------
+    @property
+    def stages(self) -> int:
+        return self.ranks * self.chunks
+
+    def rank_of(self, stage: int) -> int:
+        return stage % self.ranks
+
+    def chunk_of(self, stage: int) -> int:
+        return stage // self.ranks
+
+    def stage_of(self, rank: int, chunk: int) -> int:
+        return chunk * self.ranks + rank
+
+    def stages_of_rank(self, rank: int) -> range:
+        return range(rank, self.stages, self.ranks)
+
+    # -- task kinds --------------------------------------------------------
+    @property
+    def backward_kinds(self) -> tuple[Kind, ...]:
+        """The backward kinds every (stage, microbatch) has, in dependency order."""
+        return (I, W) if self.split_backward else (B,)
+
+    @property
+    def upstream_backward(self) -> Kind:
+        """The backward kind whose output the previous stage waits for (B, or I when split)."""
+        return I if self.split_backward else B
+
+    @property
+    def final_backward(self) -> Kind:
+        """The last task of a (stage, microbatch); its end frees the stashed activations."""
+        return W if self.split_backward else B
+
+    @property
+    def kinds(self) -> tuple[Kind, ...]:
+        return (F, *self.backward_kinds)
+
+    # -- enumeration -------------------------------------------------------
+    def tasks_of_rank(self, rank: int) -> Iterator[Task]:
+        for stage in self.stages_of_rank(rank):
+            for kind in self.kinds:
+                for mb in range(self.microbatches):
+                    yield Task(stage, kind, mb)
+
+    def tasks(self) -> Iterator[Task]:
+        for rank in range(self.ranks):
+            yield from self.tasks_of_rank(rank)
+
+    @property
+    def tasks_per_rank(self) -> int:
+        return self.chunks * self.microbatches * len(self.kinds)
+
+    @property
+    def total_tasks(self) -> int:
+        return self.ranks * self.tasks_per_rank
+
+    def contains(self, task: Task) -> bool:
+        return (
+            0 <= task.stage < self.stages
+            and 0 <= task.microbatch < self.microbatches
+            and task.kind in self.kinds
+        )
+
+    def describe(self) -> str:
+        split = ", split backward" if self.split_backward else ""
+        return f"{self.ranks} ranks x {self.chunks} chunks, {self.microbatches} microbatches{split}"
+
+    def to_json(self) -> dict:
+        return {
+            "ranks": self.ranks,
+            "chunks": self.chunks,
+            "microbatches": self.microbatches,
+            "split_backward": self.split_backward,
+        }

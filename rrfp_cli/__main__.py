@@ -1,0 +1,3 @@
+from rrfp_cli.app import main
+
+main()

@@ -1,0 +1,133 @@
+"""``rrfp hints``: list, show, check and export hint orders."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from hints.hintfile import hint_to_json, resolve_hint, save_hint, save_torch_csv
+from hints.orders import BUILTIN_HINTS, HintOrder
+from hints.torch_import import TORCH_SCHEDULES
+from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Stages
+from rrfp_cli.output import Output
+
+app = typer.Typer(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
+                  no_args_is_help=True)
+
+HintArg = Annotated[str, typer.Argument(help="Built-in name, hint file, or torch:SCHEDULE.", metavar="NAME|FILE")]
+
+MICROBATCH_COLOURS = (
+    "bright_blue", "bright_green", "bright_magenta", "bright_cyan", "yellow", "bright_red",
+    "blue", "green", "magenta", "cyan", "orange3", "red",
+)
+KIND_STYLE = {"F": "", "B": "reverse ", "I": "reverse ", "W": "underline "}
+
+
+@app.command("list")
+def list_hints(json_mode: JsonFlag = False) -> None:
+    """List the built-in hints and the torch schedules that can be imported."""
+    rows = [
+        {"name": h.name, "chunks": h.chunks, "split_backward": h.split_backward, "summary": h.summary}
+        for h in BUILTIN_HINTS.values()
+    ]
+    torch_rows = [f"torch:{name}" for name in TORCH_SCHEDULES]
+
+    def render(console: Console) -> None:
+        table = Table(title="Built-in hints", title_justify="left")
+        for column in ("name", "chunks", "backward", "order"):
+            table.add_column(column)
+        for row in rows:
+            table.add_row(row["name"], row["chunks"], "I + W" if row["split_backward"] else "B", row["summary"])
+        console.print(table)
+        console.print("Also: " + ", ".join(torch_rows) + " (imported from torch.distributed.pipelining), "
+                      "or a hint file (rrfp-hint/1 JSON, torch CSV).")
+
+    Output(json_mode).result({"builtins": rows, "torch": torch_rows}, render)
+
+
+@app.command("show")
+def show(
+    hint: HintArg,
+    stages: Stages = None,
+    microbatches: Microbatches = None,
+    chunks: Chunks = 1,
+    json_mode: JsonFlag = False,
+) -> None:
+    """Draw a hint as a coloured grid, one row per rank (colour = microbatch)."""
+    order = resolve_hint(hint, stages, chunks, microbatches)
+    Output(json_mode).result(hint_to_json(order), lambda console: render_grid(console, order))
+
+
+@app.command("check")
+def check(
+    hint: HintArg,
+    stages: Stages = None,
+    microbatches: Microbatches = None,
+    chunks: Chunks = 1,
+    json_mode: JsonFlag = False,
+) -> None:
+    """Validate a hint and check that it completes when run in exactly its order."""
+    from runtime.simulator import check_completes
+
+    order = resolve_hint(hint, stages, chunks, microbatches)
+    check_completes(order)
+    shape = order.shape
+    Output(json_mode).result(
+        {"hint": order.name, "shape": shape.to_json(), "valid": True, "completes": True},
+        lambda console: console.print(f"[green]ok[/]: {order.name} ({shape.describe()}) is valid "
+                                      f"and completes under the fixed policy"),
+    )
+
+
+@app.command("export")
+def export(
+    hint: HintArg,
+    stages: Stages = None,
+    microbatches: Microbatches = None,
+    chunks: Chunks = 1,
+    torch_csv: Annotated[Optional[Path], typer.Option("--torch-csv", help="Write torch's per-rank CSV "
+                                                      "(PipelineScheduleMulti._load_csv, compute_only).")] = None,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Write an rrfp-hint/1 JSON file.")] = None,
+    json_mode: JsonFlag = False,
+) -> None:
+    """Write a hint as rrfp-hint/1 JSON (--out) and/or torch CSV (--torch-csv)."""
+    if torch_csv is None and out is None:
+        raise typer.BadParameter("give --out FILE.json and/or --torch-csv FILE.csv", param_hint="--out")
+    order = resolve_hint(hint, stages, chunks, microbatches)
+    written = []
+    if out is not None:
+        save_hint(order, out)
+        written.append(str(out))
+    if torch_csv is not None:
+        save_torch_csv(order, torch_csv)
+        written.append(str(torch_csv))
+    Output(json_mode).result(
+        {"hint": order.name, "written": written},
+        lambda console: console.print(f"wrote {', '.join(written)} ({order.name}, {order.shape.describe()})"),
+    )
+
+
+def render_grid(console: Console, hint: HintOrder) -> None:
+    """Rank rows, step columns; split into blocks of steps that fit the terminal."""
+    rows = hint.text_orders()
+    cell = max(len(text) for row in rows for text in row) + 1
+    label = len(f"rank {len(rows) - 1}") + 3
+    per_block = max(4, (console.width - label) // cell)
+    longest = max(len(row) for row in rows)
+    console.print(f"[bold]{hint.name}[/]: {hint.shape.describe()}")
+    for first in range(0, longest, per_block):
+        if longest > per_block:
+            console.print(f"[dim]steps {first}..{min(longest, first + per_block) - 1}[/]")
+        for rank, row in enumerate(rows):
+            line = Text(f"{'rank ' + str(rank):<{label - 3}} | ", style="bold")
+            for task in hint.orders[rank][first:first + per_block]:
+                colour = MICROBATCH_COLOURS[task.microbatch % len(MICROBATCH_COLOURS)]
+                line.append(f"{str(task):<{cell - 1}}", style=KIND_STYLE[task.kind.value] + colour)
+                line.append(" ")
+            console.print(line, no_wrap=True, overflow="crop")
+    console.print("[dim]colour = microbatch; F plain, B/I reversed, W underlined[/]")

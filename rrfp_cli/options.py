@@ -1,0 +1,123 @@
+"""Option types shared by the commands, and the conversions from options to library objects.
+
+Every command takes its shape, hint, policy and variability options from here
+so names, defaults and help text agree across ``hints``, ``simulate`` and
+``run``. Nothing here imports torch or polars.
+"""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+SHAPE = "Pipeline shape"
+VARIABILITY = "Variability model"
+
+
+class PolicyChoice(str, Enum):
+    fixed = "fixed"
+    ready = "ready"
+
+
+class WorkloadChoice(str, Enum):
+    uniform = "uniform"
+    language = "language"
+    multimodal = "multimodal"
+
+
+Stages = Annotated[
+    Optional[int],
+    typer.Option("--stages", "-p", min=1, help="Pipeline ranks (pipeline-parallel degree).", rich_help_panel=SHAPE),
+]
+Chunks = Annotated[
+    int,
+    typer.Option("--chunks", "-v", min=1, help="Model chunks per rank (virtual stages, looping placement).",
+                 rich_help_panel=SHAPE),
+]
+Microbatches = Annotated[
+    Optional[int],
+    typer.Option("--microbatches", "-m", min=1, help="Microbatches per iteration.", rich_help_panel=SHAPE),
+]
+HintSpec = Annotated[
+    str,
+    typer.Option("--hint", help="Built-in hint name, a hint file (.json rrfp-hint/1 or torch .csv), "
+                 "or torch:SCHEDULE (e.g. torch:Interleaved1F1B)."),
+]
+PolicyOpt = Annotated[
+    PolicyChoice,
+    typer.Option("--policy", help="fixed: run the hint order exactly; ready: best-ranked ready task."),
+]
+MemoryBudgetOpt = Annotated[
+    str,
+    typer.Option("--memory-budget", help="Microbatch-chunks in flight per rank for --policy ready: "
+                 "1f1b (that rank's 1F1B bound), a multiple such as 2x, or a number."),
+]
+Seed = Annotated[int, typer.Option("--seed", help="Seed for every sampled quantity.")]
+JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
+
+Workload = Annotated[
+    WorkloadChoice,
+    typer.Option("--workload", help="Duration model: uniform, language (variable sequence length), "
+                 "multimodal (variable image count).", rich_help_panel=VARIABILITY),
+]
+ForwardTime = Annotated[
+    float,
+    typer.Option("--forward-time", min=0.0, help="Seconds of forward per rank for a typical microbatch.",
+                 rich_help_panel=VARIABILITY),
+]
+BackwardRatio = Annotated[
+    float, typer.Option("--backward-ratio", min=0.0, help="Backward time over forward time.",
+                        rich_help_panel=VARIABILITY),
+]
+Jitter = Annotated[
+    float, typer.Option("--jitter", min=0.0, help="Log-sd of mean-one lognormal noise on every task.",
+                        rich_help_panel=VARIABILITY),
+]
+StragglerProb = Annotated[
+    float, typer.Option("--straggler-prob", min=0.0, max=1.0, help="Chance that a task straggles.",
+                        rich_help_panel=VARIABILITY),
+]
+StragglerSlowdown = Annotated[
+    float, typer.Option("--straggler-slowdown", min=1.0, help="How many times slower a straggling task runs.",
+                        rich_help_panel=VARIABILITY),
+]
+CommLatency = Annotated[
+    float, typer.Option("--comm-latency", min=0.0, help="Seconds per cross-rank transfer.",
+                        rich_help_panel=VARIABILITY),
+]
+CommJitter = Annotated[
+    float, typer.Option("--comm-jitter", min=0.0, help="Log-sd of lognormal noise on each transfer.",
+                        rich_help_panel=VARIABILITY),
+]
+DurationsFile = Annotated[
+    Optional[Path],
+    typer.Option("--durations", help="Replay recorded durations: CSV or Parquet with columns "
+                 "stage,kind,microbatch,duration (seconds).", rich_help_panel=VARIABILITY),
+]
+
+
+def variability_model(
+    workload: WorkloadChoice,
+    forward_time: float,
+    backward_ratio: float,
+    jitter: float,
+    straggler_prob: float,
+    straggler_slowdown: float,
+    comm_latency: float,
+    comm_jitter: float,
+):
+    from runtime.variability import VariabilityModel
+
+    return VariabilityModel(
+        workload=workload.value,
+        forward_time=forward_time,
+        backward_ratio=backward_ratio,
+        jitter=jitter,
+        straggler_prob=straggler_prob,
+        straggler_slowdown=straggler_slowdown,
+        comm_latency=comm_latency,
+        comm_jitter=comm_jitter,
+    )

@@ -1,0 +1,74 @@
+"""The single output helper every command uses: rich for people, ``--json`` for machines.
+
+Human mode prints tables to stdout and notes/progress to stderr. JSON mode
+prints exactly one JSON document to stdout and nothing else there, so
+``rrfp ... --json | jq`` always works; progress bars are suppressed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+from rich.console import Console
+
+
+class Output:
+    def __init__(self, json_mode: bool = False) -> None:
+        self.json_mode = json_mode
+        self.console = Console(highlight=False)
+        self.err = Console(stderr=True, highlight=False)
+
+    def result(self, data: Any, render: Callable[[Console], None]) -> None:
+        """Emit the command's result: ``data`` as JSON, or ``render`` for people."""
+        if self.json_mode:
+            sys.stdout.write(json.dumps(_jsonable(data), indent=1) + "\n")
+        else:
+            render(self.console)
+
+    def note(self, message: str) -> None:
+        """A line for people (stderr); silent in JSON mode."""
+        if not self.json_mode:
+            self.err.print(message)
+
+    @contextmanager
+    def progress(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
+        """A transient progress bar on stderr; yields ``advance(n)``. No-op in JSON mode."""
+        if self.json_mode or total <= 1:
+            yield lambda n=1: None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(description, total=total)
+            yield lambda n=1: bar.advance(task, n)
+
+
+def _jsonable(value: Any) -> Any:
+    """NaN/inf are not JSON; they become null."""
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def format_seconds(value: float) -> str:
+    """Compact human time: 12.3 ms, 1.234 s, or plain units for unitless models."""
+    if value == 0:
+        return "0"
+    if abs(value) < 1.0:
+        return f"{value * 1e3:.2f} ms"
+    return f"{value:.3f} s"

@@ -1,0 +1,249 @@
+"""Discrete-event pipeline simulator driving the same arbiters as the runtime.
+
+Semantics (exactly these; tests assert makespans against them):
+
+* A task needs the outputs named by :mod:`runtime.deps`. An output produced on
+  another rank arrives ``latency`` seconds after its producer ends (the
+  latency of that message, from :class:`runtime.variability.Durations`); on
+  the same rank it is available when the producer ends. So ``F(0, i)`` is
+  ready at 0, ``F(k, i)`` at ``end(F(k-1, i)) + latency``, ``B(S-1, i)`` at
+  ``end(F(S-1, i))`` and ``B(k, i)`` at ``max(end(F(k, i)), end(B(k+1, i)) +
+  latency)``.
+* A rank runs one task at a time without preemption. It decides when it
+  becomes idle and whenever a task becomes ready while it is idle. A decision
+  at time ``t`` sees every event at or before ``t``: all events of one instant
+  are applied before any rank decides.
+* Makespan is the last task's end. Busy is the sum of a rank's task
+  durations; idle is ``makespan - busy``; the bubble fraction is total idle
+  over ``ranks * makespan``.
+
+Deterministic: no randomness here (durations are sampled beforehand), ties
+broken by rank and event order. If no event is pending while tasks remain,
+the hint cannot complete under that policy and :class:`ScheduleDeadlock`
+explains where each rank is stuck.
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+from typing import Sequence
+
+from hints.errors import UserError
+from hints.orders import HintOrder
+from hints.validate import format_grid
+from runtime.arbiter import Decision, MemoryBudget, Policy, make_arbiter
+from runtime.deps import TaskGraph
+from runtime.variability import Durations
+
+
+class ScheduleDeadlock(UserError):
+    """The hint cannot complete under the policy; ``details`` holds the rank-by-step grid."""
+
+    def __init__(self, what: str, where: str | None = None, details: str = "") -> None:
+        super().__init__(what, where)
+        self.details = details
+
+
+@dataclass
+class SimResult:
+    hint: str
+    policy: Policy
+    graph: TaskGraph
+    budgets: list[int] | None
+    makespan: float
+    busy: list[float]
+    start: list[float]  # per task id
+    end: list[float]  # per task id
+    executed: list[list[int]]  # per rank, task ids in execution order
+    peak_in_flight: list[int]
+    decisions: list[Decision] | None
+
+    @property
+    def idle(self) -> list[float]:
+        return [self.makespan - b for b in self.busy]
+
+    @property
+    def bubble_fraction(self) -> float:
+        ranks = len(self.busy)
+        return sum(self.idle) / (ranks * self.makespan) if self.makespan > 0 else 0.0
+
+    def executed_tasks(self, rank: int):
+        tasks = self.graph.tasks
+        return [tasks[t] for t in self.executed[rank]]
+
+    def to_json(self) -> dict:
+        shape = self.graph.shape
+        return {
+            "hint": self.hint,
+            "policy": str(self.policy),
+            "shape": shape.to_json(),
+            "memory_budget": self.budgets,
+            "makespan": self.makespan,
+            "busy": self.busy,
+            "idle": self.idle,
+            "bubble_fraction": self.bubble_fraction,
+            "peak_in_flight": self.peak_in_flight,
+            "tasks": len(self.graph),
+        }
+
+
+def simulate(
+    hint: HintOrder,
+    durations: Durations | tuple[Sequence[float], Sequence[float]],
+    policy: Policy | str = Policy.FIXED,
+    budget: MemoryBudget | Sequence[int] | None = None,
+    record: bool = False,
+    graph: TaskGraph | None = None,
+) -> SimResult:
+    """Run ``hint`` under ``policy`` on ``durations``.
+
+    ``durations`` is a :class:`Durations` table or, per task id of ``graph``,
+    ``(compute seconds, latency of the message it sends)``. ``budget`` applies
+    to the ``ready`` policy (default ``1f1b``); ``fixed`` ignores it.
+    ``graph`` may be passed to reuse one compiled graph across runs.
+    """
+    policy = Policy(policy)
+    shape = hint.shape
+    if graph is None or graph.shape != shape:
+        graph = TaskGraph.build(shape)
+    if isinstance(durations, Durations):
+        compute, transfer = durations.for_graph(graph)
+    else:
+        compute, transfer = durations
+    budgets = _budgets(policy, budget, shape)
+    arbiters = [
+        make_arbiter(policy, graph, r, hint.orders[r], None if budgets is None else budgets[r], record)
+        for r in range(shape.ranks)
+    ]
+    n = len(graph)
+    start = [0.0] * n
+    end = [0.0] * n
+    executed: list[list[int]] = [[] for _ in range(shape.ranks)]
+    busy = [0.0] * shape.ranks
+    idle = [True] * shape.ranks
+    task_rank = graph.rank
+    remote_consumers = graph.remote_consumers
+    finish = [a.finish for a in arbiters]
+    deliver = [a.available for a in arbiters]
+    choose = [a.choose for a in arbiters]
+
+    # Event heap entries: (time, sequence, rank, task id, is_task_end). A task end
+    # happens on the task's rank; an arrival delivers the task's output to `rank`.
+    # Decisions of different ranks at one instant do not interact (a started
+    # task ends later, or at `now` as a new event), so ranks decide in the
+    # order they were touched; a rank touched twice just finds nothing new.
+    events: list[tuple[float, int, int, int, bool]] = []
+    push, pop = heapq.heappush, heapq.heappop
+    sequence = 0
+    now = 0.0
+    deciders = list(range(shape.ranks))
+    remaining = n
+    while True:
+        for r in deciders:
+            if idle[r]:
+                tid = choose[r](now)
+                if tid is not None:
+                    idle[r] = False
+                    start[tid] = now
+                    duration = compute[tid]
+                    end[tid] = now + duration
+                    busy[r] += duration
+                    executed[r].append(tid)
+                    sequence += 1
+                    push(events, (now + duration, sequence, r, tid, True))
+        deciders = []
+        if not events:
+            break
+        now = events[0][0]
+        while events and events[0][0] == now:
+            _, _, r, tid, is_end = pop(events)
+            if is_end:
+                remaining -= 1
+                finish[r](tid)
+                idle[r] = True
+                deciders.append(r)
+                for consumer in remote_consumers[tid]:
+                    dest = task_rank[consumer]
+                    latency = transfer[tid]
+                    if latency > 0.0:
+                        sequence += 1
+                        push(events, (now + latency, sequence, dest, tid, False))
+                    elif deliver[dest](tid) and idle[dest]:
+                        deciders.append(dest)
+            elif deliver[r](tid) and idle[r]:
+                deciders.append(r)
+
+    if remaining:
+        raise _deadlock(hint, policy, graph, arbiters, executed)
+    makespan = max(end) if n else 0.0
+    return SimResult(
+        hint=hint.name,
+        policy=policy,
+        graph=graph,
+        budgets=budgets,
+        makespan=makespan,
+        busy=busy,
+        start=start,
+        end=end,
+        executed=executed,
+        peak_in_flight=[a.peak_in_flight for a in arbiters],
+        decisions=[d for a in arbiters for d in a.decisions] if record else None,
+    )
+
+
+def _budgets(policy: Policy, budget: MemoryBudget | Sequence[int] | None, shape) -> list[int] | None:
+    if policy is Policy.FIXED:
+        return None
+    if budget is None:
+        budget = MemoryBudget.parse("1f1b")
+    if isinstance(budget, MemoryBudget):
+        return budget.per_rank(shape)
+    budgets = list(budget)
+    if len(budgets) != shape.ranks:
+        raise UserError(f"needs one slot count per rank ({shape.ranks}), got {len(budgets)}", "memory budget")
+    if min(budgets) < shape.chunks:
+        raise UserError(f"{min(budgets)} slot(s) cannot hold one microbatch of {shape.chunks} chunks",
+                        "memory budget")
+    return budgets
+
+
+def _deadlock(hint, policy, graph, arbiters, executed) -> ScheduleDeadlock:
+    rows: list[list[str]] = []
+    marks: dict[int, int] = {}
+    lines = []
+    for rank, arbiter in enumerate(arbiters):
+        row = [str(graph.tasks[t]) for t in executed[rank]]
+        if not arbiter.done:
+            waiting = arbiter.waiting_on()
+            if policy is Policy.FIXED and waiting and arbiter.head < len(arbiter.order):
+                blocked = arbiter.order[arbiter.head]
+                needs = next((n for t, n in waiting if t == blocked), [])
+            else:
+                blocked, needs = waiting[0] if waiting else (None, [])
+            if blocked is not None:
+                marks[rank] = len(row)
+                row.append(f"{blocked}?")
+                wanted = ", ".join(f"{t} (rank {graph.shape.rank_of(t.stage)})" for t in needs) or "memory"
+                lines.append(f"rank {rank} waits at step {len(row) - 1} for {blocked}, which needs {wanted}")
+        rows.append(row)
+    grid = format_grid(rows, marks)
+    done = sum(a.finished for a in arbiters)
+    what = (
+        f"cannot complete under the {policy} policy: all ranks wait with {len(graph) - done} of "
+        f"{len(graph)} tasks left (first: {lines[0] if lines else 'no runnable task'})"
+    )
+    return ScheduleDeadlock(what, f"hint {hint.name}", grid + "\n" + "\n".join(lines))
+
+
+def check_completes(hint: HintOrder) -> None:
+    """Raise :class:`ScheduleDeadlock` if ``hint`` cannot complete under the fixed policy.
+
+    Whether a fixed order completes does not depend on durations, so unit
+    durations answer it.
+    """
+    graph = TaskGraph.build(hint.shape)
+    simulate(hint, ([1.0] * len(graph), [0.0] * len(graph)), Policy.FIXED, graph=graph)
+
+
+__all__ = ["ScheduleDeadlock", "SimResult", "check_completes", "simulate"]

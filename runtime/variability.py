@@ -1,0 +1,341 @@
+"""Variability models: how long each task and each transfer takes.
+
+Shared by the simulator (``rrfp simulate``) and, later, the runtime's emulated
+workload, so a simulated run and an emulated run can face the same sampled
+durations. Everything is seeded and deterministic.
+
+Units and conventions
+---------------------
+* Times are seconds (floats).
+* ``forward_time`` is the forward time of one *rank's share* of the model for
+  a typical microbatch; with ``v`` chunks per rank each model stage holds
+  ``1/v`` of that share, so changing ``--chunks`` keeps total compute fixed.
+* A backward costs ``backward_ratio`` times its forward. When a hint splits
+  backwards, ``I`` and ``W`` each take half of the sampled ``B`` (so every
+  hint faces the same sampled work; see :meth:`Durations.for_graph`).
+
+Workloads (``workload=``)
+-------------------------
+``uniform``
+    Every stage and microbatch costs exactly ``forward_time`` (before jitter).
+``language``
+    Each microbatch holds ``samples`` sequences of one length ``L``
+    (length-bucketed batching). ``L`` is lognormal with median
+    ``seq_len_median`` and log-sd ``seq_len_sigma``, clipped to
+    ``[seq_len_min, seq_len_max]`` and rounded to a multiple of 8. A stage
+    costs ``(1 - attention) * x + attention * x**2`` with ``x = L /
+    seq_len_median``: linear (MLP, projections) plus quadratic (attention)
+    terms, so the median-length microbatch costs exactly ``forward_time``.
+``multimodal``
+    Each of ``samples`` samples carries ``Poisson(images_mean)`` images,
+    clipped to ``images_max``. The first ``vision_stages`` model stages (by
+    default a quarter, at least one) run the image encoder: their cost is the
+    microbatch's image count over its expected count (an image-free microbatch
+    still costs ``0.02`` for launch overhead). The language stages see text
+    plus ``image_tokens`` tokens per image and cost that token count over its
+    expected value.
+
+Noise on top of any workload: ``jitter`` multiplies every task by a mean-one
+lognormal with log-sd ``jitter``; with probability ``straggler_prob`` a task
+is slowed ``straggler_slowdown`` times. Each cross-rank transfer takes
+``comm_latency`` times a mean-one lognormal with log-sd ``comm_jitter``.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+
+from hints.errors import UserError
+from hints.tasks import B, F, I, PipelineShape
+from runtime.deps import TaskGraph
+
+WORKLOADS = ("uniform", "language", "multimodal")
+
+
+@dataclass(frozen=True)
+class VariabilityModel:
+    """All knobs of the duration models (see the module docstring)."""
+
+    workload: str = "uniform"
+    forward_time: float = 0.010
+    backward_ratio: float = 2.0
+    jitter: float = 0.0
+    straggler_prob: float = 0.0
+    straggler_slowdown: float = 4.0
+    comm_latency: float = 0.0
+    comm_jitter: float = 0.0
+    samples: int = 4
+    seq_len_median: int = 1024
+    seq_len_sigma: float = 0.7
+    seq_len_min: int = 128
+    seq_len_max: int = 8192
+    attention: float = 0.3
+    images_mean: float = 2.0
+    images_max: int = 12
+    vision_stages: int | None = None
+    text_tokens: int = 256
+    image_tokens: int = 144
+
+    def __post_init__(self) -> None:
+        if self.workload not in WORKLOADS:
+            raise UserError(f"unknown workload {self.workload!r}; choose from {', '.join(WORKLOADS)}", "workload")
+        nonneg = ("forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter",
+                  "seq_len_sigma", "attention", "images_mean")
+        for name in nonneg:
+            value = getattr(self, name)
+            if not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
+                raise UserError(f"must be a number >= 0, got {value!r}", name.replace("_", "-"))
+        if not 0.0 <= self.straggler_prob <= 1.0:
+            raise UserError(f"must be between 0 and 1, got {self.straggler_prob!r}", "straggler-prob")
+        if self.straggler_slowdown < 1.0:
+            raise UserError(f"must be >= 1, got {self.straggler_slowdown!r}", "straggler-slowdown")
+        if self.attention > 1.0:
+            raise UserError(f"must be between 0 and 1, got {self.attention!r}", "attention")
+        for name in ("samples", "seq_len_min", "seq_len_max", "seq_len_median", "text_tokens", "image_tokens"):
+            if getattr(self, name) < 1:
+                raise UserError(f"must be >= 1, got {getattr(self, name)!r}", name.replace("_", "-"))
+        if self.seq_len_min > self.seq_len_max:
+            raise UserError("seq-len-min is above seq-len-max", "seq-len-min")
+
+    @classmethod
+    def field_names(cls) -> list[str]:
+        return [f.name for f in fields(cls)]
+
+    def vision_stage_count(self, stages: int) -> int:
+        if self.workload != "multimodal":
+            return 0
+        if self.vision_stages is not None:
+            if not 1 <= self.vision_stages < max(2, stages):
+                raise UserError(f"must be between 1 and {stages - 1} for {stages} stages", "vision-stages")
+            return self.vision_stages
+        return max(1, stages // 4) if stages > 1 else 1
+
+
+@dataclass(frozen=True)
+class MicrobatchSpec:
+    """What one microbatch holds: the data generators of the runtime use the same numbers."""
+
+    index: int
+    seq_len: int  # tokens per sequence (language); text tokens per sample (multimodal)
+    samples: int
+    images: tuple[int, ...] = ()  # images per sample (multimodal only)
+
+    @property
+    def image_count(self) -> int:
+        return sum(self.images)
+
+
+def sample_microbatches(model: VariabilityModel, microbatches: int, seed: int) -> list[MicrobatchSpec]:
+    """The per-microbatch contents for ``seed`` (independent of the noise streams)."""
+    rng = random.Random(f"{seed}:microbatches")
+    specs = []
+    for mb in range(microbatches):
+        if model.workload == "language":
+            length = rng.lognormvariate(math.log(model.seq_len_median), model.seq_len_sigma)
+            length = min(model.seq_len_max, max(model.seq_len_min, int(round(length / 8.0)) * 8))
+            specs.append(MicrobatchSpec(mb, max(length, model.seq_len_min), model.samples))
+        elif model.workload == "multimodal":
+            images = tuple(min(model.images_max, _poisson(rng, model.images_mean)) for _ in range(model.samples))
+            specs.append(MicrobatchSpec(mb, model.text_tokens, model.samples, images))
+        else:
+            specs.append(MicrobatchSpec(mb, model.seq_len_median, model.samples))
+    return specs
+
+
+def _poisson(rng: random.Random, mean: float) -> int:
+    """Knuth's method; fine for the small means used here."""
+    if mean <= 0:
+        return 0
+    limit, k, product = math.exp(-mean), 0, rng.random()
+    while product > limit:
+        k += 1
+        product *= rng.random()
+    return k
+
+
+def stage_cost(model: VariabilityModel, spec: MicrobatchSpec, stage: int, stages: int) -> float:
+    """Relative forward cost of ``stage`` on this microbatch (1.0 = a typical microbatch)."""
+    if model.workload == "language":
+        x = spec.seq_len / model.seq_len_median
+        return (1.0 - model.attention) * x + model.attention * x * x
+    if model.workload == "multimodal":
+        if stage < model.vision_stage_count(stages):
+            expected = model.samples * model.images_mean
+            return max(0.02, spec.image_count / expected) if expected > 0 else 0.02
+        tokens = spec.samples * spec.seq_len + spec.image_count * model.image_tokens
+        expected = model.samples * (model.text_tokens + model.images_mean * model.image_tokens)
+        return tokens / expected
+    return 1.0
+
+
+@dataclass
+class Durations:
+    """Sampled (or recorded) durations for a pipeline of ``stages`` model stages.
+
+    ``forward[k][i]`` and ``backward[k][i]`` are seconds for ``F(k, i)`` and
+    the full ``B(k, i)``; ``input_grad`` / ``weight_grad`` hold ``I`` and ``W``
+    when known separately (recorded split backwards). ``send_forward[k][i]``
+    is the latency of the activation ``F(k, i)`` sends downstream,
+    ``send_backward[k][i]`` of the gradient ``B/I(k, i)`` sends upstream.
+    """
+
+    stages: int
+    microbatches: int
+    forward: list[list[float]]
+    backward: list[list[float]]
+    send_forward: list[list[float]]
+    send_backward: list[list[float]]
+    microbatch_costs: list[float]
+    input_grad: list[list[float]] | None = None
+    weight_grad: list[list[float]] | None = None
+    source: str = "model"
+    specs: list[MicrobatchSpec] = field(default_factory=list)
+
+    def for_graph(self, graph: TaskGraph) -> tuple[list[float], list[float]]:
+        """Per task id: compute seconds, and the latency of the message it sends (0 if none).
+
+        [Note: split backward durations] A split hint's ``I`` and ``W`` take
+        the recorded ``I``/``W`` when the table has them, otherwise half of
+        ``B`` each; a full-backward hint's ``B`` is the table's ``B``, or
+        ``I + W`` when only those were recorded.
+        """
+        shape = graph.shape
+        if shape.stages != self.stages or shape.microbatches != self.microbatches:
+            raise UserError(
+                f"durations cover {self.stages} stages x {self.microbatches} microbatches but the run has "
+                f"{shape.stages} x {shape.microbatches}",
+                self.source,
+            )
+        compute = [0.0] * len(graph)
+        transfer = [0.0] * len(graph)
+        for tid, (stage, kind, mb) in enumerate(graph.tasks):
+            if kind is F:
+                compute[tid] = self.forward[stage][mb]
+                transfer[tid] = self.send_forward[stage][mb]
+            elif kind is B:
+                compute[tid] = self.backward[stage][mb]
+                transfer[tid] = self.send_backward[stage][mb]
+            elif kind is I:
+                compute[tid] = (self.input_grad[stage][mb] if self.input_grad else self.backward[stage][mb] / 2)
+                transfer[tid] = self.send_backward[stage][mb]
+            else:
+                compute[tid] = (self.weight_grad[stage][mb] if self.weight_grad else self.backward[stage][mb] / 2)
+        return compute, transfer
+
+    def total_compute(self) -> float:
+        return sum(map(sum, self.forward)) + sum(map(sum, self.backward))
+
+
+def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -> Durations:
+    """Sample every task's duration and every transfer's latency for ``shape`` under ``model``."""
+    stages, m = shape.stages, shape.microbatches
+    specs = sample_microbatches(model, m, seed)
+    noise = random.Random(f"{seed}:noise")
+    comm = random.Random(f"{seed}:comm")
+    per_stage = model.forward_time / shape.chunks
+
+    def noisy(base: float) -> float:
+        if model.jitter > 0:
+            base *= noise.lognormvariate(-model.jitter * model.jitter / 2.0, model.jitter)
+        if model.straggler_prob > 0 and noise.random() < model.straggler_prob:
+            base *= model.straggler_slowdown
+        return base
+
+    def latency() -> float:
+        if model.comm_latency == 0:
+            return 0.0
+        if model.comm_jitter > 0:
+            return model.comm_latency * comm.lognormvariate(-model.comm_jitter ** 2 / 2.0, model.comm_jitter)
+        return model.comm_latency
+
+    costs = [[stage_cost(model, spec, k, stages) for spec in specs] for k in range(stages)]
+    forward = [[noisy(per_stage * costs[k][i]) for i in range(m)] for k in range(stages)]
+    backward = [[noisy(model.backward_ratio * per_stage * costs[k][i]) for i in range(m)] for k in range(stages)]
+    send_forward = [[latency() if k < stages - 1 else 0.0 for _ in range(m)] for k in range(stages)]
+    send_backward = [[latency() if k > 0 else 0.0 for _ in range(m)] for k in range(stages)]
+    estimated = [sum(costs[k][i] for k in range(stages)) for i in range(m)]
+    return Durations(stages, m, forward, backward, send_forward, send_backward, estimated,
+                     source=f"{model.workload} model, seed {seed}", specs=specs)
+
+
+# -- recorded durations -----------------------------------------------------
+
+_COLUMNS = ("stage", "kind", "microbatch", "duration")
+
+
+def load_durations(path: str | Path, stages: int, microbatches: int, comm_latency: float = 0.0) -> Durations:
+    """Read a CSV or Parquet table with columns ``stage,kind,microbatch,duration`` (seconds).
+
+    Every ``F`` and ``B`` (or ``I`` and ``W``) of ``stages`` x ``microbatches``
+    must be present exactly once; transfers take ``comm_latency``.
+    """
+    import polars as pl  # only this path needs polars
+
+    where = str(path)
+    path = Path(path)
+    if not path.exists():
+        raise UserError("no such file", where)
+    try:
+        if path.suffix.lower() in (".parquet", ".pq"):
+            frame = pl.read_parquet(path)
+        else:
+            frame = pl.read_csv(path, infer_schema_length=10000)
+    except Exception as err:  # polars raises several error types for unreadable files
+        raise UserError(f"cannot read as {'Parquet' if path.suffix.lower() in ('.parquet', '.pq') else 'CSV'}: "
+                        f"{str(err).splitlines()[0]}", where) from None
+    missing = [c for c in _COLUMNS if c not in frame.columns]
+    if missing:
+        raise UserError(f"missing column {missing[0]!r} (needs {', '.join(_COLUMNS)})", where)
+    table: dict[str, list[list[float | None]]] = {k: [[None] * microbatches for _ in range(stages)] for k in "FBIW"}
+    for row_number, (stage, kind, mb, duration) in enumerate(frame.select(_COLUMNS).iter_rows(), start=2):
+        at = f"{where}: row {row_number}"
+        if not isinstance(stage, int) or not isinstance(mb, int):
+            raise UserError(f"stage and microbatch must be whole numbers, got {stage!r}, {mb!r}", at)
+        if kind not in ("F", "B", "I", "W"):
+            raise UserError(f"kind must be F, B, I or W, got {kind!r}", at)
+        if not 0 <= stage < stages or not 0 <= mb < microbatches:
+            raise UserError(f"task {stage}{kind}{mb} is outside {stages} stages x {microbatches} microbatches", at)
+        if not isinstance(duration, (int, float)) or math.isnan(duration) or duration < 0:
+            raise UserError(f"duration of {stage}{kind}{mb} must be a number >= 0, got {duration!r}", at)
+        if table[kind][stage][mb] is not None:
+            raise UserError(f"task {stage}{kind}{mb} appears twice", at)
+        table[kind][stage][mb] = float(duration)
+
+    def complete(kind: str) -> bool:
+        return all(value is not None for row in table[kind] for value in row)
+
+    def first_missing(kind: str) -> str:
+        for k in range(stages):
+            for i in range(microbatches):
+                if table[kind][k][i] is None:
+                    return f"{k}{kind}{i}"
+        return ""
+
+    if not complete("F"):
+        raise UserError(f"no duration for task {first_missing('F')}", where)
+    split = complete("I") and complete("W")
+    if not complete("B"):
+        if not split:
+            raise UserError(f"no duration for task {first_missing('B')} (or for its I and W)", where)
+        table["B"] = [[table["I"][k][i] + table["W"][k][i] for i in range(microbatches)] for k in range(stages)]
+    send_forward = [[comm_latency if k < stages - 1 else 0.0 for _ in range(microbatches)] for k in range(stages)]
+    send_backward = [[comm_latency if k > 0 else 0.0 for _ in range(microbatches)] for k in range(stages)]
+    costs = [sum(table["F"][k][i] + table["B"][k][i] for k in range(stages)) for i in range(microbatches)]
+    return Durations(
+        stages, microbatches, table["F"], table["B"], send_forward, send_backward, costs,
+        input_grad=table["I"] if split else None, weight_grad=table["W"] if split else None, source=where,
+    )
+
+
+def durations_frame_rows(durations: Durations) -> list[tuple[int, str, int, float]]:
+    """``(stage, kind, microbatch, duration)`` rows, the table format ``load_durations`` reads."""
+    rows = []
+    for k in range(durations.stages):
+        for i in range(durations.microbatches):
+            rows.append((k, "F", i, durations.forward[k][i]))
+            rows.append((k, "B", i, durations.backward[k][i]))
+    return rows
+
