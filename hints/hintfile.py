@@ -197,6 +197,8 @@ def load_hint(path: str | Path) -> HintOrder:
         raise HintError(f"cannot read: {err}", where) from None
     if path.suffix.lower() == ".csv":
         rows = list(csv.reader(text.splitlines()))
+        while rows and not any(cell.strip() for cell in rows[-1]):
+            rows.pop()  # trailing blank lines are not ranks
         return hint_from_torch_rows(rows, where, path.stem)
     try:
         data = json.loads(text)

@@ -55,7 +55,7 @@ def show(
     hint: HintArg,
     stages: Stages = None,
     microbatches: Microbatches = None,
-    chunks: Chunks = 1,
+    chunks: Chunks = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """Draw a hint as a coloured grid, one row per rank (colour = microbatch)."""
@@ -68,7 +68,7 @@ def check(
     hint: HintArg,
     stages: Stages = None,
     microbatches: Microbatches = None,
-    chunks: Chunks = 1,
+    chunks: Chunks = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """Validate a hint and check that it completes when run in exactly its order."""
@@ -89,7 +89,7 @@ def export(
     hint: HintArg,
     stages: Stages = None,
     microbatches: Microbatches = None,
-    chunks: Chunks = 1,
+    chunks: Chunks = None,
     torch_csv: Annotated[Optional[Path], typer.Option("--torch-csv", help="Write torch's per-rank CSV "
                                                       "(PipelineScheduleMulti._load_csv, compute_only).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write an rrfp-hint/1 JSON file.")] = None,

@@ -38,7 +38,7 @@ from rrfp_cli.output import Output, format_seconds
 
 def simulate(
     stages: Stages = None,
-    chunks: Chunks = 1,
+    chunks: Chunks = None,
     microbatches: Microbatches = None,
     hint: Annotated[
         Optional[str],
@@ -69,12 +69,13 @@ def simulate(
 
     out = Output(json_mode)
     budget = MemoryBudget.parse(memory_budget)
-    hint_spec = hint or baseline_hint_name(chunks)
+    hint_spec = hint or baseline_hint_name(chunks or 1)
     file_hint = None
     if hint_spec not in BUILTIN_HINTS and not hint_spec.startswith(TORCH_PREFIX):
-        file_hint = resolve_hint(hint_spec, stages, chunks if chunks != 1 else None, microbatches)
+        file_hint = resolve_hint(hint_spec, stages, chunks, microbatches)
         stages, chunks, microbatches = (file_hint.shape.ranks, file_hint.shape.chunks,
                                         file_hint.shape.microbatches)
+    chunks = chunks or 1
     if stages is None or microbatches is None:
         raise UserError("give --stages and --microbatches (or a hint file that fixes them)", "rrfp simulate")
 

@@ -33,8 +33,9 @@ Stages = Annotated[
     typer.Option("--stages", "-p", min=1, help="Pipeline ranks (pipeline-parallel degree).", rich_help_panel=SHAPE),
 ]
 Chunks = Annotated[
-    int,
-    typer.Option("--chunks", "-v", min=1, help="Model chunks per rank (virtual stages, looping placement).",
+    Optional[int],
+    typer.Option("--chunks", "-v", min=1, help="Model chunks per rank (virtual stages, looping placement); "
+                 "default 1, or what a hint file says.",
                  rich_help_panel=SHAPE),
 ]
 Microbatches = Annotated[
