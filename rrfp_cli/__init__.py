@@ -1,0 +1,1 @@
+"""The ``rrfp`` command line (typer). ``app.main`` is the console-script entry point."""

@@ -255,12 +255,12 @@ class Arbiter:
                 self.peak_in_flight = self.in_flight
             if self.admits[h]:
                 self.reserved += self.chunks
-        started = self.started
-        head = self.head
-        end = len(started)
-        while head < end and started[head]:
-            head += 1
-        self.head = head
+        if h == self.head:
+            started = self.started
+            head, end = h + 1, len(started)
+            while head < end and started[head]:
+                head += 1
+            self.head = head
         return self.tids[h]
 
     def _record(self, now: float, h: int, ready_hs: Sequence[int], held_hs: Sequence[int]) -> None:

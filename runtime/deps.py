@@ -26,6 +26,7 @@ and logs use the task's canonical text).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import repeat
 
 from hints.tasks import F, I, PipelineShape, Task, W
 
@@ -73,48 +74,53 @@ class TaskGraph:
     @classmethod
     def build(cls, shape: PipelineShape) -> "TaskGraph":
         m = shape.microbatches
-        n = shape.total_tasks
-        new_task = tuple.__new__  # Task(...) without NamedTuple's Python-level __new__
+        kind_slot = {kind: i for i, kind in enumerate(shape.kinds)}
+        final = shape.final_backward
         tasks: list[Task] = []
         rank: list[int] = []
         admits: list[bool] = []
         frees: list[bool] = []
         is_forward: list[bool] = []
-        prereq_count = [0] * n
-        local: list[list[int]] = [[] for _ in range(n)]
-        remote: list[list[int]] = [[] for _ in range(n)]
-        kind_slot = {kind: i for i, kind in enumerate(shape.kinds)}
-        final = shape.final_backward
-        mbs = range(m)
-        # Blocks of m tasks (one stage, one kind), in task-id order.
+        prereq_count: list[int] = []
+        # Consumers per block: a block is the m tasks of one (stage, kind), in task-id order.
+        local_blocks: dict[int, list[int]] = {}
+        remote_blocks: dict[int, list[int]] = {}
+        make_task = tuple.__new__  # Task(...) without NamedTuple's Python-level __new__
         for r in range(shape.ranks):
             for stage in shape.stages_of_rank(r):
                 for kind in shape.kinds:
                     first = len(tasks)
-                    tasks.extend(new_task(Task, (stage, kind, mb)) for mb in mbs)
-                    rank.extend([r] * m)
-                    admits.extend([kind is F and stage < shape.ranks] * m)
-                    frees.extend([kind is final] * m)
-                    is_forward.extend([kind is F] * m)
+                    tasks.extend(map(make_task, repeat(Task, m), zip(repeat(stage), repeat(kind), range(m))))
+                    rank.extend(repeat(r, m))
+                    admits.extend(repeat(kind is F and stage < shape.ranks, m))
+                    frees.extend(repeat(kind is final, m))
+                    is_forward.extend(repeat(kind is F, m))
                     needs = prerequisites(Task(stage, kind, 0), shape)
                     assert all(need.microbatch == 0 for need in needs), "rules must not cross microbatches"
-                    prereq_count[first:first + m] = [len(needs)] * m
+                    prereq_count.extend(repeat(len(needs), m))
                     for need in needs:
                         producer = cls._tid(shape, kind_slot, need.stage, need.kind, 0)
-                        target = local if shape.rank_of(need.stage) == r else remote
-                        for mb in mbs:
-                            target[producer + mb].append(first + mb)
+                        blocks = local_blocks if shape.rank_of(need.stage) == r else remote_blocks
+                        blocks.setdefault(producer, []).append(first)
         return cls(
             shape=shape,
             tasks=tasks,
             rank=rank,
             prereq_count=prereq_count,
-            local_consumers=[tuple(c) for c in local],
-            remote_consumers=[tuple(c) for c in remote],
+            local_consumers=cls._expand(local_blocks, len(tasks), m),
+            remote_consumers=cls._expand(remote_blocks, len(tasks), m),
             admits=admits,
             frees=frees,
             is_forward=is_forward,
         )
+
+    @staticmethod
+    def _expand(blocks: dict[int, list[int]], n: int, m: int) -> list[tuple[int, ...]]:
+        """Per task id, the consumer ids: block ``producer..producer+m`` feeds ``first..first+m``."""
+        consumers: list[tuple[int, ...]] = [()] * n
+        for producer, firsts in blocks.items():
+            consumers[producer:producer + m] = zip(*(range(first, first + m) for first in firsts))
+        return consumers
 
     @staticmethod
     def _tid(shape: PipelineShape, kind_slot: dict, stage: int, kind, mb: int) -> int:
