@@ -1,0 +1,38 @@
+"""Shared test helpers: unit-duration tables and small builders (no GPU, no torch needed)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import settings
+
+from hints.orders import HintOrder
+from hints.tasks import PipelineShape, Task
+from runtime.deps import TaskGraph
+
+# Property tests run on a 2-core CI machine: keep examples modest and deterministic.
+settings.register_profile("rrfp", max_examples=300, deadline=None, derandomize=True)
+settings.load_profile("rrfp")
+
+
+def unit_durations(graph: TaskGraph, f: float = 1.0, b: float = 2.0, latency: float = 0.0,
+                   w: float | None = None):
+    """F = f, B = b, and for a split backward I = b - w and W = w (default b/2 each)."""
+    w = b / 2 if w is None else w
+    per_kind = {"F": f, "B": b, "I": b - w, "W": w}
+    compute = [per_kind[t.kind.value] for t in graph.tasks]
+    transfer = [latency if graph.remote_consumers[t] else 0.0 for t in range(len(graph))]
+    return compute, transfer
+
+
+def hint_from_text(orders: list[list[str]], name: str = "hand-made", split: bool = False) -> HintOrder:
+    parsed = [[Task.parse(t) for t in order] for order in orders]
+    ranks = len(parsed)
+    stages = max(t.stage for o in parsed for t in o) + 1
+    mbs = max(t.microbatch for o in parsed for t in o) + 1
+    shape = PipelineShape(ranks, stages // ranks, mbs, split)
+    return HintOrder(shape, tuple(tuple(o) for o in parsed), name)
+
+
+@pytest.fixture
+def make_unit():
+    return unit_durations

@@ -1,0 +1,313 @@
+"""The ``rrfp`` CLI end to end: ``python -m rrfp_cli`` in a subprocess, so exit codes, stdout and stderr are real.
+
+Every command runs with ``cwd`` a fresh ``tmp_path`` and ``PYTHONPATH`` set to
+this checkout. User errors must be exactly one ``error:`` line on stderr with
+exit code 2 and never a traceback; ``RRFP_DEBUG`` is removed from the
+environment so a developer's shell setting cannot change that.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hints.orders import BUILTIN_HINTS, applicable_builtins
+
+REPO = Path(__file__).resolve().parents[1]
+TIMEOUT = 60
+
+
+def rrfp(cwd: Path, *args: str, python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "RRFP_DEBUG"}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["COLUMNS"] = "200"  # one grid block per rank row, whatever the terminal
+    return subprocess.run(
+        [sys.executable, *python_flags, "-m", "rrfp_cli", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT,
+    )
+
+
+def ok(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+    proc = rrfp(cwd, *args)
+    assert proc.returncode == 0, f"rrfp {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}"
+    return proc
+
+
+def ok_json(cwd: Path, *args: str) -> dict:
+    proc = ok(cwd, *args, "--json")
+    return json.loads(proc.stdout)  # the whole of stdout is one JSON document
+
+
+def user_error(cwd: Path, *args: str) -> str:
+    """Run a command that must fail on bad input; return its one error line."""
+    proc = rrfp(cwd, *args)
+    assert proc.returncode == 2, f"exit {proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
+    assert "Traceback" not in proc.stderr and "Traceback" not in proc.stdout
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1, f"expected one stderr line, got:\n{proc.stderr}"
+    assert lines[0].startswith("error: ")
+    return lines[0]
+
+
+def write_hint(path: Path, ranks: int, microbatches: int, orders: list[list[str]]) -> Path:
+    path.write_text(json.dumps({
+        "format": "rrfp-hint/1",
+        "shape": {"ranks": ranks, "chunks": 1, "microbatches": microbatches},
+        "orders": orders,
+    }))
+    return path
+
+
+ONE_F_ONE_B_P2_M2 = [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1B0", "1F1", "1B1"]]
+
+
+# -- hints -------------------------------------------------------------------------
+
+
+def test_hints_list(tmp_path):
+    out = ok(tmp_path, "hints", "list").stdout
+    for name in BUILTIN_HINTS:
+        assert name in out
+    assert "torch:Interleaved1F1B" in out
+
+
+def test_hints_list_json(tmp_path):
+    data = ok_json(tmp_path, "hints", "list")
+    assert [row["name"] for row in data["builtins"]] == list(BUILTIN_HINTS)
+    assert {row["name"]: row["split_backward"] for row in data["builtins"]}["zb"] is True
+    assert "torch:1F1B" in data["torch"]
+
+
+def test_hints_show(tmp_path):
+    out = ok(tmp_path, "hints", "show", "1f1b", "--stages", "4", "--microbatches", "8").stdout
+    assert "rank 3" in out
+    rank3 = next(line for line in out.splitlines() if line.startswith("rank 3"))
+    assert rank3.split("|")[1].split() == [
+        "3F0", "3B0", "3F1", "3B1", "3F2", "3B2", "3F3", "3B3",
+        "3F4", "3B4", "3F5", "3B5", "3F6", "3B6", "3F7", "3B7",
+    ]
+
+
+def test_hints_show_json(tmp_path):
+    data = ok_json(tmp_path, "hints", "show", "zb", "-p", "4", "-m", "8")
+    assert data["format"] == "rrfp-hint/1"
+    assert data["name"] == "zb"
+    assert data["shape"] == {"ranks": 4, "chunks": 1, "microbatches": 8, "split_backward": True}
+    assert len(data["orders"]) == 4
+    assert all(len(order) == 8 * 3 for order in data["orders"])
+
+
+def test_hints_check_builtin(tmp_path):
+    data = ok_json(tmp_path, "hints", "check", "interleaved-1f1b", "-p", "4", "-v", "2", "-m", "8")
+    assert data["valid"] is True and data["completes"] is True
+    assert "ok" in ok(tmp_path, "hints", "check", "1f1b", "-p", "4", "-m", "8").stdout
+
+
+def test_hints_export_then_use_the_files(tmp_path):
+    ok(tmp_path, "hints", "export", "1f1b", "-p", "4", "-m", "8", "--out", "x.json", "--torch-csv", "x.csv")
+    assert json.loads((tmp_path / "x.json").read_text())["format"] == "rrfp-hint/1"
+    assert len((tmp_path / "x.csv").read_text().splitlines()) == 4
+
+    shown = ok_json(tmp_path, "hints", "show", "x.json")
+    assert shown["name"] == "1f1b"
+    assert "rank 3" in ok(tmp_path, "hints", "show", "x.json").stdout
+
+    result = ok_json(tmp_path, "simulate", "--hint", "x.csv")
+    assert result["hint"] == "x"
+    assert result["shape"]["ranks"] == 4 and result["shape"]["microbatches"] == 8
+    assert result["makespan"] == pytest.approx(0.33, abs=1e-9)
+
+
+def test_hints_export_needs_a_destination(tmp_path):
+    proc = rrfp(tmp_path, "hints", "export", "1f1b", "-p", "4", "-m", "8")
+    assert proc.returncode == 2
+    assert "--out" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_hint_files_fix_their_own_chunks(tmp_path):
+    # --chunks is optional: a file with 2 chunks needs no -v, and a disagreeing -v is an error.
+    ok(tmp_path, "hints", "export", "interleaved-1f1b", "-p", "2", "-v", "2", "-m", "4", "--out", "i.json")
+    assert ok_json(tmp_path, "hints", "show", "i.json")["shape"]["chunks"] == 2
+    assert ok_json(tmp_path, "simulate", "--hint", "i.json")["shape"]["chunks"] == 2
+    result = rrfp(tmp_path, "simulate", "--hint", "i.json", "-v", "1")
+    assert result.returncode == 2
+    assert "the file is for chunks 2 but --chunks 1 was asked" in result.stderr
+
+
+# -- simulate ------------------------------------------------------------------------
+
+
+def test_simulate_uniform_makespan(tmp_path):
+    data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8")
+    # Uniform default: forward 0.01 s, backward 0.02 s, no latency: (m + p - 1) * 0.03.
+    assert abs(data["makespan"] - 0.33) < 1e-9
+    for key in ("busy", "idle", "bubble_fraction"):
+        assert key in data
+    assert data["busy"] == pytest.approx([0.24] * 4, abs=1e-12)
+    assert data["idle"] == pytest.approx([0.09] * 4, abs=1e-12)
+    assert data["bubble_fraction"] == pytest.approx(3 / 11, abs=1e-12)  # (p-1) / (m+p-1)
+
+
+def test_simulate_human_output(tmp_path):
+    out = ok(tmp_path, "simulate", "-p", "4", "-m", "8").stdout
+    assert "makespan" in out and "330.00 ms" in out
+
+
+def test_simulate_compare(tmp_path):
+    data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare")
+    expected = set(applicable_builtins(4, 1, 8))
+    assert expected == {"gpipe", "1f1b", "bf", "bfw", "zb"}
+    pairs = {(row["hint"], row["policy"]) for row in data["rows"]}
+    assert pairs == {(name, policy) for name in expected for policy in ("fixed", "ready")}
+    assert len(data["rows"]) == 2 * len(expected)
+    assert data["baseline"] == "1f1b fixed"
+    baseline = next(r for r in data["rows"] if r["hint"] == "1f1b" and r["policy"] == "fixed")
+    assert baseline["speedup"] == 1.0
+    assert baseline["makespan"] == pytest.approx(0.33, abs=1e-9)
+    for row in data["rows"]:
+        assert row["speedup"] == pytest.approx(baseline["makespan"] / row["makespan"])
+
+
+def test_simulate_recorded_durations(tmp_path):
+    rows = ["stage,kind,microbatch,duration"]
+    rows += [f"{s},{k},{i},{0.01 if k == 'F' else 0.02}" for s in range(2) for k in "FB" for i in range(4)]
+    (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
+    data = ok_json(tmp_path, "simulate", "-p", "2", "-m", "4", "--durations", "d.csv")
+    assert abs(data["makespan"] - (4 + 2 - 1) * 0.03) < 1e-9
+
+
+# -- bad input: one error line, exit 2 ---------------------------------------------------
+
+
+def test_error_malformed_json_hint(tmp_path):
+    (tmp_path / "bad.json").write_text('{"format": "rrfp-hint/1",\n')
+    line = user_error(tmp_path, "hints", "show", "bad.json")
+    assert line.startswith("error: bad.json: not valid JSON")
+    assert "line 2" in line
+    line = user_error(tmp_path, "simulate", "--hint", "bad.json")
+    assert line.startswith("error: bad.json: not valid JSON")
+
+
+def test_error_wrong_shape_file(tmp_path):
+    write_hint(tmp_path / "h.json", 2, 2, ONE_F_ONE_B_P2_M2)
+    line = user_error(tmp_path, "simulate", "--hint", "h.json", "--microbatches", "4")
+    assert line == "error: h.json: the file is for microbatches 2 but --microbatches 4 was asked"
+    line = user_error(tmp_path, "hints", "show", "h.json", "-m", "4")
+    assert "--microbatches 4" in line
+
+
+def test_error_duplicate_task(tmp_path):
+    orders = [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1B0", "1F0", "1B1"]]
+    write_hint(tmp_path / "dup.json", 2, 2, orders)
+    line = user_error(tmp_path, "hints", "check", "dup.json")
+    assert line == "error: dup.json: rank 1: task 1F0 appears twice (steps 0 and 2)"
+
+
+def test_error_missing_task(tmp_path):
+    orders = [["0F0", "0F1", "0B0", "0B1"], ["1F0", "1B0", "1F1"]]
+    write_hint(tmp_path / "short.json", 2, 2, orders)
+    line = user_error(tmp_path, "simulate", "--hint", "short.json")
+    assert line == "error: short.json: rank 1: task 1B1 missing"
+
+
+def test_error_unknown_hint_name(tmp_path):
+    line = user_error(tmp_path, "simulate", "-p", "4", "-m", "8", "--hint", "one-f-one-b")
+    assert line.startswith("error: unknown hint 'one-f-one-b'")
+    assert "1f1b" in line  # lists the built-ins
+    line = user_error(tmp_path, "hints", "show", "one-f-one-b")
+    assert line.startswith("error: unknown hint 'one-f-one-b'")
+
+
+def _durations_csv(path: Path, header: str, rows: list[str]) -> Path:
+    path.write_text("\n".join([header, *rows]) + "\n")
+    return path
+
+
+def _uniform_rows() -> list[str]:
+    return [f"{s},{k},{i},0.01" for s in range(2) for k in "FB" for i in range(4)]
+
+
+def test_error_negative_duration(tmp_path):
+    rows = _uniform_rows()
+    rows[1] = "0,F,1,-0.5"
+    _durations_csv(tmp_path / "neg.csv", "stage,kind,microbatch,duration", rows)
+    line = user_error(tmp_path, "simulate", "-p", "2", "-m", "4", "--durations", "neg.csv")
+    assert line == "error: neg.csv: row 3: duration of 0F1 must be a number >= 0, got -0.5"
+
+
+def test_error_missing_durations_column(tmp_path):
+    rows = [",".join(r.split(",")[i] for i in (0, 1, 3)) for r in _uniform_rows()]
+    _durations_csv(tmp_path / "nocol.csv", "stage,kind,duration", rows)
+    line = user_error(tmp_path, "simulate", "-p", "2", "-m", "4", "--durations", "nocol.csv")
+    assert line.startswith("error: nocol.csv: missing column 'microbatch'")
+
+
+def test_error_memory_budget_below_chunk_count(tmp_path):
+    line = user_error(tmp_path, "simulate", "-p", "2", "-v", "2", "-m", "4", "--hint", "interleaved-1f1b",
+                      "--memory-budget", "1")
+    assert line.startswith("error: --memory-budget: 1 gives 1 slot(s)")
+    assert "needs 2 slot(s)" in line
+
+
+def test_error_unparseable_memory_budget(tmp_path):
+    line = user_error(tmp_path, "simulate", "-p", "2", "-m", "4", "--memory-budget", "lots")
+    assert line.startswith("error: --memory-budget: 'lots' is not a budget")
+
+
+def test_error_simulate_without_shape(tmp_path):
+    line = user_error(tmp_path, "simulate")
+    assert "--stages" in line and "--microbatches" in line
+
+
+# -- deadlock report ---------------------------------------------------------------------
+
+
+def test_hints_check_reports_a_deadlocking_order(tmp_path):
+    # Structurally valid, but rank 1 insists on microbatch 1 first while rank 0 waits for 1B0.
+    write_hint(tmp_path / "dl.json", 2, 2, [["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]])
+    proc = rrfp(tmp_path, "hints", "check", "dl.json")
+
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("error: ")
+    assert "cannot complete" in lines[0]
+    assert "fixed" in lines[0]
+    grid = "\n".join(lines[1:])
+    assert "rank 0 | 0F0" in grid
+    assert ">0B0?<" in grid  # the blocked step is marked
+    assert ">1F1?<" in grid
+    assert "<-- step 1" in grid
+    assert "0B0, which needs 1B0 (rank 1)" in grid
+
+
+# -- no torch where none is needed -----------------------------------------------------------
+
+
+def _imported_modules(stderr: str) -> set[str]:
+    """Module names from ``python -X importtime`` output (``import time: self | cumulative | name``)."""
+    names = set()
+    for line in stderr.splitlines():
+        if line.startswith("import time:") and line.count("|") >= 2:
+            names.add(line.rsplit("|", 1)[1].strip())
+    return names
+
+
+@pytest.mark.parametrize("args", [
+    ("--help",),
+    ("simulate", "-p", "4", "-m", "8", "--json"),
+    ("hints", "show", "1f1b", "-p", "4", "-m", "8"),
+], ids=["help", "simulate", "hints-show"])
+def test_commands_do_not_import_torch(tmp_path, args):
+    proc = rrfp(tmp_path, *args, python_flags=("-X", "importtime"))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    modules = _imported_modules(proc.stderr)
+    assert "rrfp_cli.app" in modules  # the importtime output was parsed
+    assert not any(line.endswith(" torch") for line in proc.stderr.splitlines())
+    assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
