@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 demo: $(STAMP)
-	$(BIN)/rrfp simulate --stages 8 --microbatches 32 --workload multimodal --compare
+	$(BIN)/rrfp run --workload emulated --emulate multimodal --stages 4 --microbatches 16 --iters 4 --hint zb --memory-budget 2x --compare
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -15,7 +15,7 @@ import sys
 import typer
 
 from hints.errors import UserError
-from rrfp_cli import cmd_hints, cmd_simulate
+from rrfp_cli import cmd_hints, cmd_run, cmd_simulate
 
 app = typer.Typer(
     name="rrfp",
@@ -26,6 +26,7 @@ app = typer.Typer(
 )
 app.add_typer(cmd_hints.app, name="hints")
 app.command("simulate")(cmd_simulate.simulate)
+app.command("run")(cmd_run.run)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -56,6 +56,9 @@ def simulate(
     comm_latency: CommLatency = 0.0,
     comm_jitter: CommJitter = 0.0,
     durations: DurationsFile = None,
+    durations_iteration: Annotated[Optional[int], typer.Option(
+        "--durations-iteration", min=0, help="Which iteration of a --durations table with an iteration column "
+        "(default: the first).", rich_help_panel="Variability model")] = None,
     seed: Seed = 0,
     compare: Annotated[bool, typer.Option("--compare", help="Run every built-in hint under both policies "
                                           "on the same durations; speedups against fixed-order 1F1B.")] = False,
@@ -85,8 +88,8 @@ def simulate(
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
                               straggler_slowdown, comm_latency, comm_jitter)
     if durations is not None:
-        table = load_durations(durations, shape.stages, microbatches, comm_latency)
-        source = {"durations": str(durations), "comm_latency": comm_latency}
+        table = load_durations(durations, shape.stages, microbatches, comm_latency, durations_iteration)
+        source = {"durations": str(durations), "iteration": durations_iteration, "comm_latency": comm_latency}
     else:
         table = sample_durations(model, shape, seed)
         source = {"workload": workload.value, "seed": seed, "model": model.__dict__}

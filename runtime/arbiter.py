@@ -183,8 +183,10 @@ class Arbiter:
         self.peak_in_flight = 0
         self.reserved = 0
         self.decisions: list[Decision] | None = [] if record else None
+        self.ready_count = 0  # input-ready tasks not yet started (held-back admissions included)
         for h, unmet in enumerate(self.unmet):
             if unmet == 0:
+                self.ready_count += 1
                 self._input_ready(h)
 
     # -- events ----------------------------------------------------------
@@ -210,6 +212,7 @@ class Arbiter:
                 unmet = self.unmet[h] - 1
                 self.unmet[h] = unmet
                 if unmet == 0:
+                    self.ready_count += 1
                     self._input_ready(h)
                     became_ready = True
         return became_ready
@@ -249,6 +252,7 @@ class Arbiter:
 
     def _start(self, h: int) -> int:
         self.started[h] = 1
+        self.ready_count -= 1
         if self.forward[h]:
             self.in_flight += 1
             if self.in_flight > self.peak_in_flight:

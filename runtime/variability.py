@@ -266,11 +266,14 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
 _COLUMNS = ("stage", "kind", "microbatch", "duration")
 
 
-def load_durations(path: str | Path, stages: int, microbatches: int, comm_latency: float = 0.0) -> Durations:
+def load_durations(path: str | Path, stages: int, microbatches: int, comm_latency: float = 0.0,
+                   iteration: int | None = None) -> Durations:
     """Read a CSV or Parquet table with columns ``stage,kind,microbatch,duration`` (seconds).
 
     Every ``F`` and ``B`` (or ``I`` and ``W``) of ``stages`` x ``microbatches``
-    must be present exactly once; transfers take ``comm_latency``.
+    must be present exactly once; transfers take ``comm_latency``. A table
+    with an ``iteration`` column (``rrfp run`` writes one for emulated runs)
+    holds several iterations: ``iteration`` picks one (default: the first).
     """
     import polars as pl  # only this path needs polars
 
@@ -289,6 +292,15 @@ def load_durations(path: str | Path, stages: int, microbatches: int, comm_latenc
     missing = [c for c in _COLUMNS if c not in frame.columns]
     if missing:
         raise UserError(f"missing column {missing[0]!r} (needs {', '.join(_COLUMNS)})", where)
+    if "iteration" in frame.columns:
+        present = sorted(frame.get_column("iteration").unique().to_list())
+        chosen = present[0] if iteration is None else iteration
+        if chosen not in present:
+            raise UserError(f"no iteration {chosen} (the table has {present[0]}..{present[-1]})", where)
+        frame = frame.filter(pl.col("iteration") == chosen)
+        where = f"{where} (iteration {chosen})"
+    elif iteration is not None:
+        raise UserError("has no iteration column, so --durations-iteration does not apply", where)
     table: dict[str, list[list[float | None]]] = {k: [[None] * microbatches for _ in range(stages)] for k in "FBIW"}
     for row_number, (stage, kind, mb, duration) in enumerate(frame.select(_COLUMNS).iter_rows(), start=2):
         at = f"{where}: row {row_number}"

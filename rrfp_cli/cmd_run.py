@@ -1,0 +1,185 @@
+"""``rrfp run``: train a pipeline-parallel model across processes with the readiness-driven runtime."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from hints.errors import UserError
+from runtime.config import RunConfig, build_config, load_toml
+from rrfp_cli.output import Output
+
+RUN = "Run"
+MODEL = "Model"
+VAR = "Variability (emulated: sampled durations; gpt/multimodal: injected delays)"
+TEST = "Failure testing"
+D = RunConfig()  # defaults, for help texts
+
+
+def _opt(*names: str, help: str, panel: str = RUN, **kw):
+    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
+
+
+def run(
+    workload: Annotated[Optional[str], _opt("--workload", help=f"gpt, multimodal or emulated [default {D.workload}]")] = None,
+    stages: Annotated[Optional[int], _opt("--stages", "-p", help=f"Pipeline ranks [default {D.stages}]")] = None,
+    chunks: Annotated[Optional[int], _opt("--chunks", "-v", help="Model chunks per rank [default 1]")] = None,
+    microbatches: Annotated[Optional[int], _opt("--microbatches", "-m", help=f"Per iteration [default {D.microbatches}]")] = None,
+    tp: Annotated[Optional[int], _opt("--tp", help="Tensor-parallel degree (only 1 for now)")] = None,
+    dp: Annotated[Optional[int], _opt("--dp", help="Data-parallel degree (only 1 for now)")] = None,
+    hint: Annotated[Optional[str], _opt("--hint", help="Built-in, hint file or torch:SCHEDULE [default 1f1b / interleaved-1f1b]")] = None,
+    policy: Annotated[Optional[str], _opt("--policy", help=f"ready or fixed [default {D.policy}]")] = None,
+    memory_budget: Annotated[Optional[str], _opt("--memory-budget", help="1f1b, 2x, or slots per rank [default 1f1b]")] = None,
+    iters: Annotated[Optional[int], _opt("--iters", help=f"Training iterations [default {D.iters}]")] = None,
+    seed: Annotated[Optional[int], _opt("--seed", help="Seed for model init, data and variability [default 0]")] = None,
+    lr: Annotated[Optional[float], _opt("--lr", help=f"AdamW learning rate [default {D.lr}]", panel=MODEL)] = None,
+    hidden: Annotated[Optional[int], _opt("--hidden", help=f"Model width [default {D.hidden}]", panel=MODEL)] = None,
+    heads: Annotated[Optional[int], _opt("--heads", help=f"Attention heads [default {D.heads}]", panel=MODEL)] = None,
+    layers_per_stage: Annotated[Optional[int], _opt("--layers-per-stage", help="Blocks per model stage [default 1]", panel=MODEL)] = None,
+    vocab: Annotated[Optional[int], _opt("--vocab", help=f"Vocabulary size [default {D.vocab}]", panel=MODEL)] = None,
+    samples: Annotated[Optional[int], _opt("--samples", help=f"Samples per microbatch [default {D.samples}]", panel=MODEL)] = None,
+    emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: uniform, language, multimodal [default {D.emulate}]", panel=VAR)] = None,
+    forward_time: Annotated[Optional[float], _opt("--forward-time", help=f"Emulated forward seconds per rank [default {D.forward_time}]", panel=VAR)] = None,
+    backward_ratio: Annotated[Optional[float], _opt("--backward-ratio", help="Emulated backward / forward [default 2]", panel=VAR)] = None,
+    jitter: Annotated[Optional[float], _opt("--jitter", help="Log-sd of lognormal noise per task", panel=VAR)] = None,
+    straggler_prob: Annotated[Optional[float], _opt("--straggler-prob", help="Chance a task straggles", panel=VAR)] = None,
+    straggler_slowdown: Annotated[Optional[float], _opt("--straggler-slowdown", help="Slowdown of a straggling task [default 4]", panel=VAR)] = None,
+    comm_latency: Annotated[Optional[float], _opt("--comm-latency", help="Extra seconds per message", panel=VAR)] = None,
+    comm_jitter: Annotated[Optional[float], _opt("--comm-jitter", help="Log-sd of noise on each message's latency", panel=VAR)] = None,
+    delay: Annotated[Optional[list[str]], _opt("--delay", help="TASK=SECONDS extra time for one task, e.g. 1B0=0.3 (repeatable)", panel=VAR)] = None,
+    fail_at: Annotated[Optional[str], _opt("--fail-at", help="Raise inside this task, e.g. 1F2", panel=TEST)] = None,
+    hang_at: Annotated[Optional[str], _opt("--hang-at", help="Never return from this task", panel=TEST)] = None,
+    timeout: Annotated[Optional[float], _opt("--timeout", help="Seconds without progress before a rank reports a stall and the run stops [default 60]")] = None,
+    nproc: Annotated[Optional[int], _opt("--nproc", help="Processes [default stages x tp x dp]")] = None,
+    device: Annotated[Optional[str], _opt("--device", help="auto, cpu or cuda [default auto]")] = None,
+    backend: Annotated[Optional[str], _opt("--backend", help="auto, gloo or nccl [default auto: nccl with one GPU per rank]")] = None,
+    out: Annotated[Optional[str], _opt("--out", help="Run directory [default runs/<timestamp>-<workload>]")] = None,
+    config_file: Annotated[Optional[Path], _opt("--config", help="TOML file whose keys are these flags' names (flags win)")] = None,
+    compare: Annotated[bool, _opt("--compare", help="Also run the fixed-order baseline (1F1B) first and compare")] = False,
+    json_mode: Annotated[bool, _opt("--json", help="Print one JSON object instead of tables")] = False,
+) -> None:
+    """Train a model split into pipeline stages, one process per rank (or join a torchrun job)."""
+    flags = {name: value for name, value in locals().items()
+             if value is not None and name not in ("config_file", "compare", "json_mode", "delay")}
+    if delay:
+        flags["delay"] = _parse_delays(delay)
+    file_values = load_toml(config_file) if config_file else {}
+    config = build_config(file_values, flags, str(config_file or "flags"))
+    out_dir = Output(json_mode)
+    _run(config, compare, out_dir)
+
+
+def _parse_delays(items: list[str]) -> dict[str, float]:
+    delays = {}
+    for item in items:
+        task, sep, seconds = item.partition("=")
+        try:
+            delays[task.strip()] = float(seconds)
+        except ValueError:
+            sep = ""
+        if not sep:
+            raise UserError(f"{item!r} is not TASK=SECONDS (e.g. 1B0=0.3)", "--delay")
+    return delays
+
+
+def _run(config: RunConfig, compare: bool, out: Output) -> None:
+    from runtime.launch import RunFailed, launch, under_torchrun
+    from runtime.plan import validate_run
+    from runtime.worker import Job, WorkerOptions
+
+    root = Path(config.out or _default_out(config))
+    jobs = []
+    if compare:
+        baseline = config.with_overrides(policy="fixed", hint=None)
+        jobs.append(Job(_job_name(baseline), baseline, str(root / _job_name(baseline))))
+        jobs.append(Job(_job_name(config), config, str(root / _job_name(config))))
+    else:
+        jobs.append(Job(_job_name(config), config, str(root)))
+    for job in jobs:
+        validate_run(job.config)  # bad hint / shape / budget: one error, before any rank starts
+    root.mkdir(parents=True, exist_ok=True)
+    options = WorkerOptions(out_root=str(root), show_progress=not out.json_mode, timeout=config.timeout)
+    out.note(f"run directory: {root}")
+    began = time.perf_counter()
+    try:
+        results = launch(jobs, options, config.nproc or config.world_size)
+    except RunFailed as err:
+        sys.stderr.write(f"error: run failed: {err}\n")
+        raise typer.Exit(1) from None
+    if under_torchrun() and 0 not in results:
+        return  # only rank 0 reports
+    summaries = [_summarise(job, results[0][job.name]["metrics"]) for job in jobs]
+    data: dict[str, Any] = {"out": str(root), "seconds": time.perf_counter() - began, "jobs": summaries}
+    if compare:
+        data["speedup"] = summaries[0]["median_wall_seconds"] / summaries[1]["median_wall_seconds"]
+    out.result(data, lambda console: _render(console, data))
+
+
+def _default_out(config: RunConfig) -> str:
+    import os
+
+    from runtime.launch import under_torchrun
+
+    tag = os.environ.get("TORCHELASTIC_RUN_ID") if under_torchrun() else time.strftime("%Y%m%d-%H%M%S")
+    return f"runs/{tag}-{config.workload}"
+
+
+def _job_name(config: RunConfig) -> str:
+    from runtime.plan import hint_spec
+
+    spec = hint_spec(config)
+    name = Path(spec).stem if "/" in spec or spec.endswith((".json", ".csv")) else spec.replace(":", "-")
+    budget = f"@{config.memory_budget}" if config.policy == "ready" else ""
+    return f"{config.policy}-{name}{budget}"
+
+
+def _summarise(job, rows: list[dict]) -> dict[str, Any]:
+    steady = rows[1:] if len(rows) > 1 else rows  # the first iteration pays one-off costs
+    return {
+        "job": job.name,
+        "out": job.out_dir,
+        "hint": job.config.hint,
+        "policy": job.config.policy,
+        "iterations": len(rows),
+        "loss_first": rows[0]["loss"],
+        "loss_last": rows[-1]["loss"],
+        "median_wall_seconds": statistics.median(r["wall_seconds"] for r in steady),
+        "median_makespan_seconds": statistics.median(r["makespan_seconds"] for r in steady),
+        "median_throughput": statistics.median(r["throughput"] for r in steady),
+        "unit": rows[0]["unit"],
+        "mean_idle_fraction": statistics.fmean(statistics.fmean(r["idle_fraction"]) for r in steady),
+        "peak_in_flight": max(max(r["peak_in_flight"]) for r in rows),
+        "metrics": rows,
+    }
+
+
+def _render(console: Console, data: dict) -> None:
+    jobs = data["jobs"]
+    table = Table(title=f"rrfp run -> {data['out']}", title_justify="left")
+    table.add_column("", style="bold", no_wrap=True)
+    for s in jobs:
+        table.add_column(s["job"], justify="right", no_wrap=True)
+    rows = [
+        ("iterations", lambda s: str(s["iterations"])),
+        ("loss, first -> last", lambda s: "-" if s["loss_first"] is None
+         else f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
+        ("median step time", lambda s: f"{s['median_wall_seconds'] * 1e3:.1f} ms"),
+        ("median throughput", lambda s: f"{s['median_throughput']:,.0f} {s['unit']}"),
+        ("mean idle (all ranks)", lambda s: f"{s['mean_idle_fraction']:.1%}"),
+        ("peak in flight", lambda s: str(s["peak_in_flight"])),
+    ]
+    for label, cell in rows:
+        table.add_row(label, *(cell(s) for s in jobs))
+    console.print(table)
+    console.print("[dim]medians and means exclude the first iteration (one-off start-up costs); "
+                  "in flight: most microbatch-chunks any rank held[/]")
+    if "speedup" in data:
+        console.print(f"[bold]{jobs[1]['job']}[/] vs [bold]{jobs[0]['job']}[/]: "
+                      f"[bold green]{data['speedup']:.3f}x[/] median step time")

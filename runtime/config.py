@@ -1,0 +1,179 @@
+"""Typed, validated configuration of ``rrfp run``.
+
+One :class:`RunConfig` describes a training job. It comes from CLI flags
+and/or a TOML file whose keys are the flag names without the leading dashes
+(``memory-budget = "2x"``); flags win over the file. Every field is checked
+here, before any rank starts, and unknown TOML keys are errors (with a
+suggestion), so a typo cannot silently fall back to a default.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import tomllib
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from hints.errors import UserError
+from hints.tasks import Task
+
+RUN_WORKLOADS = ("gpt", "multimodal", "emulated")
+EMULATE_MODELS = ("uniform", "language", "multimodal")
+POLICIES = ("fixed", "ready")
+DEVICES = ("auto", "cpu", "cuda")
+BACKENDS = ("auto", "gloo", "nccl")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything one ``rrfp run`` job needs. Field names are the flags with ``_`` for ``-``."""
+
+    workload: str = "gpt"
+    stages: int = 2
+    chunks: int = 1
+    microbatches: int = 8
+    tp: int = 1
+    dp: int = 1
+    hint: str | None = None  # None: 1f1b (interleaved-1f1b with chunks >= 2)
+    policy: str = "ready"
+    memory_budget: str = "1f1b"
+    iters: int = 5
+    seed: int = 0
+    lr: float = 1e-3
+    # model size (gpt, multimodal)
+    hidden: int = 64
+    heads: int = 4
+    layers_per_stage: int = 1
+    vocab: int = 128
+    samples: int = 2
+    # emulated workload: durations from the simulator's variability models
+    emulate: str = "multimodal"
+    forward_time: float = 0.020
+    backward_ratio: float = 2.0
+    # variability injected into any workload (emulated: part of the sampled durations)
+    jitter: float = 0.0
+    straggler_prob: float = 0.0
+    straggler_slowdown: float = 4.0
+    comm_latency: float = 0.0
+    comm_jitter: float = 0.0
+    delay: dict[str, float] = field(default_factory=dict)  # task text -> extra seconds, e.g. {"1B0": 0.3}
+    # faults, for testing failure handling
+    fail_at: str | None = None  # raise inside this task (e.g. "1F2")
+    hang_at: str | None = None  # never return from this task
+    # process setup
+    nproc: int | None = None  # default stages * tp * dp
+    device: str = "auto"
+    backend: str = "auto"
+    timeout: float = 60.0  # seconds without progress before a rank reports a stall and stops
+    out: str | None = None  # default runs/<timestamp>-<workload>
+
+    def __post_init__(self) -> None:
+        _check_choice("workload", self.workload, RUN_WORKLOADS)
+        _check_choice("policy", self.policy, POLICIES)
+        _check_choice("emulate", self.emulate, EMULATE_MODELS)
+        _check_choice("device", self.device, DEVICES)
+        _check_choice("backend", self.backend, BACKENDS)
+        for name in ("stages", "chunks", "microbatches", "iters", "hidden", "heads", "layers_per_stage",
+                     "vocab", "samples", "tp", "dp"):
+            _check_int(name, getattr(self, name), 1)
+        _check_int("seed", self.seed, 0)
+        if self.nproc is not None:
+            _check_int("nproc", self.nproc, 1)
+        for name in ("lr", "forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter"):
+            _check_number(name, getattr(self, name), 0.0)
+        _check_number("timeout", self.timeout, 0.001)
+        _check_number("straggler_slowdown", self.straggler_slowdown, 1.0)
+        _check_number("straggler_prob", self.straggler_prob, 0.0)
+        if self.straggler_prob > 1:
+            raise UserError(f"must be between 0 and 1, got {self.straggler_prob}", "--straggler-prob")
+        if self.tp != 1 or self.dp != 1:
+            which = "--tp" if self.tp != 1 else "--dp"
+            raise UserError("tensor and data parallelism are not supported yet; use 1", which)
+        if self.hidden % self.heads:
+            raise UserError(f"--hidden {self.hidden} must be a multiple of --heads {self.heads}", "--hidden")
+        if self.workload == "multimodal" and self.stages * self.chunks < 2:
+            raise UserError("the multimodal model needs at least 2 model stages (vision, language)", "--stages")
+        if not isinstance(self.delay, dict):
+            raise UserError("must map tasks to seconds, e.g. {\"1B0\" = 0.3}", "--delay")
+        for text, seconds in self.delay.items():
+            _parse_task(text, "--delay")
+            _check_number(f"delay {text}", seconds, 0.0)
+        for name in ("fail_at", "hang_at"):
+            if getattr(self, name) is not None:
+                _parse_task(getattr(self, name), _flag(name))
+        if self.nproc is not None and self.nproc != self.world_size:
+            raise UserError(f"{self.nproc} processes cannot run {self.stages} stages x tp {self.tp} x dp {self.dp} "
+                            f"= {self.world_size} ranks", "--nproc")
+
+    @property
+    def world_size(self) -> int:
+        return self.stages * self.tp * self.dp
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def with_overrides(self, **changes: Any) -> "RunConfig":
+        return replace(self, **changes)
+
+    def delays_by_task(self) -> dict[Task, float]:
+        return {Task.parse(text): float(seconds) for text, seconds in self.delay.items()}
+
+
+def _flag(name: str) -> str:
+    return "--" + name.replace("_", "-")
+
+
+def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise UserError(f"{value!r} is not one of {', '.join(choices)}", _flag(name))
+
+
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if not isinstance(value, int) or isinstance(value, bool) or value < minimum:
+        raise UserError(f"must be a whole number >= {minimum}, got {value!r}", _flag(name))
+
+
+def _check_number(name: str, value: Any, minimum: float) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < minimum:
+        raise UserError(f"must be a number >= {minimum:g}, got {value!r}", _flag(name))
+
+
+def _parse_task(text: Any, where: str) -> Task:
+    try:
+        return Task.parse(text)
+    except UserError as err:
+        raise UserError(err.what, where) from None
+
+
+FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
+
+
+def load_toml(path: str | Path) -> dict[str, Any]:
+    """Read a config file into ``{field: value}``; keys are flag names (``memory-budget``)."""
+    where = str(path)
+    try:
+        data = tomllib.loads(Path(path).read_text())
+    except FileNotFoundError:
+        raise UserError("no such file", where) from None
+    except tomllib.TOMLDecodeError as err:
+        raise UserError(f"not valid TOML: {err}", where) from None
+    values: dict[str, Any] = {}
+    for key, value in data.items():
+        name = key.replace("-", "_")
+        if name not in FIELD_NAMES:
+            close = difflib.get_close_matches(name, FIELD_NAMES, n=1)
+            hint = f"; did you mean {_flag(close[0])[2:]!r}?" if close else ""
+            raise UserError(f"unknown key {key!r}{hint}", where)
+        values[name] = value
+    return values
+
+
+def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], where: str = "config") -> RunConfig:
+    """File values, then flags on top (flags win). Validation errors name the flag."""
+    merged = {**file_values, **flag_values}
+    try:
+        return RunConfig(**merged)
+    except TypeError as err:  # a TOML value of the wrong structure for a dataclass field
+        raise UserError(str(err), where) from None

@@ -1,0 +1,254 @@
+"""The per-rank executor: a thin loop plus a dispatch table from task kind to handler.
+
+Loop (one iteration)::
+
+    until the arbiter has run every task of this rank:
+        apply arrivals (store the tensors, tell the arbiter)
+        ask the arbiter for a task; if none, sleep on the inbox until a message arrives
+        run the handler of the task's kind; route its output (local hand-off or transport)
+        tell the arbiter it finished; record it
+
+Handlers (``F``, ``B``, ``I``, ``W``) are small and typed; none of them knows
+about time, tracing or the transport. Conventions:
+
+* ``received[consumer task id]`` holds the tensors a task consumes from
+  another stage (an activation for ``F``, an output gradient for ``B``/``I``),
+  whether they came over a link or from a stage on this rank.
+* ``stash[(stage, microbatch)]`` holds what a backward needs from its forward:
+  the input leaves and the outputs (the loss, on the last stage).
+* Each microbatch's loss is divided by the microbatch count, so gradients
+  accumulated over an iteration equal those of the mean loss.
+
+[Note: split backward in the runtime]
+    ``I`` computes the gradients of the stage inputs with
+    ``torch.autograd.grad(..., retain_graph=True)`` and sends them upstream at
+    once; ``W`` later computes the parameter gradients from the retained graph
+    and accumulates them. This is exact, but the ``W`` pass re-traverses the
+    graph between the outputs and the parameters, so a split backward costs
+    somewhat more than a fused ``B`` on real models (the emulated workload
+    sleeps its sampled ``I`` and ``W`` durations instead).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from hints.tasks import B, F, I, Task, W
+from runtime.arbiter import Arbiter
+from runtime.deps import TaskGraph
+from runtime.recording import NullRecorder, Recorder, TaskSpan
+from runtime.transport import Arrival, Transport
+from runtime.workloads import Workload
+
+IDLE_POLL_SECONDS = 0.5  # how long the dispatcher sleeps on the inbox before re-checking faults
+
+
+class InjectedFault(RuntimeError):
+    """Raised by ``--fail-at`` (testing failure handling)."""
+
+
+@dataclass
+class IterationResult:
+    iteration: int
+    start_ns: int
+    end_ns: int  # end of this rank's last task
+    busy_ns: int
+    loss: float | None  # sum over microbatches of loss / m (last stage only)
+    units: int  # tokens or samples consumed by this rank's first stage
+    executed: list[Task] = field(default_factory=list)
+    peak_in_flight: int = 0
+
+
+class StageExecutor:
+    """Runs this rank's tasks, in the order its arbiter picks, on real modules."""
+
+    def __init__(
+        self,
+        rank: int,
+        graph: TaskGraph,
+        workload: Workload,
+        modules: dict[int, torch.nn.Module],
+        transport: Transport | None,
+        device: torch.device,
+        recorder: Recorder | None = None,
+        delay: Callable[[int, Task, float], float] | None = None,
+        fail_at: Task | None = None,
+        hang_at: Task | None = None,
+        progress: Callable[[], None] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.graph = graph
+        self.shape = graph.shape
+        self.workload = workload
+        self.modules = modules
+        self.transport = transport
+        self.device = device
+        self.recorder = recorder or NullRecorder()
+        self.delay = delay
+        self.fail_at, self.hang_at = fail_at, hang_at
+        self.progress = progress or (lambda: None)
+        self.handlers = {F: self._forward, B: self._backward, I: self._backward_input, W: self._backward_weight}
+        # Where each task's output goes: the consumer on another *stage* (the next stage's F, or the
+        # previous stage's backward); consumers on the same stage read the stash instead.
+        self.data_consumer: list[int | None] = [None] * len(graph)
+        for tid, task in enumerate(graph.tasks):
+            for consumer in graph.local_consumers[tid] + graph.remote_consumers[tid]:
+                if graph.tasks[consumer].stage != task.stage:
+                    self.data_consumer[tid] = consumer
+        self.arbiter: Arbiter | None = None
+        self.received: dict[int, tuple[torch.Tensor, ...]] = {}
+        self.stash: dict[tuple[int, int], tuple[tuple, tuple]] = {}
+        self.weight_roots: dict[tuple[int, int], tuple[tuple, tuple | None]] = {}
+        self.loss_sum = 0.0
+        self.iteration = 0
+
+    # -- the loop ---------------------------------------------------------
+    def run_iteration(self, iteration: int, arbiter: Arbiter) -> IterationResult:
+        self.iteration, self.arbiter = iteration, arbiter
+        self.loss_sum, has_loss = 0.0, False
+        recorder, graph, clock = self.recorder, self.graph, time.monotonic_ns
+        start = clock()
+        recorder.begin_iteration(iteration, start)
+        busy, executed, units = 0, [], 0
+        idle_since = start
+        last_end = start
+        while not arbiter.done:
+            self._apply_arrivals(iteration)
+            now = clock()
+            tid = arbiter.choose(now * 1e-9)
+            if tid is None:
+                if self.transport is None:
+                    raise RuntimeError(f"rank {self.rank}: nothing ready and no transport to wait on")
+                self.transport.inbox.wait(IDLE_POLL_SECONDS)
+                continue
+            task = graph.tasks[tid]
+            if arbiter.decisions:
+                recorder.decision(iteration, arbiter.decisions.pop(), now - idle_since)
+            began = clock()
+            recorder.task_started(iteration, task, began)
+            self._maybe_fault(task)
+            outputs = self.handlers[task.kind](task, tid)
+            if self.delay is not None:
+                extra = self.delay(iteration, task, (clock() - began) * 1e-9)
+                if extra > 0:
+                    time.sleep(extra)
+            self._route(tid, outputs)
+            arbiter.finish(tid)
+            ended = clock()
+            batch = self.workload.batch(iteration, task.microbatch)
+            info = {"units": batch.units}
+            if task.kind is F and task.stage == 0:
+                units += batch.units
+            if task.kind is F and task.stage == self.shape.stages - 1:
+                has_loss = True
+            recorder.task_finished(TaskSpan(iteration, task, began, ended, began - idle_since, info))
+            recorder.counters(iteration, ended, {"ready": arbiter.ready_count, "in_flight": arbiter.in_flight})
+            busy += ended - began
+            executed.append(task)
+            idle_since = last_end = ended
+            self.progress()
+        sends = self.transport.sent[:] if self.transport else []
+        if self.transport:
+            self.transport.sent.clear()
+        recorder.end_iteration(iteration, clock(), sends)
+        return IterationResult(iteration, start, last_end, busy, self.loss_sum if has_loss else None, units,
+                               executed, arbiter.peak_in_flight)
+
+    def _apply_arrivals(self, iteration: int) -> None:
+        if self.transport is None:
+            return
+        for arrival in self.transport.inbox.drain():
+            arrival: Arrival
+            if arrival.iteration != iteration:
+                raise RuntimeError(f"rank {self.rank}: message {arrival.producer} of iteration {arrival.iteration} "
+                                   f"arrived during iteration {iteration}")
+            producer = self.graph.tid(arrival.producer)
+            consumer = self.data_consumer[producer]
+            self.received[consumer] = tuple(t.to(self.device) for t in arrival.tensors)
+            self.recorder.arrival(iteration, arrival)
+            self.arbiter.available(producer)
+            self.progress()
+
+    def _route(self, tid: int, outputs: tuple[torch.Tensor, ...] | None) -> None:
+        consumer = self.data_consumer[tid]
+        if consumer is None or outputs is None:
+            return
+        destination = self.graph.rank[consumer]
+        if destination == self.rank:
+            self.received[consumer] = outputs
+        else:
+            self.transport.send(destination, self.iteration, self.graph.tasks[tid], outputs)
+
+    def _maybe_fault(self, task: Task) -> None:
+        if task == self.fail_at:
+            raise InjectedFault(f"injected failure in task {task} (--fail-at)")
+        if task == self.hang_at:
+            while True:  # --hang-at: never return; the watchdog must notice
+                time.sleep(1.0)
+
+    # -- handlers ---------------------------------------------------------
+    def _forward(self, task: Task, tid: int) -> tuple[torch.Tensor, ...] | None:
+        stage, mb = task.stage, task.microbatch
+        batch = self.workload.batch(self.iteration, mb)
+        received = self.received.pop(tid, None)
+        if received is None:
+            received = tuple(t.to(self.device) for t in self.workload.first_inputs(batch)) if stage == 0 else ()
+        inputs = tuple(t.detach().requires_grad_(t.is_floating_point()) for t in received)
+        outputs = self.modules[stage](inputs, batch)
+        if stage == self.shape.stages - 1:
+            loss = self.workload.loss(outputs, batch) / self.shape.microbatches
+            self.loss_sum += float(loss.detach())
+            self.stash[(stage, mb)] = (inputs, (loss,))
+            return None
+        self.stash[(stage, mb)] = (inputs, outputs)
+        return tuple(o.detach() for o in outputs)
+
+    def _roots(self, stage: int, mb: int, tid: int) -> tuple[tuple, tuple | None, tuple]:
+        inputs, outputs = self.stash[(stage, mb)]
+        if stage == self.shape.stages - 1:
+            return outputs, None, inputs
+        grads = self.received.pop(tid)
+        pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+        return tuple(o for o, _ in pairs), tuple(g for _, g in pairs), inputs
+
+    @staticmethod
+    def _input_grads(inputs: tuple, grads) -> tuple[torch.Tensor, ...]:
+        return tuple(g if g is not None else torch.zeros_like(x) for x, g in zip(inputs, grads))
+
+    def _backward(self, task: Task, tid: int) -> tuple[torch.Tensor, ...] | None:
+        stage, mb = task.stage, task.microbatch
+        roots, root_grads, inputs = self._roots(stage, mb, tid)
+        if roots:
+            torch.autograd.backward(roots, root_grads)
+        del self.stash[(stage, mb)]
+        if stage == 0:
+            return None
+        return self._input_grads(inputs, [x.grad for x in inputs])
+
+    def _backward_input(self, task: Task, tid: int) -> tuple[torch.Tensor, ...] | None:
+        stage, mb = task.stage, task.microbatch
+        roots, root_grads, inputs = self._roots(stage, mb, tid)
+        self.weight_roots[(stage, mb)] = (roots, root_grads)
+        wanted = [x for x in inputs if x.requires_grad]
+        grads = (torch.autograd.grad(roots, wanted, root_grads, retain_graph=True, allow_unused=True)
+                 if roots and wanted else [None] * len(wanted))
+        if stage == 0:
+            return None
+        by_input = dict(zip(map(id, wanted), grads))
+        return self._input_grads(inputs, [by_input.get(id(x)) for x in inputs])
+
+    def _backward_weight(self, task: Task, tid: int) -> None:
+        stage, mb = task.stage, task.microbatch
+        roots, root_grads = self.weight_roots.pop((stage, mb))
+        params = [p for p in self.modules[stage].parameters() if p.requires_grad]
+        if roots and params:
+            grads = torch.autograd.grad(roots, params, root_grads, allow_unused=True)
+            for param, grad in zip(params, grads):
+                if grad is not None:
+                    param.grad = grad if param.grad is None else param.grad + grad
+        del self.stash[(stage, mb)]
+        return None

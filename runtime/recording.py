@@ -1,0 +1,95 @@
+"""What the executor reports while it runs, and the in-memory record the runtime keeps.
+
+The executor calls a :class:`Recorder` at a few fixed points of its loop and
+nowhere else (no timers inside handlers). ``runtime`` only knows this
+protocol; the Perfetto trace writer in ``profiler`` implements it and is
+plugged in by name (``"module:Class"``), so the import graph stays
+``hints <- runtime <- profiler <- rrfp_cli``.
+
+Clock: host ``time.monotonic_ns()`` for every timestamp given here. A recorder
+that can do better on a device (CUDA events) does so inside ``task_started``
+and ``task_finished``.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hints.errors import UserError
+from hints.tasks import Task
+from runtime.arbiter import Decision
+
+
+@dataclass(frozen=True)
+class TaskSpan:
+    """One executed task on this rank."""
+
+    iteration: int
+    task: Task
+    start_ns: int
+    end_ns: int
+    wait_ns: int  # how long the rank had been idle before this task
+    info: dict[str, Any] = field(default_factory=dict)  # tokens, images, ...
+
+
+class Recorder(Protocol):
+    def begin_iteration(self, iteration: int, now_ns: int) -> None: ...
+
+    def decision(self, iteration: int, decision: Decision, wait_ns: int) -> None: ...
+
+    def task_started(self, iteration: int, task: Task, now_ns: int) -> None: ...
+
+    def task_finished(self, span: TaskSpan) -> None: ...
+
+    def arrival(self, iteration: int, arrival: Any) -> None: ...
+
+    def counters(self, iteration: int, now_ns: int, values: dict[str, float]) -> None: ...
+
+    def end_iteration(self, iteration: int, now_ns: int, sends: list[Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class NullRecorder:
+    """Records nothing (the executor's own metrics still work)."""
+
+    def begin_iteration(self, iteration, now_ns): pass
+
+    def decision(self, iteration, decision, wait_ns): pass
+
+    def task_started(self, iteration, task, now_ns): pass
+
+    def task_finished(self, span): pass
+
+    def arrival(self, iteration, arrival): pass
+
+    def counters(self, iteration, now_ns, values): pass
+
+    def end_iteration(self, iteration, now_ns, sends): pass
+
+    def close(self): pass
+
+
+class ListRecorder(NullRecorder):
+    """Keeps spans and decisions in lists (tests, and budgets checked after a run)."""
+
+    def __init__(self) -> None:
+        self.spans: list[TaskSpan] = []
+        self.decisions: list[tuple[int, Decision]] = []
+
+    def decision(self, iteration, decision, wait_ns):
+        self.decisions.append((iteration, decision))
+
+    def task_finished(self, span):
+        self.spans.append(span)
+
+
+def load_recorder_class(spec: str):
+    """``"package.module:Class"`` -> the class (how ``rrfp run`` plugs in the trace writer)."""
+    module_name, _, name = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), name)
+    except (ImportError, AttributeError) as err:
+        raise UserError(f"cannot load recorder {spec!r}: {err}", "recorder") from None

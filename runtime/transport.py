@@ -1,0 +1,320 @@
+"""Message-driven point-to-point transport between pipeline ranks.
+
+All communication of the pipeline goes through this module, under one rule:
+
+[Note: transport ordering rule]
+    Every *directed link* ``src -> dst`` between two ranks that exchange
+    pipeline data is a FIFO with its own process group (so a send and a
+    receive on the same pair of ranks never block each other, and NCCL,
+    which ignores tags, still sees one ordered stream per communicator). One
+    sender thread per outgoing link sends messages in the order the executor
+    queued them; one receiver thread per incoming link receives them in that
+    order. Each message carries a sequence number, checked on arrival. That
+    is the only ordering there is: the receiver never needs to know in
+    advance which message comes next, because every message says what it is.
+
+Wire format of one message: an int64 header of ``HEADER_WORDS`` words, then
+each payload tensor (zero-size tensors are not sent; the header already says
+their shape)::
+
+    [magic, sequence, type, iteration, stage, kind, microbatch, n_tensors,
+     (dtype, ndim, d0..d5) x MAX_TENSORS]
+
+``type`` is HELLO (sent once per link at start, so every link is set up and
+exercised before training), DATA or CLOSE (end of run). ``kind`` is the
+Unicode code point of the producing task's letter (``ord("F")``), so the
+header names the producing task ``<stage><kind><microbatch>`` directly.
+
+Arrival is learned without polling: gloo's ``irecv(...).is_completed()``
+stays False until ``wait()`` is called (torch 2.13), so receiver threads do
+blocking receives, which release the GIL, and hand arrivals to the
+dispatcher through an :class:`Inbox` (a deque plus a condition variable); the
+dispatcher sleeps on the condition while nothing is ready. Sends run on
+sender threads, so compute never waits for a send.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+from hints.tasks import Kind, Task
+
+MAGIC = 0x52524650  # "RRFP"
+MAX_TENSORS = 4
+MAX_DIMS = 6
+HEADER_WORDS = 8 + MAX_TENSORS * (2 + MAX_DIMS)
+HELLO, DATA, CLOSE = 1, 2, 3
+DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
+          torch.uint8)
+
+
+class TransportError(RuntimeError):
+    """A link broke or delivered something unexpected."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A message that arrived on link ``src -> this rank``."""
+
+    src: int
+    sequence: int
+    iteration: int
+    producer: Task
+    tensors: tuple[torch.Tensor, ...]
+    arrived_ns: int  # host monotonic clock
+
+
+@dataclass(frozen=True)
+class Sent:
+    """Bookkeeping of one message handed to the wire (for traces)."""
+
+    dst: int
+    sequence: int
+    iteration: int
+    producer: Task
+    nbytes: int
+    queued_ns: int
+    started_ns: int
+    finished_ns: int
+
+
+class Inbox:
+    """Arrivals from all receiver threads, drained by the dispatcher; the dispatcher sleeps on it."""
+
+    def __init__(self) -> None:
+        self._items: deque = deque()
+        self._cond = threading.Condition()
+        self._failure: BaseException | None = None
+
+    def put(self, item) -> None:
+        with self._cond:
+            self._items.append(item)
+            self._cond.notify()
+
+    def fail(self, error: BaseException) -> None:
+        with self._cond:
+            if self._failure is None:
+                self._failure = error
+            self._cond.notify()
+
+    def drain(self) -> list:
+        with self._cond:
+            self._raise_failure()
+            items = list(self._items)
+            self._items.clear()
+            return items
+
+    def wait(self, timeout: float) -> None:
+        """Sleep until something arrives (or ``timeout`` seconds pass)."""
+        with self._cond:
+            if not self._items and self._failure is None:
+                self._cond.wait(timeout)
+            self._raise_failure()
+
+    def _raise_failure(self) -> None:
+        if self._failure is not None:
+            raise self._failure
+
+
+def encode_header(kind_of_message: int, sequence: int, iteration: int = 0, producer: Task | None = None,
+                  tensors: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+    if len(tensors) > MAX_TENSORS:
+        raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {len(tensors)}")
+    words = [MAGIC, sequence, kind_of_message, iteration, -1, 0, -1, len(tensors)]
+    if producer is not None:
+        words[4:7] = [producer.stage, ord(producer.kind.value), producer.microbatch]
+    for tensor in tensors:
+        if tensor.dim() > MAX_DIMS:
+            raise TransportError(f"tensors of at most {MAX_DIMS} dims, got shape {tuple(tensor.shape)}")
+        try:
+            dtype = DTYPES.index(tensor.dtype)
+        except ValueError:
+            raise TransportError(f"dtype {tensor.dtype} cannot be sent") from None
+        dims = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
+        words += [dtype, tensor.dim(), *dims]
+    words += [0] * (HEADER_WORDS - len(words))
+    return torch.tensor(words, dtype=torch.int64)
+
+
+def decode_header(header: torch.Tensor) -> tuple[int, int, int, Task | None, list[tuple[torch.dtype, tuple]]]:
+    words = header.tolist()
+    if words[0] != MAGIC:
+        raise TransportError(f"bad message header (magic {words[0]:#x})")
+    _, sequence, kind_of_message, iteration, stage, kind, microbatch, count = words[:8]
+    producer = Task(stage, Kind(chr(kind)), microbatch) if kind_of_message == DATA else None
+    specs = []
+    for i in range(count):
+        base = 8 + i * (2 + MAX_DIMS)
+        dtype, ndim = words[base], words[base + 1]
+        specs.append((DTYPES[dtype], tuple(words[base + 2:base + 2 + ndim])))
+    return kind_of_message, sequence, iteration, producer, specs
+
+
+class Link:
+    """One directed link ``src -> dst`` with its own process group."""
+
+    def __init__(self, src: int, dst: int, group) -> None:
+        self.src, self.dst, self.group = src, dst, group
+
+    def __repr__(self) -> str:
+        return f"link {self.src}->{self.dst}"
+
+
+class Transport:
+    """The links of one rank: sender threads for outgoing links, receiver threads for incoming ones.
+
+    Build it collectively (every rank constructs it with the same ``links``),
+    then :meth:`start`; :meth:`send` queues a message; arrivals land in
+    ``inbox``; :meth:`close` ends the threads after every queued message went out.
+    """
+
+    def __init__(
+        self,
+        rank: int,
+        links: Sequence[tuple[int, int]],
+        device: torch.device,
+        timeout: float,
+        latency: Callable[[int, Task], float] | None = None,
+    ) -> None:
+        self.rank = rank
+        self.device = device
+        self.inbox = Inbox()
+        self.latency = latency  # injected per-message delay (variability models), applied on the sender thread
+        self.sent: list[Sent] = []
+        self._sent_lock = threading.Lock()
+        group_timeout = timedelta(seconds=max(30.0, 2 * timeout))
+        self.out_links: dict[int, Link] = {}
+        self.in_links: dict[int, Link] = {}
+        # new_group is collective over the default group: every rank creates every link, in one order.
+        for src, dst in sorted(set(links)):
+            group = dist.new_group(sorted({src, dst}), timeout=group_timeout)
+            if src == rank:
+                self.out_links[dst] = Link(src, dst, group)
+            if dst == rank:
+                self.in_links[src] = Link(src, dst, group)
+        self._queues: dict[int, queue.Queue] = {dst: queue.Queue() for dst in self.out_links}
+        self._sequence = {dst: 0 for dst in self.out_links}
+        self._threads: list[threading.Thread] = []
+        self._hellos = threading.Semaphore(0)  # released once per HELLO received
+        self._hello_from: list[int] = []
+        self._closed = False
+        # gloo moves CPU tensors (CUDA tensors are staged through host memory); NCCL moves CUDA tensors.
+        self._wire_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+
+    # -- lifecycle -------------------------------------------------------
+    def start(self, timeout: float) -> None:
+        """Start the threads and exchange one HELLO per link; returns when every incoming link spoke."""
+        for src, link in self.in_links.items():
+            self._spawn(f"rrfp-recv-{src}->{self.rank}", self._receive_loop, link)
+        for dst, link in self.out_links.items():
+            self._spawn(f"rrfp-send-{self.rank}->{dst}", self._send_loop, link)
+            self._queues[dst].put((HELLO, 0, None, ()))
+        deadline = time.monotonic() + timeout
+        for _ in self.in_links:
+            if not self._hellos.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                silent = sorted(set(self.in_links) - set(self._hello_from))
+                raise TransportError(f"rank {self.rank}: no HELLO from rank(s) {silent} within {timeout:.0f} s")
+        self.inbox.drain()  # raises if a link already failed
+
+    def _spawn(self, name: str, target, link: Link) -> None:
+        thread = threading.Thread(target=target, args=(link,), name=name, daemon=True)
+        thread.start()
+        self._threads.append(thread)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Send CLOSE on every outgoing link, wait for every thread to end."""
+        if self._closed:
+            return
+        self._closed = True
+        for q in self._queues.values():
+            q.put((CLOSE, 0, None, ()))
+        deadline = time.monotonic() + timeout
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        alive = [t.name for t in self._threads if t.is_alive()]
+        if alive:
+            raise TransportError(f"rank {self.rank}: transport threads did not stop: {', '.join(alive)}")
+
+    # -- sending ---------------------------------------------------------
+    def send(self, dst: int, iteration: int, producer: Task, tensors: Sequence[torch.Tensor]) -> None:
+        """Queue ``tensors`` (the output of ``producer``) for rank ``dst``; returns at once."""
+        self._queues[dst].put((DATA, iteration, producer, tuple(t.detach() for t in tensors)))
+
+    def _send_loop(self, link: Link) -> None:
+        q = self._queues[link.dst]
+        try:
+            while True:
+                kind_of_message, iteration, producer, tensors = q.get()
+                queued = time.monotonic_ns()
+                if kind_of_message == DATA and self.latency is not None:
+                    delay = self.latency(link.dst, producer)
+                    if delay > 0:
+                        time.sleep(delay)
+                sequence = self._sequence[link.dst]
+                self._sequence[link.dst] = sequence + 1
+                wire = [self._to_wire(t) for t in tensors]
+                started = time.monotonic_ns()
+                dist.send(self._to_wire(encode_header(kind_of_message, sequence, iteration, producer, wire)),
+                          link.dst, group=link.group)
+                for tensor in wire:
+                    if tensor.numel():
+                        dist.send(tensor, link.dst, group=link.group)
+                if kind_of_message == DATA:
+                    with self._sent_lock:
+                        self.sent.append(Sent(link.dst, sequence, iteration, producer,
+                                              sum(t.numel() * t.element_size() for t in wire), queued, started,
+                                              time.monotonic_ns()))
+                if kind_of_message == CLOSE:
+                    return
+        except Exception as err:  # a peer died or the group broke: the dispatcher reports it
+            self.inbox.fail(TransportError(f"{link}: send failed: {err}"))
+
+    # -- receiving -------------------------------------------------------
+    def _receive_loop(self, link: Link) -> None:
+        expected = 0
+        try:
+            while True:
+                header = self._wire_buffer((HEADER_WORDS,), torch.int64)
+                dist.recv(header, link.src, group=link.group)
+                kind_of_message, sequence, iteration, producer, specs = decode_header(header.cpu())
+                if sequence != expected:
+                    raise TransportError(f"{link}: message {sequence} arrived, expected {expected} "
+                                         f"(FIFO order broken)")
+                expected += 1
+                if kind_of_message == CLOSE:
+                    return
+                if kind_of_message == HELLO:
+                    self._hello_from.append(link.src)
+                    self._hellos.release()
+                    continue
+                tensors = []
+                for dtype, shape in specs:
+                    buffer = self._wire_buffer(shape, dtype)
+                    if buffer.numel():
+                        dist.recv(buffer, link.src, group=link.group)
+                    tensors.append(buffer)
+                self.inbox.put(Arrival(link.src, sequence, iteration, producer, tuple(tensors),
+                                       time.monotonic_ns()))
+        except Exception as err:
+            self.inbox.fail(TransportError(f"{link}: receive failed: {err}"))
+
+    # -- devices ---------------------------------------------------------
+    def _to_wire(self, tensor: torch.Tensor) -> torch.Tensor:
+        return tensor.to(self._wire_device).contiguous()
+
+    def _wire_buffer(self, shape, dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=self._wire_device)
+
+
+def pipeline_links(rank_of_consumer_pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:
+    """Directed links from ``(producer rank, consumer rank)`` pairs, without self-links."""
+    return sorted({(a, b) for a, b in rank_of_consumer_pairs if a != b})

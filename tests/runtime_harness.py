@@ -1,0 +1,32 @@
+"""Run a list of jobs on real processes and save each rank's results (used by tests/test_runtime.py).
+
+    python -m tests.runtime_harness SPEC.json RESULTS.pt
+
+SPEC.json: {"nproc": 2, "timeout": 30, "jobs": [{"name": ..., "config": {RunConfig fields}}, ...]}.
+Running in a subprocess lets the test put a hard timeout on the whole launch.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from runtime.config import RunConfig
+from runtime.launch import launch
+from runtime.worker import Job, WorkerOptions
+
+
+def main(spec_path: str, results_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    root = Path(results_path).parent / "run"
+    jobs = [Job(j["name"], RunConfig(**j["config"]), str(root / j["name"]), collect_grads=True)
+            for j in spec["jobs"]]
+    results = launch(jobs, WorkerOptions(str(root), timeout=spec.get("timeout", 30.0)), spec["nproc"])
+    torch.save(results, results_path)
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:3])

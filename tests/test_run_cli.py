@@ -1,0 +1,142 @@
+"""`rrfp run` end to end: outputs, config files, bad input before launch, faults that must not hang."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import polars as pl
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def rrfp(cwd: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("RRFP_DEBUG", "RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(ROOT)
+    return subprocess.run([sys.executable, "-m", "rrfp_cli", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=timeout, env=env)
+
+
+def spawned_workers() -> set[int]:
+    out = subprocess.run(["pgrep", "-f", "multiprocessing.spawn"], capture_output=True, text=True).stdout
+    return {int(pid) for pid in out.split()}
+
+
+def one_error_line(result: subprocess.CompletedProcess) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    assert "Traceback" not in result.stderr
+    return lines[0]
+
+
+def test_run_writes_config_metrics_and_rank_logs(tmp_path):
+    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "3",
+                  "--out", "r", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    job = data["jobs"][0]
+    assert job["iterations"] == 3 and job["loss_last"] < job["loss_first"]
+    run = tmp_path / "r"
+    config = json.loads((run / "config.json").read_text())
+    assert config["stages"] == 2 and config["microbatches"] == 4 and config["policy"] == "ready"
+    metrics = pl.read_parquet(run / "metrics.parquet")
+    for column in ("iteration", "loss", "wall_seconds", "throughput", "idle_fraction", "busy_seconds"):
+        assert column in metrics.columns
+    assert metrics.height == 3
+    assert len(metrics["idle_fraction"][0]) == 2  # one per rank
+    assert (run / "logs" / "rank1.log").exists()  # rank 1's output went to a file
+
+
+def test_compare_runs_fixed_then_ready(tmp_path):
+    result = rrfp(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters", "2",
+                  "--forward-time", "0.004", "--hint", "zb", "--memory-budget", "2x", "--compare", "--out", "c",
+                  "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [j["job"] for j in data["jobs"]] == ["fixed-1f1b", "ready-zb@2x"]
+    assert data["speedup"] > 0
+    assert (tmp_path / "c" / "fixed-1f1b" / "metrics.parquet").exists()
+    assert (tmp_path / "c" / "ready-zb@2x" / "durations.parquet").exists()
+
+
+def test_human_output_has_a_summary(tmp_path):
+    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
+                  "--out", "h")
+    assert result.returncode == 0, result.stderr
+    assert "ready-1f1b@1f1b" in result.stdout and "tokens/s" in result.stdout
+
+
+def test_config_file_and_flags_win(tmp_path):
+    (tmp_path / "run.toml").write_text('workload = "gpt"\nstages = 2\nmicrobatches = 4\niters = 1\n'
+                                       'memory-budget = "2x"\npolicy = "fixed"\n')
+    result = rrfp(tmp_path, "run", "--config", "run.toml", "--policy", "ready", "--out", "t", "--json")
+    assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "t" / "config.json").read_text())
+    assert config["policy"] == "ready" and config["memory_budget"] == "2x" and config["iters"] == 1
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--tp", "2"], "error: --tp: tensor and data parallelism are not supported yet"),
+    (["--chunks", "2", "--hint", "interleaved-1f1b", "--microbatches", "5"], "must be a multiple of 2"),
+    (["--hint", "nope"], "unknown hint 'nope'"),
+    (["--chunks", "2", "--memory-budget", "1"], "below the smallest that can complete"),
+    (["--workload", "video"], "error: --workload: 'video' is not one of gpt, multimodal, emulated"),
+    (["--delay", "1B0"], "error: --delay: '1B0' is not TASK=SECONDS"),
+    (["--fail-at", "zz"], "error: --fail-at: 'zz' is not a task"),
+])
+def test_bad_input_fails_before_any_rank_starts(tmp_path, args, message):
+    began = time.monotonic()
+    line = one_error_line(rrfp(tmp_path, "run", "--stages", "2", *args, "--out", "x"))
+    assert message in line
+    assert time.monotonic() - began < 20
+    assert not (tmp_path / "x").exists()  # nothing started, nothing written
+
+
+def test_bad_config_file(tmp_path):
+    (tmp_path / "bad.toml").write_text('stages = 2\nmicro-batches = 4\n')
+    line = one_error_line(rrfp(tmp_path, "run", "--config", "bad.toml"))
+    assert "unknown key 'micro-batches'; did you mean 'microbatches'?" in line
+    (tmp_path / "worse.toml").write_text('stages = \n')
+    assert "not valid TOML" in one_error_line(rrfp(tmp_path, "run", "--config", "worse.toml"))
+
+
+def test_hint_file_of_another_shape(tmp_path):
+    assert rrfp(tmp_path, "hints", "export", "1f1b", "-p", "2", "-m", "8", "--out", "h.json").returncode == 0
+    line = one_error_line(rrfp(tmp_path, "run", "--stages", "2", "--microbatches", "4", "--hint", "h.json"))
+    assert "the file is for microbatches 8 but --microbatches 4 was asked" in line
+
+
+def test_a_failing_rank_stops_everyone_and_is_named(tmp_path):
+    before = spawned_workers()
+    began = time.monotonic()
+    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
+                  "--fail-at", "1F2", "--out", "f")
+    assert result.returncode == 1
+    assert "error: run failed: rank 1 in task 1F2" in result.stderr
+    assert "injected failure in task 1F2" in result.stderr
+    assert "last decisions:" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert time.monotonic() - began < 60
+    assert spawned_workers() <= before  # no orphans
+
+
+def test_a_hanging_rank_is_reported_by_the_watchdog(tmp_path):
+    before = spawned_workers()
+    began = time.monotonic()
+    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
+                  "--hang-at", "1B1", "--timeout", "2", "--out", "h")
+    assert result.returncode == 1
+    assert "rank 1 in task 1B1" in result.stderr and "stalled: no progress" in result.stderr
+    assert "waiting for:" in result.stderr
+    assert time.monotonic() - began < 60
+    assert spawned_workers() <= before
+    reports = sorted(p.name for p in (tmp_path / "h" / "failures").iterdir())
+    assert "rank1-stall.json" in reports
+    stall = json.loads((tmp_path / "h" / "failures" / "rank0-stall.json").read_text())
+    assert "ready" in stall and "waiting_for" in stall
