@@ -45,6 +45,7 @@ def run(
     layers_per_stage: Annotated[Optional[int], _opt("--layers-per-stage", help="Blocks per model stage [default 1]", panel=MODEL)] = None,
     vocab: Annotated[Optional[int], _opt("--vocab", help=f"Vocabulary size [default {D.vocab}]", panel=MODEL)] = None,
     samples: Annotated[Optional[int], _opt("--samples", help=f"Samples per microbatch [default {D.samples}]", panel=MODEL)] = None,
+    seq_len: Annotated[Optional[int], _opt("--seq-len", help="gpt: fixed sequence length [default variable]", panel=MODEL)] = None,
     emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: uniform, language, multimodal [default {D.emulate}]", panel=VAR)] = None,
     forward_time: Annotated[Optional[float], _opt("--forward-time", help=f"Emulated forward seconds per rank [default {D.forward_time}]", panel=VAR)] = None,
     backward_ratio: Annotated[Optional[float], _opt("--backward-ratio", help="Emulated backward / forward [default 2]", panel=VAR)] = None,

@@ -48,6 +48,7 @@ class RunConfig:
     layers_per_stage: int = 1
     vocab: int = 128
     samples: int = 2
+    seq_len: int | None = None  # gpt: fixed sequence length (default: variable, see runtime.workloads)
     # emulated workload: durations from the simulator's variability models
     emulate: str = "multimodal"
     forward_time: float = 0.020
@@ -81,6 +82,10 @@ class RunConfig:
         _check_int("seed", self.seed, 0)
         if self.nproc is not None:
             _check_int("nproc", self.nproc, 1)
+        if self.seq_len is not None:
+            _check_int("seq_len", self.seq_len, 1)
+            if self.seq_len > 128:
+                raise UserError(f"at most 128 (the position table), got {self.seq_len}", "--seq-len")
         for name in ("lr", "forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter"):
             _check_number(name, getattr(self, name), 0.0)
         _check_number("timeout", self.timeout, 0.001)

@@ -20,7 +20,7 @@ Workloads
     last stage. Each microbatch holds ``samples`` sequences of one length,
     drawn from the language model of :mod:`runtime.variability` scaled down
     for CPUs: lognormal with median 32 tokens, log-sd 0.5, clipped to
-    [8, 128], multiple of 8. Targets are a fixed function of the input token
+    [8, 128], multiple of 8 (``--seq-len N`` fixes it instead). Targets are a fixed function of the input token
     (``(t + 1) % vocab``), so the loss falls visibly within a few steps.
 ``multimodal``
     A ViT-style image encoder on the first quarter of the model stages (at
@@ -200,6 +200,10 @@ class GPTWorkload(Workload):
     name = "gpt"
 
     def variability(self) -> VariabilityModel:
+        fixed = self.config.seq_len
+        if fixed is not None:  # fixed shapes, e.g. to compare with torch's pipelining schedules
+            return VariabilityModel(workload="language", samples=self.config.samples, seq_len_median=fixed,
+                                    seq_len_sigma=0.0, seq_len_min=fixed, seq_len_max=fixed)
         return VariabilityModel(workload="language", samples=self.config.samples, seq_len_median=32,
                                 seq_len_sigma=0.5, seq_len_min=8, seq_len_max=128)
 
