@@ -13,12 +13,16 @@ All communication of the pipeline goes through this module, under one rule:
     is the only ordering there is: the receiver never needs to know in
     advance which message comes next, because every message says what it is.
 
-Wire format of one message: an int64 header of ``HEADER_WORDS`` words, then
-each payload tensor (zero-size tensors are not sent; the header already says
-their shape)::
+Wire format of one message: one fixed-size byte *frame*, an int64 header of
+``HEADER_WORDS`` words followed by up to ``INLINE_BYTES`` of payload::
 
-    [magic, sequence, type, iteration, stage, kind, microbatch, n_tensors,
-     (dtype, ndim, d0..d5) x MAX_TENSORS]
+    [magic, sequence, type, iteration, stage, kind, microbatch, n_tensors, inline,
+     (dtype, ndim, d0..d5) x MAX_TENSORS] [payload bytes, tensors back to back]
+
+Payloads that fit travel inside the frame, so a typical message costs one
+send and one receive; larger ones (``inline == 0``) follow the frame as one
+send per tensor (zero-size tensors are never sent; the header has their
+shape).
 
 ``type`` is HELLO (sent once per link at start, so every link is set up and
 exercised before training), DATA or CLOSE (end of run). ``kind`` is the
@@ -51,7 +55,10 @@ from hints.tasks import Kind, Task
 MAGIC = 0x52524650  # "RRFP"
 MAX_TENSORS = 4
 MAX_DIMS = 6
-HEADER_WORDS = 8 + MAX_TENSORS * (2 + MAX_DIMS)
+HEADER_WORDS = 9 + MAX_TENSORS * (2 + MAX_DIMS)
+HEADER_BYTES = HEADER_WORDS * 8
+INLINE_BYTES = 32 * 1024
+FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
 HELLO, DATA, CLOSE = 1, 2, 3
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
           torch.uint8)
@@ -125,11 +132,15 @@ class Inbox:
             raise self._failure
 
 
-def encode_header(kind_of_message: int, sequence: int, iteration: int = 0, producer: Task | None = None,
-                  tensors: Sequence[torch.Tensor] = ()) -> torch.Tensor:
+def encode_frame(kind_of_message: int, sequence: int, iteration: int = 0, producer: Task | None = None,
+                 tensors: Sequence[torch.Tensor] = (), device: torch.device | str = "cpu"
+                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The frame of one message, and the tensors that must follow it (when they do not fit inline)."""
     if len(tensors) > MAX_TENSORS:
         raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {len(tensors)}")
-    words = [MAGIC, sequence, kind_of_message, iteration, -1, 0, -1, len(tensors)]
+    payload = sum(t.numel() * t.element_size() for t in tensors)
+    inline = payload <= INLINE_BYTES
+    words = [MAGIC, sequence, kind_of_message, iteration, -1, 0, -1, len(tensors), int(inline)]
     if producer is not None:
         words[4:7] = [producer.stage, ord(producer.kind.value), producer.microbatch]
     for tensor in tensors:
@@ -139,24 +150,56 @@ def encode_header(kind_of_message: int, sequence: int, iteration: int = 0, produ
             dtype = DTYPES.index(tensor.dtype)
         except ValueError:
             raise TransportError(f"dtype {tensor.dtype} cannot be sent") from None
-        dims = list(tensor.shape) + [0] * (MAX_DIMS - tensor.dim())
-        words += [dtype, tensor.dim(), *dims]
+        words += [dtype, tensor.dim(), *tensor.shape, *[0] * (MAX_DIMS - tensor.dim())]
     words += [0] * (HEADER_WORDS - len(words))
-    return torch.tensor(words, dtype=torch.int64)
+    frame = torch.zeros(FRAME_BYTES, dtype=torch.uint8, device=device)
+    frame[:HEADER_BYTES] = torch.tensor(words, dtype=torch.int64).view(torch.uint8).to(device)
+    if not inline:
+        return frame, [t.contiguous() for t in tensors]
+    offset = HEADER_BYTES
+    for tensor in tensors:
+        size = tensor.numel() * tensor.element_size()
+        if size:
+            frame[offset:offset + size] = tensor.contiguous().view(-1).view(torch.uint8)
+        offset += size
+    return frame, []
 
 
-def decode_header(header: torch.Tensor) -> tuple[int, int, int, Task | None, list[tuple[torch.dtype, tuple]]]:
-    words = header.tolist()
+@dataclass(frozen=True)
+class FrameHeader:
+    kind_of_message: int
+    sequence: int
+    iteration: int
+    producer: Task | None
+    specs: list[tuple[torch.dtype, tuple[int, ...]]]
+    inline: bool
+
+
+def decode_frame(frame: torch.Tensor) -> FrameHeader:
+    words = frame[:HEADER_BYTES].cpu().view(torch.int64).tolist()
     if words[0] != MAGIC:
         raise TransportError(f"bad message header (magic {words[0]:#x})")
-    _, sequence, kind_of_message, iteration, stage, kind, microbatch, count = words[:8]
+    _, sequence, kind_of_message, iteration, stage, kind, microbatch, count, inline = words[:9]
     producer = Task(stage, Kind(chr(kind)), microbatch) if kind_of_message == DATA else None
     specs = []
     for i in range(count):
-        base = 8 + i * (2 + MAX_DIMS)
+        base = 9 + i * (2 + MAX_DIMS)
         dtype, ndim = words[base], words[base + 1]
         specs.append((DTYPES[dtype], tuple(words[base + 2:base + 2 + ndim])))
-    return kind_of_message, sequence, iteration, producer, specs
+    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, bool(inline))
+
+
+def inline_tensors(frame: torch.Tensor, specs) -> list[torch.Tensor]:
+    """The payload tensors packed into ``frame`` (each copied out to its own storage)."""
+    tensors, offset = [], HEADER_BYTES
+    for dtype, shape in specs:
+        tensor = torch.empty(shape, dtype=dtype, device=frame.device)
+        size = tensor.numel() * tensor.element_size()
+        if size:
+            tensor.view(-1).view(torch.uint8).copy_(frame[offset:offset + size])
+        tensors.append(tensor)
+        offset += size
+    return tensors
 
 
 class Link:
@@ -263,9 +306,10 @@ class Transport:
                 self._sequence[link.dst] = sequence + 1
                 wire = [self._to_wire(t) for t in tensors]
                 started = time.monotonic_ns()
-                dist.send(self._to_wire(encode_header(kind_of_message, sequence, iteration, producer, wire)),
-                          link.dst, group=link.group)
-                for tensor in wire:
+                frame, follow = encode_frame(kind_of_message, sequence, iteration, producer, wire,
+                                             self._wire_device)
+                dist.send(frame, link.dst, group=link.group)
+                for tensor in follow:
                     if tensor.numel():
                         dist.send(tensor, link.dst, group=link.group)
                 if kind_of_message == DATA:
@@ -283,27 +327,30 @@ class Transport:
         expected = 0
         try:
             while True:
-                header = self._wire_buffer((HEADER_WORDS,), torch.int64)
-                dist.recv(header, link.src, group=link.group)
-                kind_of_message, sequence, iteration, producer, specs = decode_header(header.cpu())
-                if sequence != expected:
-                    raise TransportError(f"{link}: message {sequence} arrived, expected {expected} "
+                frame = self._wire_buffer((FRAME_BYTES,), torch.uint8)
+                dist.recv(frame, link.src, group=link.group)
+                header = decode_frame(frame)
+                if header.sequence != expected:
+                    raise TransportError(f"{link}: message {header.sequence} arrived, expected {expected} "
                                          f"(FIFO order broken)")
                 expected += 1
-                if kind_of_message == CLOSE:
+                if header.kind_of_message == CLOSE:
                     return
-                if kind_of_message == HELLO:
+                if header.kind_of_message == HELLO:
                     self._hello_from.append(link.src)
                     self._hellos.release()
                     continue
-                tensors = []
-                for dtype, shape in specs:
-                    buffer = self._wire_buffer(shape, dtype)
-                    if buffer.numel():
-                        dist.recv(buffer, link.src, group=link.group)
-                    tensors.append(buffer)
-                self.inbox.put(Arrival(link.src, sequence, iteration, producer, tuple(tensors),
-                                       time.monotonic_ns()))
+                if header.inline:
+                    tensors = inline_tensors(frame, header.specs)
+                else:
+                    tensors = []
+                    for dtype, shape in header.specs:
+                        buffer = self._wire_buffer(shape, dtype)
+                        if buffer.numel():
+                            dist.recv(buffer, link.src, group=link.group)
+                        tensors.append(buffer)
+                self.inbox.put(Arrival(link.src, header.sequence, header.iteration, header.producer,
+                                       tuple(tensors), time.monotonic_ns()))
         except Exception as err:
             self.inbox.fail(TransportError(f"{link}: receive failed: {err}"))
 
