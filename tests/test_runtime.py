@@ -84,17 +84,10 @@ def four_stage(tmp_path_factory):
     return jobs, run_jobs(tmp_path_factory.mktemp("four"), 4, jobs)
 
 
-def test_two_stages_match_single_process(two_stage):
-    jobs, results = two_stage
-    assert len(jobs) == 40
-    for job in jobs:
-        check_against_reference(results, job)
-        check_budget(results, job)
-
-
-def test_four_stages_match_single_process(four_stage):
-    jobs, results = four_stage
-    assert len(jobs) == 40
+@pytest.mark.parametrize("launched", ["two_stage", "four_stage"])
+def test_every_hint_and_policy_matches_single_process(launched, request):
+    jobs, results = request.getfixturevalue(launched)
+    assert len(jobs) == 40  # 2 workloads x (5 hints with 1 chunk + 5 with 2 chunks) x 2 policies
     for job in jobs:
         check_against_reference(results, job)
         check_budget(results, job)
