@@ -15,7 +15,7 @@ import sys
 import typer
 
 from hints.errors import UserError
-from rrfp_cli import cmd_hints, cmd_run, cmd_simulate
+from rrfp_cli import cmd_hints, cmd_run, cmd_simulate, cmd_trace
 
 app = typer.Typer(
     name="rrfp",
@@ -25,6 +25,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(cmd_hints.app, name="hints")
+app.add_typer(cmd_trace.app, name="trace")
 app.command("simulate")(cmd_simulate.simulate)
 app.command("run")(cmd_run.run)
 

@@ -21,6 +21,7 @@ MODEL = "Model"
 VAR = "Variability (emulated: sampled durations; gpt/multimodal: injected delays)"
 TEST = "Failure testing"
 D = RunConfig()  # defaults, for help texts
+TRACE_RECORDER = "profiler.recorder:TraceRecorder"
 
 
 def _opt(*names: str, help: str, panel: str = RUN, **kw):
@@ -62,6 +63,8 @@ def run(
     device: Annotated[Optional[str], _opt("--device", help="auto, cpu or cuda [default auto]")] = None,
     backend: Annotated[Optional[str], _opt("--backend", help="auto, gloo or nccl [default auto: nccl with one GPU per rank]")] = None,
     out: Annotated[Optional[str], _opt("--out", help="Run directory [default runs/<timestamp>-<workload>]")] = None,
+    trace: Annotated[Optional[bool], _opt("--trace/--no-trace", help="Write a Perfetto trace, trace.pftrace [default on]")] = None,
+    trace_iters: Annotated[Optional[str], _opt("--trace-iters", help="A:B traces iterations A..B-1 only (long jobs)")] = None,
     config_file: Annotated[Optional[Path], _opt("--config", help="TOML file whose keys are these flags' names (flags win)")] = None,
     compare: Annotated[bool, _opt("--compare", help="Also run the fixed-order baseline (1F1B) first and compare")] = False,
     json_mode: Annotated[bool, _opt("--json", help="Print one JSON object instead of tables")] = False,
@@ -96,13 +99,14 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
     from runtime.worker import Job, WorkerOptions
 
     root = Path(config.out or _default_out(config))
+    recorder = TRACE_RECORDER if config.trace else None
     jobs = []
     if compare:
         baseline = config.with_overrides(policy="fixed", hint=None)
-        jobs.append(Job(_job_name(baseline), baseline, str(root / _job_name(baseline))))
-        jobs.append(Job(_job_name(config), config, str(root / _job_name(config))))
+        jobs.append(Job(_job_name(baseline), baseline, str(root / _job_name(baseline)), recorder=recorder))
+        jobs.append(Job(_job_name(config), config, str(root / _job_name(config)), recorder=recorder))
     else:
-        jobs.append(Job(_job_name(config), config, str(root)))
+        jobs.append(Job(_job_name(config), config, str(root), recorder=recorder))
     for job in jobs:
         validate_run(job.config)  # bad hint / shape / budget: one error, before any rank starts
     root.mkdir(parents=True, exist_ok=True)
@@ -116,6 +120,11 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
         raise typer.Exit(1) from None
     if under_torchrun() and 0 not in results:
         return  # only rank 0 reports
+    if config.trace:
+        from profiler.recorder import merge_run_traces
+
+        for job in jobs:
+            merge_run_traces(Path(job.out_dir))
     summaries = [_summarise(job, results[0][job.name]["metrics"]) for job in jobs]
     data: dict[str, Any] = {"out": str(root), "seconds": time.perf_counter() - began, "jobs": summaries}
     if compare:
@@ -157,6 +166,7 @@ def _summarise(job, rows: list[dict]) -> dict[str, Any]:
         "unit": rows[0]["unit"],
         "mean_idle_fraction": statistics.fmean(statistics.fmean(r["idle_fraction"]) for r in steady),
         "peak_in_flight": max(max(r["peak_in_flight"]) for r in rows),
+        "trace": str(Path(job.out_dir) / "trace.pftrace") if job.recorder else None,
         "metrics": rows,
     }
 

@@ -68,6 +68,8 @@ class RunConfig:
     device: str = "auto"
     backend: str = "auto"
     timeout: float = 60.0  # seconds without progress before a rank reports a stall and stops
+    trace: bool = True  # write a Perfetto trace (trace.pftrace in the run directory)
+    trace_iters: str | None = None  # "A:B": trace iterations A..B-1 only (either side may be empty)
     out: str | None = None  # default runs/<timestamp>-<workload>
 
     def __post_init__(self) -> None:
@@ -108,6 +110,10 @@ class RunConfig:
         for name in ("fail_at", "hang_at"):
             if getattr(self, name) is not None:
                 _parse_task(getattr(self, name), _flag(name))
+        if not isinstance(self.trace, bool):
+            raise UserError(f"must be true or false, got {self.trace!r}", "--trace")
+        if self.trace_iters is not None:
+            self.trace_window()
         if self.nproc is not None and self.nproc != self.world_size:
             raise UserError(f"{self.nproc} processes cannot run {self.stages} stages x tp {self.tp} x dp {self.dp} "
                             f"= {self.world_size} ranks", "--nproc")
@@ -121,6 +127,25 @@ class RunConfig:
 
     def with_overrides(self, **changes: Any) -> "RunConfig":
         return replace(self, **changes)
+
+    def trace_window(self) -> tuple[int, int | None]:
+        """``--trace-iters A:B`` as ``(A, B)``; ``B`` None means to the end."""
+        if self.trace_iters is None:
+            return 0, None
+        first, colon, last = str(self.trace_iters).partition(":")
+        try:
+            start = int(first) if first.strip() else 0
+            stop = int(last) if last.strip() else None
+        except ValueError:
+            start = stop = -1
+        if not colon or start < 0 or (stop is not None and stop <= start):
+            raise UserError(f"{self.trace_iters!r} is not A:B with 0 <= A < B (either may be left out)",
+                            "--trace-iters")
+        return start, stop
+
+    def traces(self, iteration: int) -> bool:
+        start, stop = self.trace_window()
+        return self.trace and iteration >= start and (stop is None or iteration < stop)
 
     def delays_by_task(self) -> dict[Task, float]:
         return {Task.parse(text): float(seconds) for text, seconds in self.delay.items()}

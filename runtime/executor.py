@@ -105,6 +105,7 @@ class StageExecutor:
         self.weight_roots: dict[tuple[int, int], tuple[tuple, tuple | None]] = {}
         self.loss_sum = 0.0
         self.iteration = 0
+        self.activation_bytes = 0  # bytes held in the stash (inputs and outputs kept for backward)
 
     # -- the loop ---------------------------------------------------------
     def run_iteration(self, iteration: int, arbiter: Arbiter) -> IterationResult:
@@ -112,7 +113,7 @@ class StageExecutor:
         self.loss_sum, has_loss = 0.0, False
         recorder, graph, clock = self.recorder, self.graph, time.monotonic_ns
         start = clock()
-        recorder.begin_iteration(iteration, start)
+        recorder.begin_iteration(iteration, start, arbiter.order)
         busy, executed, units = 0, [], 0
         idle_since = start
         last_end = start
@@ -146,7 +147,8 @@ class StageExecutor:
             if task.kind is F and task.stage == self.shape.stages - 1:
                 has_loss = True
             recorder.task_finished(TaskSpan(iteration, task, began, ended, began - idle_since, info))
-            recorder.counters(iteration, ended, {"ready": arbiter.ready_count, "in_flight": arbiter.in_flight})
+            recorder.counters(iteration, ended, {"ready": arbiter.ready_count, "in_flight": arbiter.in_flight,
+                                                 "activation_bytes": self.activation_bytes})
             busy += ended - began
             executed.append(task)
             idle_since = last_end = ended
@@ -190,6 +192,14 @@ class StageExecutor:
             while True:  # --hang-at: never return; the watchdog must notice
                 time.sleep(1.0)
 
+    def _stash(self, key: tuple[int, int], inputs: tuple, outputs: tuple) -> None:
+        self.stash[key] = (inputs, outputs)
+        self.activation_bytes += _nbytes(inputs) + _nbytes(outputs)
+
+    def _unstash(self, key: tuple[int, int]) -> None:
+        inputs, outputs = self.stash.pop(key)
+        self.activation_bytes -= _nbytes(inputs) + _nbytes(outputs)
+
     # -- handlers ---------------------------------------------------------
     def _forward(self, task: Task, tid: int) -> tuple[torch.Tensor, ...] | None:
         stage, mb = task.stage, task.microbatch
@@ -202,9 +212,9 @@ class StageExecutor:
         if stage == self.shape.stages - 1:
             loss = self.workload.loss(outputs, batch) / self.shape.microbatches
             self.loss_sum += float(loss.detach())
-            self.stash[(stage, mb)] = (inputs, (loss,))
+            self._stash((stage, mb), inputs, (loss,))
             return None
-        self.stash[(stage, mb)] = (inputs, outputs)
+        self._stash((stage, mb), inputs, outputs)
         return tuple(o.detach() for o in outputs)
 
     def _roots(self, stage: int, mb: int, tid: int) -> tuple[tuple, tuple | None, tuple]:
@@ -224,7 +234,7 @@ class StageExecutor:
         roots, root_grads, inputs = self._roots(stage, mb, tid)
         if roots:
             torch.autograd.backward(roots, root_grads)
-        del self.stash[(stage, mb)]
+        self._unstash((stage, mb))
         if stage == 0:
             return None
         return self._input_grads(inputs, [x.grad for x in inputs])
@@ -250,5 +260,9 @@ class StageExecutor:
             for param, grad in zip(params, grads):
                 if grad is not None:
                     param.grad = grad if param.grad is None else param.grad + grad
-        del self.stash[(stage, mb)]
+        self._unstash((stage, mb))
         return None
+
+
+def _nbytes(tensors: tuple) -> int:
+    return sum(t.numel() * t.element_size() for t in tensors)

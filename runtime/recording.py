@@ -34,8 +34,23 @@ class TaskSpan:
     info: dict[str, Any] = field(default_factory=dict)  # tokens, images, ...
 
 
+@dataclass(frozen=True)
+class RecorderSetup:
+    """What a recorder is built with, on each rank (``load_recorder_class(spec)(setup)``)."""
+
+    rank: int
+    world: int
+    out_dir: str
+    job: str
+    config: Any  # runtime.config.RunConfig
+    device: Any  # torch.device
+    clock_offset_ns: int  # add to this rank's monotonic clock to get rank 0's
+    clock_error_ns: int  # bound on that offset's error (half the best round trip)
+    budget: int | None  # this rank's memory budget (ready policy)
+
+
 class Recorder(Protocol):
-    def begin_iteration(self, iteration: int, now_ns: int) -> None: ...
+    def begin_iteration(self, iteration: int, now_ns: int, order: tuple[Task, ...]) -> None: ...
 
     def decision(self, iteration: int, decision: Decision, wait_ns: int) -> None: ...
 
@@ -55,7 +70,7 @@ class Recorder(Protocol):
 class NullRecorder:
     """Records nothing (the executor's own metrics still work)."""
 
-    def begin_iteration(self, iteration, now_ns): pass
+    def begin_iteration(self, iteration, now_ns, order): pass
 
     def decision(self, iteration, decision, wait_ns): pass
 

@@ -77,7 +77,8 @@ class Arrival:
     iteration: int
     producer: Task
     tensors: tuple[torch.Tensor, ...]
-    arrived_ns: int  # host monotonic clock
+    frame_ns: int  # host monotonic clock: the frame was received
+    arrived_ns: int  # the whole message was received and handed to the inbox
 
 
 @dataclass(frozen=True)
@@ -329,6 +330,7 @@ class Transport:
             while True:
                 frame = self._wire_buffer((FRAME_BYTES,), torch.uint8)
                 dist.recv(frame, link.src, group=link.group)
+                frame_ns = time.monotonic_ns()
                 header = decode_frame(frame)
                 if header.sequence != expected:
                     raise TransportError(f"{link}: message {header.sequence} arrived, expected {expected} "
@@ -350,7 +352,7 @@ class Transport:
                             dist.recv(buffer, link.src, group=link.group)
                         tensors.append(buffer)
                 self.inbox.put(Arrival(link.src, header.sequence, header.iteration, header.producer,
-                                       tuple(tensors), time.monotonic_ns()))
+                                       tuple(tensors), frame_ns, time.monotonic_ns()))
         except Exception as err:
             self.inbox.fail(TransportError(f"{link}: receive failed: {err}"))
 
@@ -360,6 +362,36 @@ class Transport:
 
     def _wire_buffer(self, shape, dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self._wire_device)
+
+
+def measure_clock_offset(rank: int, world: int, rounds: int = 8) -> tuple[int, int]:
+    """This rank's clock offset to rank 0 (NTP-style ping-pong on the default group) and its error bound.
+
+    Returns ``(offset_ns, error_ns)``: ``rank 0's monotonic time ~= local time + offset``, within
+    ``error_ns`` (half of the best of ``rounds`` round trips). Collective: every rank must call it.
+    """
+    if world == 1:
+        return 0, 0
+    stamps = torch.zeros(2, dtype=torch.int64)
+    if rank == 0:
+        for peer in range(1, world):
+            for _ in range(rounds):
+                dist.recv(stamps, peer)
+                received = time.monotonic_ns()
+                dist.send(torch.tensor([received, time.monotonic_ns()], dtype=torch.int64), peer)
+        return 0, 0
+    best: tuple[int, int] | None = None
+    for _ in range(rounds):
+        sent = time.monotonic_ns()
+        dist.send(torch.tensor([sent, 0], dtype=torch.int64), 0)
+        dist.recv(stamps, 0)
+        back = time.monotonic_ns()
+        received, replied = stamps.tolist()
+        round_trip = (back - sent) - (replied - received)
+        offset = ((received - sent) + (replied - back)) // 2
+        if best is None or round_trip < best[1]:
+            best = (offset, round_trip)
+    return best[0], best[1] // 2
 
 
 def pipeline_links(rank_of_consumer_pairs: Sequence[tuple[int, int]]) -> list[tuple[int, int]]:

@@ -58,6 +58,8 @@ class RankContext:
     device: Any
     out_root: Path
     transport: Any = None
+    clock_offset_ns: int = 0  # add to local monotonic time to get rank 0's
+    clock_error_ns: int = 0
     recent: deque = field(default_factory=lambda: deque(maxlen=8))  # last decisions, for fault reports
     current: dict = field(default_factory=dict)  # job, iteration, task being run
     executor: Any = None
@@ -83,8 +85,9 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     try:
         dist.init_process_group(backend, timeout=timedelta(seconds=max(60.0, 2 * options.timeout)),
                                 **({"device_id": device} if backend == "nccl" else {}))
-        from runtime.transport import Transport, pipeline_links
+        from runtime.transport import Transport, measure_clock_offset, pipeline_links
 
+        ctx.clock_offset_ns, ctx.clock_error_ns = measure_clock_offset(rank, world)
         links = pipeline_links([pair for job in jobs for pair in _rank_pairs(job.config)])
         ctx.transport = Transport(rank, links, device, options.timeout, latency=None)
         ctx.transport.start(timeout=options.timeout)
@@ -156,7 +159,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     from runtime.deps import TaskGraph
     from runtime.executor import StageExecutor
     from runtime.plan import HintPlan, validate_run
-    from runtime.recording import ListRecorder, load_recorder_class
+    from runtime.recording import ListRecorder, RecorderSetup, load_recorder_class
     from runtime.workloads import make_optimizer, make_workload
 
     config = job.config
@@ -170,7 +173,12 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     modules = {stage: workload.build_stage(stage).to(ctx.device) for stage in shape.stages_of_rank(ctx.rank)}
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = make_optimizer(params, config)
-    recorder = load_recorder_class(job.recorder)(ctx.rank, job, ctx.device) if job.recorder else ListRecorder()
+    if job.recorder:
+        setup = RecorderSetup(ctx.rank, ctx.world, str(out_dir), job.name, config, ctx.device, ctx.clock_offset_ns,
+                              ctx.clock_error_ns, budgets[ctx.rank] if budgets else None)
+        recorder = load_recorder_class(job.recorder)(setup)
+    else:
+        recorder = ListRecorder()
     noise = _Injector(config, ctx.rank, workload)
     ctx.transport.latency = noise.latency
     executor = StageExecutor(

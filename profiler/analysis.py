@@ -1,0 +1,464 @@
+"""Pipeline analyses of a trace: pure functions of the frames of :mod:`profiler.reader`.
+
+Conventions
+-----------
+* An *iteration window* spans the first task start to the last task end over
+  all ranks; a rank's makespan is that window's length.
+* A task's *ready time* is when its last input was available on its rank:
+  a local prerequisite's end, or a remote one's arrival (the message handed
+  to the executor). The prerequisites are those of ``runtime.deps``, the one
+  dependency model. ``F(0, i)`` is ready when its rank's iteration begins.
+
+[Note: bubble categories]
+    Every idle nanosecond of a rank inside the window falls in exactly one
+    category:
+
+    * ``fill``: before the rank's first task;
+    * ``drain``: after its last task;
+    * ``misalignment``: idle while some task *other than the one it ran
+      next* was ready: blocked on the fixed head, or on the memory budget.
+      This is the time readiness-first would have recovered;
+    * ``overhead``: idle while the next task was ready and nothing else was:
+      the runtime's own latency (wake-up, dispatch);
+    * ``dependency``: idle while nothing was ready.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Sequence
+
+import polars as pl
+
+from hints.errors import UserError
+from hints.orders import BUILTIN_HINTS, HintOrder, builtin_hint
+from hints.tasks import PipelineShape, Task
+from profiler.reader import TraceFrames
+from runtime.deps import prerequisites
+
+
+def pipeline_shape(frames: TraceFrames) -> PipelineShape:
+    meta = next(iter(frames.meta.values()), None)
+    if meta is None:
+        raise UserError("the trace has no rrfp metadata", frames.path)
+    split = frames.tasks.filter(pl.col("kind").is_in(["I", "W"])).height > 0
+    return PipelineShape(int(meta["stages"]), int(meta["chunks"]), int(meta["microbatches"]), split)
+
+
+def traced_iterations(frames: TraceFrames) -> list[int]:
+    return sorted(frames.tasks.get_column("iteration").unique().drop_nulls().to_list())
+
+
+def iteration_windows(frames: TraceFrames) -> pl.DataFrame:
+    return (frames.tasks.group_by("iteration")
+            .agg(pl.col("start_ns").min().alias("start_ns"), pl.col("end_ns").max().alias("end_ns"))
+            .with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("makespan_ns"))
+            .sort("iteration"))
+
+
+# -- ready times ---------------------------------------------------------------
+
+
+def ready_times(frames: TraceFrames) -> pl.DataFrame:
+    """Each traced task with ``ready_ns`` (null when an input's producer was not traced)."""
+    shape = pipeline_shape(frames)
+    tasks = frames.tasks
+    ends = {(row[0], row[1]): row[2] for row in tasks.select("iteration", "task", "end_ns").iter_rows()}
+    arrivals = {(row[0], row[1], row[2]): row[3] for row in frames.transfers.filter(
+        pl.col("recv_end_ns").is_not_null()).select("iteration", "producer", "dst", "recv_end_ns").iter_rows()}
+    begins = {(row[0], row[1]): row[2] for row in frames.iterations.select("rank", "iteration", "start_ns").iter_rows()}
+    ready = []
+    for rank, iteration, text in tasks.select("rank", "iteration", "task").iter_rows():
+        task = Task.parse(text)
+        needs = prerequisites(task, shape)
+        times = []
+        for need in needs:
+            if shape.rank_of(need.stage) == rank:
+                times.append(ends.get((iteration, str(need))))
+            else:
+                times.append(arrivals.get((iteration, str(need), rank)))
+        if not needs:
+            times.append(begins.get((rank, iteration)))
+        ready.append(None if any(t is None for t in times) else max(times))
+    return tasks.with_columns(pl.Series("ready_ns", ready, dtype=pl.Int64))
+
+
+# -- bubbles -------------------------------------------------------------------
+
+BUBBLE_COLUMNS = ("fill_ns", "drain_ns", "dependency_ns", "misalignment_ns", "overhead_ns")
+
+
+def bubbles(frames: TraceFrames) -> pl.DataFrame:
+    """Per rank and iteration: busy time and idle time split by [Note: bubble categories]."""
+    tasks = ready_times(frames)
+    windows = {row[0]: (row[1], row[2]) for row in iteration_windows(frames).select(
+        "iteration", "start_ns", "end_ns").iter_rows()}
+    rows = []
+    for (rank, iteration), group in tasks.sort("start_ns").group_by(["rank", "iteration"], maintain_order=True):
+        starts = group.get_column("start_ns").to_list()
+        ends = group.get_column("end_ns").to_list()
+        ready = group.get_column("ready_ns").to_list()
+        begin, finish = windows[iteration]
+        split = _split_gaps(starts, ends, ready)
+        rows.append({
+            "rank": rank, "iteration": iteration, "makespan_ns": finish - begin,
+            "busy_ns": sum(e - s for s, e in zip(starts, ends)),
+            "fill_ns": starts[0] - begin, "drain_ns": finish - ends[-1], **split,
+        })
+    if not rows:
+        raise UserError("the trace holds no tasks", frames.path)
+    frame = pl.DataFrame(rows).sort("iteration", "rank")
+    return frame.with_columns((pl.col("busy_ns") / pl.col("makespan_ns")).alias("utilization"))
+
+
+def _split_gaps(starts: list[int], ends: list[int], ready: list[int | None]) -> dict[str, int]:
+    """Idle time between consecutive tasks, by [Note: bubble categories]."""
+    n = len(starts)
+    never = float("inf")
+    later_min = [never] * (n + 1)  # min ready time of the tasks that start after position k
+    for k in range(n - 1, -1, -1):
+        later_min[k] = min(later_min[k + 1], never if ready[k] is None else ready[k])
+    dependency = misalignment = overhead = 0
+    for k in range(1, n):
+        a, b = ends[k - 1], starts[k]
+        if b <= a:
+            continue
+        other = later_min[k + 1]
+        mine = never if ready[k] is None else ready[k]
+        misaligned = max(0, b - max(a, other))
+        either = max(0, b - max(a, min(mine, other)))  # some task (next or other) was ready
+        misalignment += misaligned
+        overhead += either - misaligned
+        dependency += (b - a) - either
+    return {"dependency_ns": int(dependency), "misalignment_ns": int(misalignment), "overhead_ns": int(overhead)}
+
+
+def bubble_totals(frame: pl.DataFrame) -> pl.DataFrame:
+    """Per rank over all iterations (and an ``all`` row): seconds and shares of the makespan."""
+    per_rank = (frame.group_by("rank").agg(pl.col("makespan_ns", "busy_ns", *BUBBLE_COLUMNS).sum())
+                .sort("rank").with_columns(pl.col("rank").cast(pl.Utf8)))
+    total = per_rank.select(pl.lit("all").alias("rank"), pl.col("makespan_ns", "busy_ns", *BUBBLE_COLUMNS).sum())
+    out = pl.concat([per_rank, total])
+    return out.with_columns((pl.col("busy_ns") / pl.col("makespan_ns")).alias("utilization"))
+
+
+def misalignment_gaps(frames: TraceFrames, limit: int | None = None) -> pl.DataFrame:
+    """Every idle gap with misalignment: which task the rank waited for, and what was ready meanwhile.
+
+    Sorted by misaligned time, longest first. ``ready`` lists the other tasks
+    of the rank that were ready before the gap ended (what readiness-first
+    could have run instead).
+    """
+    tasks = ready_times(frames)
+    rows = []
+    for (rank, iteration), group in tasks.sort("start_ns").group_by(["rank", "iteration"], maintain_order=True):
+        names = group.get_column("task").to_list()
+        starts = group.get_column("start_ns").to_list()
+        ends = group.get_column("end_ns").to_list()
+        ready = group.get_column("ready_ns").to_list()
+        for k in range(1, len(names)):
+            a, b = ends[k - 1], starts[k]
+            if b <= a:
+                continue
+            others = [(ready[j], names[j]) for j in range(k + 1, len(names)) if ready[j] is not None and ready[j] < b]
+            if not others:
+                continue
+            misaligned = b - max(a, min(t for t, _ in others))
+            rows.append({"rank": rank, "iteration": iteration, "gap_start_ns": a, "gap_end_ns": b,
+                         "misaligned_ns": misaligned, "ran_next": names[k],
+                         "ready": " ".join(name for _, name in sorted(others)[:8])})
+    frame = pl.DataFrame(rows, schema={"rank": pl.Int64, "iteration": pl.Int64, "gap_start_ns": pl.Int64,
+                                       "gap_end_ns": pl.Int64, "misaligned_ns": pl.Int64, "ran_next": pl.Utf8,
+                                       "ready": pl.Utf8}).sort("misaligned_ns", descending=True)
+    return frame.head(limit) if limit else frame
+
+
+# -- hint conformance ------------------------------------------------------------
+
+
+def conformance(frames: TraceFrames) -> pl.DataFrame:
+    """Per rank and iteration: how far the executed order is from the hint.
+
+    ``skips`` counts decisions that passed over the hint head; ``kendall_tau``
+    compares the executed order with the hint order (1 = identical, -1 =
+    reversed); ``max_displacement`` is the largest |executed position - hint
+    position|.
+    """
+    hints = {(r, i): h.split() for r, i, h in frames.iterations.select("rank", "iteration", "hint").iter_rows()}
+    skips = {(r, i): n for r, i, n in frames.decisions.group_by("rank", "iteration").agg(
+        pl.col("skipped").is_not_null().sum()).iter_rows()}
+    rows = []
+    for (rank, iteration), group in frames.tasks.sort("start_ns").group_by(["rank", "iteration"],
+                                                                           maintain_order=True):
+        executed = group.get_column("task").to_list()
+        hint = hints.get((rank, iteration))
+        if not hint:
+            continue
+        position = {task: i for i, task in enumerate(hint)}
+        ranks = [position[t] for t in executed if t in position]
+        rows.append({"rank": rank, "iteration": iteration, "tasks": len(executed),
+                     "skips": skips.get((rank, iteration), 0), "kendall_tau": kendall_tau(ranks),
+                     "max_displacement": max((abs(i - r) for i, r in enumerate(ranks)), default=0)})
+    return pl.DataFrame(rows, schema={"rank": pl.Int64, "iteration": pl.Int64, "tasks": pl.Int64,
+                                      "skips": pl.Int64, "kendall_tau": pl.Float64,
+                                      "max_displacement": pl.Int64}).sort("iteration", "rank")
+
+
+def kendall_tau(sequence: Sequence[int]) -> float:
+    """Kendall's tau between ``sequence`` and its sorted order, via an O(n log n) inversion count."""
+    n = len(sequence)
+    if n < 2:
+        return 1.0
+    inversions = _count_inversions(list(sequence))
+    return 1.0 - 4.0 * inversions / (n * (n - 1))
+
+
+def _count_inversions(values: list[int]) -> int:
+    if len(values) < 2:
+        return 0
+    middle = len(values) // 2
+    left, right = values[:middle], values[middle:]
+    count = _count_inversions(left) + _count_inversions(right)
+    i = j = k = 0
+    while i < len(left) and j < len(right):
+        if left[i] <= right[j]:
+            values[k] = left[i]
+            i += 1
+        else:
+            values[k] = right[j]
+            j += 1
+            count += len(left) - i
+        k += 1
+    values[k:] = left[i:] + right[j:]
+    return count
+
+
+# -- critical path ---------------------------------------------------------------
+
+
+@dataclass
+class CriticalPath:
+    iteration: int
+    makespan_ns: int
+    segments: pl.DataFrame  # kind (compute/transfer/wait), task, rank, start_ns, end_ns, duration_ns
+
+    def shares(self) -> dict[str, float]:
+        totals = {kind: 0 for kind in ("compute", "transfer", "wait")}
+        for kind, duration in self.segments.select("kind", "duration_ns").iter_rows():
+            totals[kind] += duration
+        return {kind: value / self.makespan_ns if self.makespan_ns else 0.0 for kind, value in totals.items()}
+
+
+def critical_path(frames: TraceFrames, iteration: int | None = None) -> CriticalPath:
+    """The chain of tasks, transfers and waits that ends with the iteration's last task.
+
+    Walking back from the last task, each task's start is attributed to the
+    latest of: its previous task on the rank, and its inputs' availability
+    (a remote input through its transfer). Time between that and the start is
+    ``wait``.
+    """
+    shape = pipeline_shape(frames)
+    iterations = traced_iterations(frames)
+    if not iterations:
+        raise UserError("the trace holds no tasks", frames.path)
+    if iteration is None:
+        iteration = iterations[-1]
+    if iteration not in iterations:
+        raise UserError(f"iteration {iteration} is not in the trace (traced: {iterations})", "--iteration")
+    tasks = frames.tasks.filter(pl.col("iteration") == iteration).sort("start_ns")
+    info = {text: (rank, start, end) for text, rank, start, end in
+            tasks.select("task", "rank", "start_ns", "end_ns").iter_rows()}
+    previous: dict[str, str | None] = {}
+    for _, group in tasks.group_by("rank", maintain_order=True):
+        order = group.get_column("task").to_list()
+        for before, after in zip([None, *order], order):
+            previous[after] = before
+    arrivals = {(p, d): (s, r) for p, d, s, r in frames.transfers.filter(pl.col("iteration") == iteration).select(
+        "producer", "dst", "send_start_ns", "recv_end_ns").iter_rows()}
+    begin = tasks.get_column("start_ns").min()
+    current = tasks.sort("end_ns").get_column("task").to_list()[-1]
+    segments = []
+    while current is not None:
+        rank, start, end = info[current]
+        segments.append(("compute", current, rank, start, end))
+        candidates = []  # (available at, kind, predecessor, transfer segment)
+        before = previous.get(current)
+        if before is not None:
+            candidates.append((info[before][2], 1, before, None))
+        for need in prerequisites(Task.parse(current), shape):
+            text = str(need)
+            if text not in info:
+                continue
+            producer_rank, _, producer_end = info[text]
+            if producer_rank == rank:
+                candidates.append((producer_end, 0, text, None))
+            elif (text, rank) in arrivals and arrivals[(text, rank)][1] is not None:
+                arrived = arrivals[(text, rank)][1]
+                candidates.append((arrived, 0, text, ("transfer", text, rank, producer_end, arrived)))
+        if not candidates:
+            if start > begin:
+                segments.append(("wait", current, rank, begin, start))
+            break
+        available, _, predecessor, transfer = max(candidates, key=lambda c: (c[0], -c[1]))
+        if start > available:
+            segments.append(("wait", current, rank, available, start))
+        if transfer is not None:
+            segments.append(transfer)
+        current = predecessor
+    segments.reverse()
+    frame = pl.DataFrame(segments, schema=["kind", "task", "rank", "start_ns", "end_ns"], orient="row")
+    frame = frame.with_columns((pl.col("end_ns") - pl.col("start_ns")).clip(lower_bound=0).alias("duration_ns"))
+    window = iteration_windows(frames).filter(pl.col("iteration") == iteration)
+    return CriticalPath(iteration, int(window.get_column("makespan_ns")[0]), frame)
+
+
+# -- hint sensitivity -------------------------------------------------------------
+
+
+def realized_durations(frames: TraceFrames, iteration: int):
+    """The trace's task durations and message latencies of one iteration, as a simulator table."""
+    from runtime.variability import Durations
+
+    shape = pipeline_shape(frames)
+    stages, m = shape.stages, shape.microbatches
+    tasks = frames.tasks.filter(pl.col("iteration") == iteration)
+    if tasks.height != shape.total_tasks:
+        raise UserError(f"iteration {iteration} holds {tasks.height} of {shape.total_tasks} tasks "
+                        f"(truncated trace?); pick a complete one with --iteration", frames.path)
+    table = {kind: [[0.0] * m for _ in range(stages)] for kind in "FBIW"}
+    ends = {}
+    for text, start, end in tasks.select("task", "start_ns", "end_ns").iter_rows():
+        task = Task.parse(text)
+        table[task.kind.value][task.stage][task.microbatch] = (end - start) * 1e-9
+        ends[text] = end
+    if shape.split_backward:
+        table["B"] = [[table["I"][k][i] + table["W"][k][i] for i in range(m)] for k in range(stages)]
+    latency = {}
+    for producer, recv_end in frames.transfers.filter(
+            (pl.col("iteration") == iteration) & pl.col("recv_end_ns").is_not_null()).select(
+            "producer", "recv_end_ns").iter_rows():
+        if producer in ends:
+            latency[producer] = max(0.0, (recv_end - ends[producer]) * 1e-9)
+    typical = statistics.median(latency.values()) if latency else 0.0
+    backward = shape.upstream_backward.value
+
+    def sends(kind: str, has_peer) -> list[list[float]]:
+        return [[latency.get(f"{k}{kind}{i}", typical) if has_peer(k) else 0.0 for i in range(m)]
+                for k in range(stages)]
+
+    costs = [sum(table["F"][k][i] + table["B"][k][i] for k in range(stages)) for i in range(m)]
+    return Durations(stages, m, table["F"], table["B"], sends("F", lambda k: k < stages - 1),
+                     sends(backward, lambda k: k > 0), costs,
+                     input_grad=table["I"] if shape.split_backward else None,
+                     weight_grad=table["W"] if shape.split_backward else None,
+                     source=f"{frames.path} (iteration {iteration})")
+
+
+def trace_hint(frames: TraceFrames, iteration: int) -> HintOrder:
+    shape = pipeline_shape(frames)
+    hints = {rank: hint for rank, hint in frames.iterations.filter(pl.col("iteration") == iteration).select(
+        "rank", "hint").iter_rows()}
+    orders = tuple(tuple(Task.parse(t) for t in hints.get(rank, "").split()) for rank in range(shape.ranks))
+    name = next(iter(frames.meta.values())).get("hint", "trace")
+    return HintOrder(shape, orders, f"{name} (traced)")
+
+
+def sensitivity(frames: TraceFrames, iteration: int | None = None) -> pl.DataFrame:
+    """Replay the trace's realized durations under every built-in hint and both policies.
+
+    Rows: hint, policy, simulated makespan (median over the chosen
+    iterations), and the ratio to the trace's own hint and policy replayed.
+    The first row is the trace's own hint under its own policy; the measured
+    makespan is there for comparison.
+    """
+    from runtime.arbiter import MemoryBudget
+    from runtime.deps import TaskGraph
+    from runtime.simulator import simulate
+
+    meta = next(iter(frames.meta.values()))
+    own_policy = meta.get("policy", "fixed")
+    budget = MemoryBudget.parse(meta.get("memory_budget", "1f1b"))
+    iterations = [iteration] if iteration is not None else _complete_iterations(frames)
+    measured = {row[0]: row[1] for row in iteration_windows(frames).select("iteration", "makespan_ns").iter_rows()}
+    results: dict[tuple[str, str], list[float]] = {}
+    shape = pipeline_shape(frames)
+    graphs: dict[bool, TaskGraph] = {}
+    for it in iterations:
+        table = realized_durations(frames, it)
+        candidates: list[tuple[str, HintOrder, Sequence[str]]] = [
+            ("(traced) " + meta.get("hint", ""), trace_hint(frames, it), (own_policy,))]
+        for name in BUILTIN_HINTS:
+            try:
+                candidates.append((name, builtin_hint(name, shape.ranks, shape.chunks, shape.microbatches,
+                                                      table.microbatch_costs), ("fixed", "ready")))
+            except UserError:
+                continue
+        for name, hint, policies in candidates:
+            graph = graphs.setdefault(hint.shape.split_backward, TaskGraph.build(hint.shape))
+            for policy in policies:
+                result = simulate(hint, table, policy, budget, graph=graph)
+                results.setdefault((name, policy), []).append(result.makespan)
+    rows = [{"hint": name, "policy": policy, "makespan_s": statistics.median(values)}
+            for (name, policy), values in results.items()]
+    own = rows[0]["makespan_s"]
+    frame = pl.DataFrame(rows).with_columns((own / pl.col("makespan_s")).alias("speedup_vs_traced"))
+    measured_s = statistics.median(measured[it] for it in iterations) * 1e-9
+    return frame.with_columns(pl.lit(measured_s).alias("measured_makespan_s"))
+
+
+def _complete_iterations(frames: TraceFrames) -> list[int]:
+    shape = pipeline_shape(frames)
+    counts = frames.tasks.group_by("iteration").len()
+    complete = sorted(i for i, n in counts.iter_rows() if n == shape.total_tasks)
+    if not complete:
+        raise UserError("no complete iteration in the trace", frames.path)
+    return complete
+
+
+# -- summary and comparison ---------------------------------------------------------
+
+
+def summary(frames: TraceFrames) -> dict:
+    meta = next(iter(frames.meta.values()))
+    windows = iteration_windows(frames)
+    totals = bubble_totals(bubbles(frames)).filter(pl.col("rank") == "all").row(0, named=True)
+    agreement = conformance(frames)
+    makespans = windows.get_column("makespan_ns").to_list()
+    idle = totals["makespan_ns"] - totals["busy_ns"]
+    return {
+        "trace": frames.path,
+        "job": meta.get("job"),
+        "workload": meta.get("workload"),
+        "shape": f"{meta.get('stages')} ranks x {meta.get('chunks')} chunks, {meta.get('microbatches')} microbatches",
+        "policy": meta.get("policy"),
+        "hint": meta.get("hint"),
+        "memory_budget": meta.get("memory_budget"),
+        "timing": meta.get("timing"),
+        "ranks": frames.ranks,
+        "iterations": len(makespans),
+        "median_makespan_s": statistics.median(makespans) * 1e-9 if makespans else None,
+        "utilization": totals["utilization"],
+        "idle_share": {name.removesuffix("_ns"): (totals[name] / idle if idle else 0.0) for name in BUBBLE_COLUMNS},
+        "skips": int(agreement.get_column("skips").sum()) if agreement.height else 0,
+        "mean_kendall_tau": agreement.get_column("kendall_tau").mean() if agreement.height else None,
+        "max_clock_error_ns": max(int(m.get("clock_error_ns", 0)) for m in frames.meta.values()),
+        "warnings": frames.warnings,
+    }
+
+
+def compare(a: TraceFrames, b: TraceFrames) -> pl.DataFrame:
+    """Two runs side by side: makespan, utilization and the bubble breakdown (seconds per iteration)."""
+    rows = []
+    for label, frames in (("A", a), ("B", b)):
+        totals = bubble_totals(bubbles(frames)).filter(pl.col("rank") == "all").row(0, named=True)
+        iterations = len(traced_iterations(frames))
+        ranks = frames.ranks
+        row = {"run": label, "trace": frames.path, "median_makespan_s": summary(frames)["median_makespan_s"],
+               "utilization": totals["utilization"]}
+        for name in BUBBLE_COLUMNS:
+            row[name.replace("_ns", "_s")] = totals[name] * 1e-9 / max(1, iterations * ranks)
+        rows.append(row)
+    frame = pl.DataFrame(rows)
+    speedup = rows[0]["median_makespan_s"] / rows[1]["median_makespan_s"]
+    return frame.with_columns(pl.Series("speedup_vs_A", [1.0, speedup]))

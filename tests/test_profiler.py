@@ -1,0 +1,200 @@
+"""Trace writing, reading and analyses on hand-built traces whose answers are known."""
+
+from __future__ import annotations
+
+import shutil
+
+import polars as pl
+import pytest
+from hypothesis import HealthCheck, given, settings, strategies as st
+
+from profiler import analysis
+from profiler.reader import TraceError, read_trace
+from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
+
+
+@pytest.fixture
+def one_f_one_b(tmp_path):
+    return build_run(tmp_path / "run", **ONE_F_ONE_B)
+
+
+@pytest.fixture
+def misaligned(tmp_path):
+    return build_run(tmp_path / "mis", **MISALIGNED)
+
+
+def test_round_trip(one_f_one_b):
+    frames = read_trace(one_f_one_b)
+    assert frames.warnings == []
+    assert frames.meta[0]["schema"] == "rrfp-trace/1" and frames.meta[1]["rank"] == 1
+    got = {(r, t): (s // US, e // US) for r, t, s, e in frames.tasks.select("rank", "task", "start_ns",
+                                                                             "end_ns").iter_rows()}
+    want = {(r, t): (s, e) for r, spans in ONE_F_ONE_B["tasks"].items() for t, s, e in spans}
+    assert got == want
+    assert frames.tasks.get_column("units").to_list() == [8] * 8
+    transfers = frames.transfers.select("producer", "src", "dst", "send_start_ns", "recv_end_ns").rows()
+    assert sorted(transfers) == sorted((p, s, d, a * US, r * US) for p, s, d, a, _, r in ONE_F_ONE_B["transfers"])
+    assert frames.decisions.height == 8 and frames.iterations.height == 2
+    assert set(frames.counters.get_column("counter")) == {"ready set", "in flight", "activation bytes"}
+
+
+def test_bubbles_of_a_fixed_1f1b(one_f_one_b):
+    frame = analysis.bubbles(read_trace(one_f_one_b)).sort("rank")
+    rank0, rank1 = frame.to_dicts()
+    assert rank0["makespan_ns"] == 90 * US and rank0["busy_ns"] == 60 * US
+    assert (rank0["fill_ns"], rank0["drain_ns"]) == (0, 0)
+    assert rank0["dependency_ns"] == 30 * US and rank0["misalignment_ns"] == 0 and rank0["overhead_ns"] == 0
+    assert (rank1["fill_ns"], rank1["drain_ns"], rank1["busy_ns"]) == (12 * US, 23 * US, 55 * US)
+    assert rank1["dependency_ns"] == rank1["misalignment_ns"] == rank1["overhead_ns"] == 0
+
+
+def test_misalignment_is_idle_time_while_another_task_was_ready(misaligned):
+    frames = read_trace(misaligned)
+    rank0 = analysis.bubbles(frames).filter(pl.col("rank") == 0).row(0, named=True)
+    # 10..40: 0F1 (ready since 0) waits behind the fixed head 0B0; 70..95: nothing ready (0B1 arrives at 95).
+    assert rank0["misalignment_ns"] == 30 * US
+    assert rank0["dependency_ns"] == 25 * US
+    gaps = analysis.misalignment_gaps(frames)
+    top = gaps.row(0, named=True)
+    assert (top["rank"], top["ran_next"], top["ready"], top["misaligned_ns"]) == (0, "0B0", "0F1", 30 * US)
+    totals = analysis.bubble_totals(analysis.bubbles(frames))
+    assert totals.filter(pl.col("rank") == "all").row(0, named=True)["misalignment_ns"] == 30 * US
+
+
+def test_overhead_is_idle_time_with_only_the_next_task_ready(tmp_path):
+    spec = dict(ONE_F_ONE_B)
+    spec["tasks"] = dict(spec["tasks"])
+    spec["tasks"][1] = [("1F0", 15, 25), ("1B0", 25, 37), ("1F1", 37, 47), ("1B1", 47, 67)]  # 0F0 arrived at 12
+    frames = read_trace(build_run(tmp_path / "o", **spec))
+    rank1 = analysis.bubbles(frames).filter(pl.col("rank") == 1).row(0, named=True)
+    assert rank1["fill_ns"] == 15 * US  # before the first task counts as fill, whatever was ready
+
+
+def test_critical_path(one_f_one_b):
+    path = analysis.critical_path(read_trace(one_f_one_b))
+    segments = [(kind, task, duration // US) for kind, task, duration in
+                path.segments.select("kind", "task", "duration_ns").iter_rows()]
+    assert segments == [("compute", "0F0", 10), ("transfer", "0F0", 2), ("compute", "1F0", 10),
+                        ("compute", "1B0", 15), ("compute", "1F1", 10), ("compute", "1B1", 20),
+                        ("transfer", "1B1", 3), ("compute", "0B1", 20)]
+    assert path.makespan_ns == 90 * US
+    assert path.shares() == pytest.approx({"compute": 85 / 90, "transfer": 5 / 90, "wait": 0.0})
+
+
+def test_conformance_and_kendall_tau(misaligned):
+    assert analysis.kendall_tau([0, 1, 2, 3]) == 1.0
+    assert analysis.kendall_tau([3, 2, 1, 0]) == -1.0
+    assert analysis.kendall_tau([1, 0, 2, 3]) == pytest.approx(1 - 4 / 12)
+    frame = analysis.conformance(read_trace(misaligned))
+    assert frame.get_column("kendall_tau").to_list() == [1.0, 1.0]  # ran exactly the hint
+    assert frame.get_column("skips").to_list() == [0, 0]
+
+
+def test_sensitivity_replays_the_realized_durations(tmp_path):
+    # Uniform F = 10 us, B = 20 us, arrivals exactly at the producer's end: fixed 1F1B and GPipe take
+    # (m + p - 1) * 30 us in the simulator, whatever the run did.
+    ranks, m = 2, 2
+    spec = dict(ranks=ranks, microbatches=m,
+                tasks={0: [("0F0", 0, 10), ("0F1", 10, 20), ("0B0", 50, 70), ("0B1", 70, 90)],
+                       1: [("1F0", 10, 20), ("1B0", 20, 40), ("1F1", 40, 50), ("1B1", 50, 70)]},
+                transfers=[("0F0", 0, 1, 10, 10, 10), ("0F1", 0, 1, 20, 20, 20), ("1B0", 1, 0, 40, 40, 40),
+                           ("1B1", 1, 0, 70, 70, 70)])
+    frame = analysis.sensitivity(read_trace(build_run(tmp_path / "s", **spec)))
+    rows = {(h, p): ms for h, p, ms in frame.select("hint", "policy", "makespan_s").iter_rows()}
+    assert rows[("1f1b", "fixed")] == pytest.approx((m + ranks - 1) * 30e-6)
+    assert rows[("gpipe", "fixed")] == pytest.approx((m + ranks - 1) * 30e-6)
+    assert frame.row(0, named=True)["hint"].startswith("(traced)")
+    assert frame.row(0, named=True)["measured_makespan_s"] == pytest.approx(90e-6)
+
+
+def test_summary_and_compare(one_f_one_b, misaligned):
+    a, b = read_trace(one_f_one_b), read_trace(misaligned)
+    data = analysis.summary(a)
+    assert data["iterations"] == 1 and data["median_makespan_s"] == pytest.approx(90e-6)
+    assert sum(data["idle_share"].values()) == pytest.approx(1.0)
+    frame = analysis.compare(a, b)
+    assert frame.get_column("speedup_vs_A").to_list() == pytest.approx([1.0, 90 / 115])
+
+
+# -- bad input -------------------------------------------------------------------
+
+
+def test_truncated_trace_keeps_complete_packets(one_f_one_b, tmp_path):
+    data = (one_f_one_b / "trace.pftrace").read_bytes()
+    cut = tmp_path / "cut.pftrace"
+    cut.write_bytes(data[: len(data) - 7])
+    frames = read_trace(cut)
+    assert any("truncated at byte" in w for w in frames.warnings)
+    assert 0 < frames.tasks.height <= 8
+
+
+def test_garbage_empty_and_foreign(tmp_path):
+    (tmp_path / "random.pftrace").write_bytes(bytes(range(7, 250)))
+    with pytest.raises(TraceError, match="not a Perfetto trace"):
+        read_trace(tmp_path / "random.pftrace")
+    (tmp_path / "empty.pftrace").write_bytes(b"")
+    with pytest.raises(TraceError, match="empty file"):
+        read_trace(tmp_path / "empty.pftrace")
+    from perfetto.trace_builder.proto_builder import TraceProtoBuilder
+
+    builder = TraceProtoBuilder()
+    packet = builder.add_packet()
+    packet.timestamp = 5
+    packet.track_event.type = packet.track_event.TYPE_INSTANT
+    packet.track_event.name = "someone else's event"
+    packet.track_event.track_uuid = 42
+    (tmp_path / "foreign.pftrace").write_bytes(builder.serialize())
+    with pytest.raises(TraceError, match="not written by rrfp"):
+        read_trace(tmp_path / "foreign.pftrace")
+    (tmp_path / "empty-run").mkdir()
+    with pytest.raises(TraceError, match="holds no trace"):
+        read_trace(tmp_path / "empty-run")
+    with pytest.raises(TraceError, match="no such file"):
+        read_trace(tmp_path / "absent")
+
+
+def test_compare_run_directory_asks_for_a_job(one_f_one_b, tmp_path):
+    both = tmp_path / "both"
+    shutil.copytree(one_f_one_b, both / "fixed-1f1b")
+    shutil.copytree(one_f_one_b, both / "ready-zb@2x")
+    with pytest.raises(TraceError, match=r"holds several jobs \(fixed-1f1b, ready-zb@2x\)"):
+        read_trace(both)
+
+
+def test_unmerged_run_reads_rank_files(one_f_one_b):
+    (one_f_one_b / "trace.pftrace").unlink()
+    frames = read_trace(one_f_one_b)
+    assert frames.tasks.height == 8 and any("not merged" in w for w in frames.warnings)
+
+
+@settings(max_examples=int(__import__("os").environ.get("RRFP_FUZZ_EXAMPLES", "200")), suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
+@given(data=st.data())
+def test_fuzzed_input_never_crashes_the_reader(tmp_path_factory, data):
+    run = tmp_path_factory.getbasetemp() / "fuzz-source"
+    if not (run / "trace.pftrace").exists():
+        build_run(run, **ONE_F_ONE_B)
+    valid = (run / "trace.pftrace").read_bytes()
+    choice = data.draw(st.sampled_from(["random", "truncate", "flip", "splice"]))
+    if choice == "random":
+        blob = data.draw(st.binary(min_size=0, max_size=512))
+    elif choice == "truncate":
+        blob = valid[: data.draw(st.integers(0, len(valid)))]
+    elif choice == "flip":
+        position = data.draw(st.integers(0, len(valid) - 1))
+        blob = valid[:position] + bytes([valid[position] ^ data.draw(st.integers(1, 255))]) + valid[position + 1:]
+    else:
+        blob = data.draw(st.binary(max_size=64)) + valid[data.draw(st.integers(0, len(valid))):]
+    target = tmp_path_factory.getbasetemp() / "fuzz.pftrace"
+    target.write_bytes(blob)
+    try:
+        frames = read_trace(target)
+    except TraceError as err:
+        assert "\n" not in str(err)
+        return
+    # Whatever parses must still analyse or fail with a one-line UserError.
+    from hints.errors import UserError
+
+    try:
+        analysis.summary(frames)
+    except UserError:
+        pass
