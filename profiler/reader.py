@@ -104,6 +104,9 @@ def read_trace(path: str | Path) -> TraceFrames:
             data = file.read_bytes()
         except OSError as err:
             raise TraceError(f"cannot read: {err}", str(file)) from None
+        if not data and len(paths) > 1:
+            reader.warnings.append(f"{file} is empty (that rank finished no traced iteration)")
+            continue
         reader.feed(data, str(file))
     return reader.finish()
 
@@ -296,6 +299,8 @@ class _Reader:
 
     # -- frames --------------------------------------------------------------
     def finish(self) -> TraceFrames:
+        if not self.packets:
+            raise TraceError("holds no complete trace packet (no traced iteration finished?)", self.name)
         if self.packets and not self.meta:
             raise TraceError(f"not written by rrfp (no {SCHEMA} metadata in {self.packets} packets)", self.name)
         for rank, meta in self.meta.items():

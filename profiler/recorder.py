@@ -190,7 +190,8 @@ class _PacketWriter:
                     self._counter(COUNTERS[key], now + offset, value)
             elif tag == "sends":
                 for sent in event[1]:
-                    self._send(sent, offset)
+                    if self.setup.config.traces(sent.iteration):
+                        self._send(sent, offset)
         self.file.write(trace.SerializeToString())
         self.file.flush()
 

@@ -61,8 +61,8 @@ class RunConfig:
     comm_jitter: float = 0.0
     delay: dict[str, float] = field(default_factory=dict)  # task text -> extra seconds, e.g. {"1B0": 0.3}
     # faults, for testing failure handling
-    fail_at: str | None = None  # raise inside this task (e.g. "1F2")
-    hang_at: str | None = None  # never return from this task
+    fail_at: str | None = None  # raise inside this task: "1F2" (first iteration) or "1F2@3" (iteration 3)
+    hang_at: str | None = None  # never return from this task (same form)
     # process setup
     nproc: int | None = None  # default stages * tp * dp
     device: str = "auto"
@@ -109,7 +109,7 @@ class RunConfig:
             _check_number(f"delay {text}", seconds, 0.0)
         for name in ("fail_at", "hang_at"):
             if getattr(self, name) is not None:
-                _parse_task(getattr(self, name), _flag(name))
+                self.fault(name)
         if not isinstance(self.trace, bool):
             raise UserError(f"must be true or false, got {self.trace!r}", "--trace")
         if self.trace_iters is not None:
@@ -146,6 +146,16 @@ class RunConfig:
     def traces(self, iteration: int) -> bool:
         start, stop = self.trace_window()
         return self.trace and iteration >= start and (stop is None or iteration < stop)
+
+    def fault(self, name: str) -> tuple[Task, int] | None:
+        """``--fail-at`` / ``--hang-at`` as ``(task, iteration)``; ``TASK`` alone means iteration 0."""
+        value = getattr(self, name)
+        if value is None:
+            return None
+        text, _, iteration = str(value).partition("@")
+        if iteration and not iteration.isdigit():
+            raise UserError(f"{value!r}: the iteration after @ must be a whole number", _flag(name))
+        return _parse_task(text, _flag(name)), int(iteration or 0)
 
     def delays_by_task(self) -> dict[Task, float]:
         return {Task.parse(text): float(seconds) for text, seconds in self.delay.items()}

@@ -76,8 +76,8 @@ class StageExecutor:
         device: torch.device,
         recorder: Recorder | None = None,
         delay: Callable[[int, Task, float], float] | None = None,
-        fail_at: Task | None = None,
-        hang_at: Task | None = None,
+        fail_at: tuple[Task, int] | None = None,
+        hang_at: tuple[Task, int] | None = None,
         progress: Callable[[], None] | None = None,
     ) -> None:
         self.rank = rank
@@ -153,9 +153,12 @@ class StageExecutor:
             executed.append(task)
             idle_since = last_end = ended
             self.progress()
-        sends = self.transport.sent[:] if self.transport else []
+        sends: list = []
         if self.transport:
-            self.transport.sent.clear()
+            # The last messages of the iteration are about to be received (peers wait for them); waiting for
+            # them here costs nothing and lets the recorder see every send of this iteration.
+            self.transport.wait_sent(timeout=60.0)
+            sends = self.transport.take_sent()
         recorder.end_iteration(iteration, clock(), sends)
         return IterationResult(iteration, start, last_end, busy, self.loss_sum if has_loss else None, units,
                                executed, arbiter.peak_in_flight)
@@ -186,9 +189,9 @@ class StageExecutor:
             self.transport.send(destination, self.iteration, self.graph.tasks[tid], outputs)
 
     def _maybe_fault(self, task: Task) -> None:
-        if task == self.fail_at:
-            raise InjectedFault(f"injected failure in task {task} (--fail-at)")
-        if task == self.hang_at:
+        if (task, self.iteration) == self.fail_at:
+            raise InjectedFault(f"injected failure in task {task} of iteration {self.iteration} (--fail-at)")
+        if (task, self.iteration) == self.hang_at:
             while True:  # --hang-at: never return; the watchdog must notice
                 time.sleep(1.0)
 

@@ -251,6 +251,9 @@ class Transport:
         self._hellos = threading.Semaphore(0)  # released once per HELLO received
         self._hello_from: list[int] = []
         self._closed = False
+        self._unsent = 0  # DATA messages queued and not yet handed to the wire
+        self._send_failure: TransportError | None = None
+        self._unsent_cond = threading.Condition()
         # gloo moves CPU tensors (CUDA tensors are staged through host memory); NCCL moves CUDA tensors.
         self._wire_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
 
@@ -291,7 +294,23 @@ class Transport:
     # -- sending ---------------------------------------------------------
     def send(self, dst: int, iteration: int, producer: Task, tensors: Sequence[torch.Tensor]) -> None:
         """Queue ``tensors`` (the output of ``producer``) for rank ``dst``; returns at once."""
+        with self._unsent_cond:
+            self._unsent += 1
         self._queues[dst].put((DATA, iteration, producer, tuple(t.detach() for t in tensors)))
+
+    def wait_sent(self, timeout: float) -> None:
+        """Block until every queued message is on the wire (the end of an iteration; its peers are waiting)."""
+        with self._unsent_cond:
+            if not self._unsent_cond.wait_for(lambda: self._unsent == 0 or self._send_failure, timeout):
+                raise TransportError(f"rank {self.rank}: {self._unsent} messages not sent within {timeout:.0f} s")
+            if self._send_failure:
+                raise self._send_failure
+
+    def take_sent(self) -> list[Sent]:
+        """The bookkeeping of every message sent since the last call (for traces)."""
+        with self._sent_lock:
+            sent, self.sent = self.sent, []
+        return sent
 
     def _send_loop(self, link: Link) -> None:
         q = self._queues[link.dst]
@@ -318,10 +337,17 @@ class Transport:
                         self.sent.append(Sent(link.dst, sequence, iteration, producer,
                                               sum(t.numel() * t.element_size() for t in wire), queued, started,
                                               time.monotonic_ns()))
+                    with self._unsent_cond:
+                        self._unsent -= 1
+                        self._unsent_cond.notify_all()
                 if kind_of_message == CLOSE:
                     return
         except Exception as err:  # a peer died or the group broke: the dispatcher reports it
-            self.inbox.fail(TransportError(f"{link}: send failed: {err}"))
+            failure = TransportError(f"{link}: send failed: {err}")
+            with self._unsent_cond:
+                self._send_failure = failure
+                self._unsent_cond.notify_all()
+            self.inbox.fail(failure)
 
     # -- receiving -------------------------------------------------------
     def _receive_loop(self, link: Link) -> None:

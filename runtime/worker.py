@@ -183,8 +183,8 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     ctx.transport.latency = noise.latency
     executor = StageExecutor(
         ctx.rank, graph, workload, modules, ctx.transport, ctx.device, recorder=_Tracking(recorder, ctx),
-        delay=noise.extra, fail_at=Task.parse(config.fail_at) if config.fail_at else None,
-        hang_at=Task.parse(config.hang_at) if config.hang_at else None, progress=watchdog.progress,
+        delay=noise.extra, fail_at=config.fault("fail_at"), hang_at=config.fault("hang_at"),
+        progress=watchdog.progress,
     )
     ctx.executor = executor
     bar = _ProgressBar(job, config) if ctx.rank == 0 and options.show_progress else None

@@ -119,7 +119,7 @@ def test_a_failing_rank_stops_everyone_and_is_named(tmp_path):
                   "--fail-at", "1F2", "--out", "f")
     assert result.returncode == 1
     assert "error: run failed: rank 1 in task 1F2" in result.stderr
-    assert "injected failure in task 1F2" in result.stderr
+    assert "injected failure in task 1F2 of iteration 0" in result.stderr
     assert "last decisions:" in result.stderr
     assert "Traceback" not in result.stderr
     assert time.monotonic() - began < 60
