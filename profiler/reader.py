@@ -62,6 +62,7 @@ class TraceFrames:
     iterations: pl.DataFrame
     meta: dict[int, dict[str, Any]]
     warnings: list[str] = field(default_factory=list)
+    packets: int = 0
 
     @property
     def ranks(self) -> int:
@@ -335,6 +336,7 @@ class _Reader:
                                                              "hint": pl.Utf8}).sort("iteration", "rank"),
             meta=dict(sorted(self.meta.items())),
             warnings=self.warnings,
+            packets=self.packets,
         )
 
     def _transfers(self) -> pl.DataFrame:

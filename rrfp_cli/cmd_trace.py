@@ -51,7 +51,9 @@ def _cell(value, fmt: str | None) -> str:
     if fmt:
         return format(value, fmt)
     if isinstance(value, float):
-        return f"{value:.4g}"
+        if abs(value) >= 1000:
+            return f"{value:,.0f}"
+        return f"{value:.1f}" if abs(value) >= 10 else f"{value:.3g}"
     return str(value)
 
 

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -59,12 +60,14 @@ def launch(jobs: list[Job], options: WorkerOptions, nproc: int) -> dict[int, Any
         logging.getLogger(name).setLevel(logging.CRITICAL)
     out_root = Path(options.out_root)
     (out_root / "logs").mkdir(parents=True, exist_ok=True)
-    config = LaunchConfig(
+    settings = dict(
         min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"rrfp-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.1,
         start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=str(out_root / "logs" / "elastic")),
         shutdown_timeout=5, rdzv_configs={"timeout": max(60, int(options.timeout * 2))},
     )
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}  # older torch lacks e.g. shutdown_timeout
+    config = LaunchConfig(**{k: v for k, v in settings.items() if k in known})
     began = time.time()
     try:
         return elastic_launch(config, worker_main)(jobs, options)

@@ -166,7 +166,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     out_dir = Path(job.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     shape = validate_run(config).shape
-    workload = make_workload(config, PipelineShape(config.stages, config.chunks, config.microbatches))
+    workload = make_workload(config, PipelineShape(config.stages, config.chunks, config.microbatches), ctx.device)
     plan = HintPlan(config, workload)
     graph = TaskGraph.build(shape)
     budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if config.policy == "ready" else None

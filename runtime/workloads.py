@@ -88,6 +88,7 @@ class Workload:
     config: RunConfig
     shape: PipelineShape
     unit: str = "tokens"
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _batches: dict = field(default_factory=dict, repr=False)
 
     name = "base"
@@ -111,7 +112,10 @@ class Workload:
                 self._batches.clear()  # keep about one iteration's worth
             specs = self._specs(iteration)
             generator = torch.Generator().manual_seed(mix_seed(self.config.seed, iteration, mb))
-            self._batches[key] = self._make_batch(iteration, specs[mb], generator)
+            batch = self._make_batch(iteration, specs[mb], generator)  # generated on the CPU: same data anywhere
+            if self.device.type != "cpu":
+                batch.tensors = {name: t.to(self.device) for name, t in batch.tensors.items()}
+            self._batches[key] = batch
         return self._batches[key]
 
     def loss(self, outputs: tuple[torch.Tensor, ...], batch: Microbatch) -> torch.Tensor:
@@ -359,8 +363,8 @@ class EmulatedStage(nn.Module):
 class EmulatedWorkload(Workload):
     name = "emulated"
 
-    def __init__(self, config: RunConfig, shape: PipelineShape) -> None:
-        super().__init__(config, shape, unit="samples")
+    def __init__(self, config: RunConfig, shape: PipelineShape, device: torch.device | None = None) -> None:
+        super().__init__(config, shape, unit="samples", device=device or torch.device("cpu"))
         self._durations: dict[int, Durations] = {}
 
     def variability(self) -> VariabilityModel:
@@ -400,8 +404,9 @@ class EmulatedWorkload(Workload):
 WORKLOADS = {"gpt": GPTWorkload, "multimodal": MultimodalWorkload, "emulated": EmulatedWorkload}
 
 
-def make_workload(config: RunConfig, shape: PipelineShape) -> Workload:
-    return WORKLOADS[config.workload](config, shape)
+def make_workload(config: RunConfig, shape: PipelineShape, device: torch.device | None = None) -> Workload:
+    """The workload of ``config``; its microbatches are generated on the CPU and moved to ``device``."""
+    return WORKLOADS[config.workload](config, shape, device=device or torch.device("cpu"))
 
 
 # -- single-process reference ---------------------------------------------------
