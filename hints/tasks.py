@@ -41,6 +41,10 @@ class Kind(str, Enum):
     def __str__(self) -> str:  # "F", not "Kind.FORWARD"
         return self.value
 
+    # Enum's own __hash__ is a Python function; tasks are hashed in hot loops. Hashing as the letter
+    # (C-level) is also consistent with Kind.FORWARD == "F".
+    __hash__ = str.__hash__
+
     @property
     def is_backward(self) -> bool:
         return self is not Kind.FORWARD

@@ -4,7 +4,7 @@
 dispatch path it only appends tuples to an in-memory list (no I/O, no
 protobuf). At the end of each traced iteration the list goes to a background
 writer thread, which builds native Perfetto ``TracePacket``s with the
-``perfetto`` package's protobuf classes and appends them to
+``perfetto`` package's proto builder (``TraceProtoBuilder``) and appends them to
 ``<run>/trace/rank<r>.pftrace``, flushed per iteration: a crash leaves a
 readable trace of the finished iterations. The per-rank files concatenate into
 one trace (``rrfp trace merge``; ``rrfp run`` does it at the end).
@@ -163,10 +163,9 @@ class _PacketWriter:
 
     # -- packets -----------------------------------------------------------
     def write_iteration(self, events: list[tuple], offset: int) -> None:
-        from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+        from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
-        trace = Trace()
-        self.trace = trace
+        self.builder = TraceProtoBuilder()
         if not self.started:
             self._start(events[0][2] + offset)
         rank = self.rank
@@ -192,7 +191,7 @@ class _PacketWriter:
                 for sent in event[1]:
                     if self.setup.config.traces(sent.iteration):
                         self._send(sent, offset)
-        self.file.write(trace.SerializeToString())
+        self.file.write(self.builder.serialize())
         self.file.flush()
 
     def _start(self, now: int) -> None:
@@ -225,7 +224,7 @@ class _PacketWriter:
         self.started = True
 
     def _packet(self, now: int, first: bool = False):
-        packet = self.trace.packet.add()
+        packet = self.builder.add_packet()
         packet.timestamp = max(0, now)
         packet.trusted_packet_sequence_id = self.sequence_id
         packet.sequence_flags = (packet.SEQ_INCREMENTAL_STATE_CLEARED if first
@@ -303,7 +302,7 @@ class _PacketWriter:
         track = track_uuid(self.rank, "compute")
         values = {"iteration": span.iteration, "stage": task.stage, "kind": task.kind.value,
                   "microbatch": task.microbatch, "chunk": task.stage // setup.config.stages,
-                  "units": span.info.get("units"), "wait_ns": span.wait_ns}
+                  "units": span.info.get("units"), "images": span.info.get("images"), "wait_ns": span.wait_ns}
         if len(event) == 4:
             values["host_start_ns"] = span.start_ns + offset
         self._begin(track, start + offset, str(task), values)

@@ -137,7 +137,11 @@ def _default_out(config: RunConfig) -> str:
 
     from runtime.launch import under_torchrun
 
-    tag = os.environ.get("TORCHELASTIC_RUN_ID") if under_torchrun() else time.strftime("%Y%m%d-%H%M%S")
+    if under_torchrun():  # every rank must agree without talking: torchrun's run id, else its port
+        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+        tag = run_id if run_id != "none" else f"torchrun-{os.environ['MASTER_PORT']}"
+    else:
+        tag = time.strftime("%Y%m%d-%H%M%S")
     return f"runs/{tag}-{config.workload}"
 
 

@@ -162,6 +162,7 @@ class Arbiter:
         order: Sequence[Task],
         budget: int | None = None,
         record: bool = False,
+        positions: list[int] | None = None,
     ) -> None:
         self.graph = graph
         self.rank = rank
@@ -170,7 +171,13 @@ class Arbiter:
         self.budget = budget
         tids = graph.ids(self.order)
         self.tids = tids
-        self.hint_rank = {tid: h for h, tid in enumerate(tids)}
+        # position[task id] = hint rank of that task in its own rank's order. Every task belongs to one
+        # rank, so the simulator shares one list between all arbiters, each filling in its own tasks.
+        if positions is None:
+            positions = [0] * len(graph)
+        for h, tid in enumerate(tids):
+            positions[tid] = h
+        self.position = positions
         self.unmet = [graph.prereq_count[t] for t in tids]
         self.admits = [graph.admits[t] for t in tids]
         self.frees = [graph.frees[t] for t in tids]
@@ -192,11 +199,15 @@ class Arbiter:
     # -- events ----------------------------------------------------------
     def available(self, producer: int) -> bool:
         """``producer`` (a task of another rank) delivered its output here; True if a task became ready."""
-        return self._deliver(self.graph.remote_consumers[producer])
+        consumers = self.graph.remote_consumers[producer]
+        if len(consumers) == 1:  # the usual case: one message, one consumer, on this rank
+            return self._deliver(consumers)
+        rank_of, me = self.graph.rank, self.rank
+        return self._deliver([c for c in consumers if rank_of[c] == me])
 
     def finish(self, tid: int) -> bool:
         """A task of this rank ended; True if a local task became ready."""
-        h = self.hint_rank[tid]
+        h = self.position[tid]
         self.finished += 1
         self.done_flags[h] = 1
         if self.frees[h]:
@@ -204,17 +215,18 @@ class Arbiter:
             self.reserved -= 1
         return self._deliver(self.graph.local_consumers[tid])
 
-    def _deliver(self, consumers: tuple[int, ...]) -> bool:
+    def _deliver(self, consumers) -> bool:
+        """Count an arrived input for each consumer (all on this rank)."""
         became_ready = False
+        position, unmet = self.position, self.unmet
         for consumer in consumers:
-            h = self.hint_rank.get(consumer)
-            if h is not None:  # None: a consumer on another rank (remote deliveries are per link)
-                unmet = self.unmet[h] - 1
-                self.unmet[h] = unmet
-                if unmet == 0:
-                    self.ready_count += 1
-                    self._input_ready(h)
-                    became_ready = True
+            h = position[consumer]
+            left = unmet[h] - 1
+            unmet[h] = left
+            if left == 0:
+                self.ready_count += 1
+                self._input_ready(h)
+                became_ready = True
         return became_ready
 
     # -- queries ---------------------------------------------------------
@@ -240,7 +252,7 @@ class Arbiter:
             task = self.order[h]
             needs = prerequisites(task, shape)
             local = [t for t in needs if shape.rank_of(t.stage) == self.rank]
-            missing = [t for t in local if not self.done_flags[self.hint_rank[self.graph.tid(t)]]]
+            missing = [t for t in local if not self.done_flags[self.position[self.graph.tid(t)]]]
             remote_missing = self.unmet[h] - len(missing)
             missing += [t for t in needs if t not in local][:remote_missing]
             out.append((task, missing))
@@ -352,11 +364,16 @@ def make_arbiter(
     order: Sequence[Task],
     budget: int | None = None,
     record: bool = False,
+    positions: list[int] | None = None,
 ) -> Arbiter:
-    """Build the arbiter of ``policy`` for ``rank``; ``budget`` is that rank's slot count."""
+    """Build the arbiter of ``policy`` for ``rank``; ``budget`` is that rank's slot count.
+
+    ``positions`` (task id -> hint rank) may be one list shared by the arbiters of all ranks of one
+    process (the simulator); each arbiter fills in its own tasks.
+    """
     policy = Policy(policy)
     cls = FixedArbiter if policy is Policy.FIXED else ReadyArbiter
-    return cls(graph, rank, order, budget=budget, record=record)
+    return cls(graph, rank, order, budget=budget, record=record, positions=positions)
 
 
 __all__ = [

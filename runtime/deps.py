@@ -142,8 +142,13 @@ class TaskGraph:
         return {kind: i for i, kind in enumerate(self.shape.kinds)}
 
     def ids(self, tasks) -> list[int]:
+        """Task ids of ``tasks`` (the arithmetic of :meth:`tid`, inlined: it runs once per task per run)."""
         slot = self._kind_slot
-        return [self._tid(self.shape, slot, t.stage, t.kind, t.microbatch) for t in tasks]
+        p, m = self.shape.ranks, self.shape.microbatches
+        per_chunk = len(slot) * m
+        per_rank = self.shape.chunks * per_chunk
+        return [(stage % p) * per_rank + (stage // p) * per_chunk + slot[kind] * m + mb
+                for stage, kind, mb in tasks]
 
     def consumers(self, tid: int) -> tuple[int, ...]:
         return self.local_consumers[tid] + self.remote_consumers[tid]

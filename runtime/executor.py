@@ -142,6 +142,8 @@ class StageExecutor:
             ended = clock()
             batch = self.workload.batch(iteration, task.microbatch)
             info = {"units": batch.units}
+            if batch.spec.images:
+                info["images"] = batch.spec.image_count
             if task.kind is F and task.stage == 0:
                 units += batch.units
             if task.kind is F and task.stage == self.shape.stages - 1:

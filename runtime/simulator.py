@@ -112,8 +112,9 @@ def simulate(
     else:
         compute, transfer = durations
     budgets = _budgets(policy, budget, shape)
+    positions = [0] * len(graph)  # shared by the arbiters: each fills in its own rank's tasks
     arbiters = [
-        make_arbiter(policy, graph, r, hint.orders[r], None if budgets is None else budgets[r], record)
+        make_arbiter(policy, graph, r, hint.orders[r], None if budgets is None else budgets[r], record, positions)
         for r in range(shape.ranks)
     ]
     n = len(graph)

@@ -140,3 +140,18 @@ def test_a_hanging_rank_is_reported_by_the_watchdog(tmp_path):
     assert "rank1-stall.json" in reports
     stall = json.loads((tmp_path / "h" / "failures" / "rank0-stall.json").read_text())
     assert "ready" in stall and "waiting_for" in stall
+
+
+def test_joins_a_torchrun_job(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in ("RRFP_DEBUG", "RANK", "WORLD_SIZE")}
+    env["PYTHONPATH"] = str(ROOT)
+    port = __import__("runtime.launch", fromlist=["free_port"]).free_port()
+    done = subprocess.run(
+        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
+         "-m", "rrfp_cli", "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
+         "--out", "tr", "--json"],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    data = json.loads(done.stdout)  # only rank 0 reports
+    assert data["jobs"][0]["iterations"] == 2
+    assert (tmp_path / "tr" / "metrics.parquet").exists() and (tmp_path / "tr" / "trace.pftrace").exists()
