@@ -390,11 +390,12 @@ class Transport:
         return torch.empty(shape, dtype=dtype, device=self._wire_device)
 
 
-def measure_clock_offset(rank: int, world: int, rounds: int = 8) -> tuple[int, int]:
+def measure_clock_offset(rank: int, world: int, rounds: int = 8, group=None) -> tuple[int, int]:
     """This rank's clock offset to rank 0 (NTP-style ping-pong on the default group) and its error bound.
 
     Returns ``(offset_ns, error_ns)``: ``rank 0's monotonic time ~= local time + offset``, within
     ``error_ns`` (half of the best of ``rounds`` round trips). Collective: every rank must call it.
+    ``group`` must move CPU tensors (gloo); None is the default group.
     """
     if world == 1:
         return 0, 0
@@ -402,15 +403,15 @@ def measure_clock_offset(rank: int, world: int, rounds: int = 8) -> tuple[int, i
     if rank == 0:
         for peer in range(1, world):
             for _ in range(rounds):
-                dist.recv(stamps, peer)
+                dist.recv(stamps, peer, group=group)
                 received = time.monotonic_ns()
-                dist.send(torch.tensor([received, time.monotonic_ns()], dtype=torch.int64), peer)
+                dist.send(torch.tensor([received, time.monotonic_ns()], dtype=torch.int64), peer, group=group)
         return 0, 0
     best: tuple[int, int] | None = None
     for _ in range(rounds):
         sent = time.monotonic_ns()
-        dist.send(torch.tensor([sent, 0], dtype=torch.int64), 0)
-        dist.recv(stamps, 0)
+        dist.send(torch.tensor([sent, 0], dtype=torch.int64), 0, group=group)
+        dist.recv(stamps, 0, group=group)
         back = time.monotonic_ns()
         received, replied = stamps.tolist()
         round_trip = (back - sent) - (replied - received)

@@ -60,6 +60,7 @@ class RankContext:
     transport: Any = None
     clock_offset_ns: int = 0  # add to local monotonic time to get rank 0's
     clock_error_ns: int = 0
+    control_group: Any = None  # CPU (gloo) group for small control collectives; None: the default group
     recent: deque = field(default_factory=lambda: deque(maxlen=8))  # last decisions, for fault reports
     current: dict = field(default_factory=dict)  # job, iteration, task being run
     executor: Any = None
@@ -87,7 +88,9 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
                                 **({"device_id": device} if backend == "nccl" else {}))
         from runtime.transport import Transport, measure_clock_offset, pipeline_links
 
-        ctx.clock_offset_ns, ctx.clock_error_ns = measure_clock_offset(rank, world)
+        if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
+            ctx.control_group = dist.new_group(backend="gloo")
+        ctx.clock_offset_ns, ctx.clock_error_ns = measure_clock_offset(rank, world, group=ctx.control_group)
         links = pipeline_links([pair for job in jobs for pair in _rank_pairs(job.config)])
         ctx.transport = Transport(rank, links, device, options.timeout, latency=None)
         ctx.transport.start(timeout=options.timeout)
@@ -151,15 +154,12 @@ def _redirect_output(rank: int, out_root: Path) -> None:
 
 
 def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watchdog") -> dict[str, Any]:
-    import torch
-    import torch.distributed as dist
-
-    from hints.tasks import PipelineShape, Task
+    from hints.tasks import PipelineShape
     from runtime.arbiter import MemoryBudget, make_arbiter
     from runtime.deps import TaskGraph
     from runtime.executor import StageExecutor
     from runtime.plan import HintPlan, validate_run
-    from runtime.recording import ListRecorder, RecorderSetup, load_recorder_class
+    from runtime.recording import ListRecorder, NullRecorder, RecorderSetup, load_recorder_class
     from runtime.workloads import make_optimizer, make_workload
 
     config = job.config
@@ -177,8 +177,8 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
         setup = RecorderSetup(ctx.rank, ctx.world, str(out_dir), job.name, config, ctx.device, ctx.clock_offset_ns,
                               ctx.clock_error_ns, budgets[ctx.rank] if budgets else None)
         recorder = load_recorder_class(job.recorder)(setup)
-    else:
-        recorder = ListRecorder()
+    else:  # tests (collect_grads) check budgets from every decision; a plain run keeps nothing
+        recorder = ListRecorder() if job.collect_grads else NullRecorder()
     noise = _Injector(config, ctx.rank, workload)
     ctx.transport.latency = noise.latency
     executor = StageExecutor(
@@ -207,7 +207,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             watchdog.progress()
-            gathered = _gather_summaries(ctx.world, result)  # also the barrier between iterations
+            gathered = _gather_summaries(ctx.world, result, ctx.control_group)  # also the barrier between iterations
             watchdog.progress()
             wall = time.perf_counter() - began
             row = _metrics_row(iteration, gathered, wall, workload.unit)
@@ -223,11 +223,10 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
         _write_outputs(out_dir, config, rows, workload)
     if isinstance(recorder, ListRecorder):
         first["max_decision_in_flight"] = max((d.in_flight for _, d in recorder.decisions), default=0)
-    del torch
     return {**first, "losses": losses, "metrics": rows if ctx.rank == 0 else None}
 
 
-def _gather_summaries(world: int, result) -> list[dict[str, Any]]:
+def _gather_summaries(world: int, result, group) -> list[dict[str, Any]]:
     """Every rank's iteration summary (tensor collectives: the object ones need numpy)."""
     import torch
     import torch.distributed as dist
@@ -237,8 +236,8 @@ def _gather_summaries(world: int, result) -> list[dict[str, Any]]:
     loss = torch.tensor([float("nan") if result.loss is None else result.loss], dtype=torch.float64)
     all_counts = [torch.empty_like(counts) for _ in range(world)]
     all_losses = [torch.empty_like(loss) for _ in range(world)]
-    dist.all_gather(all_counts, counts)
-    dist.all_gather(all_losses, loss)
+    dist.all_gather(all_counts, counts, group=group)
+    dist.all_gather(all_losses, loss, group=group)
     summaries = []
     for rank, (c, l) in enumerate(zip(all_counts, all_losses)):
         start_ns, end_ns, busy_ns, units, peak = c.tolist()
