@@ -80,7 +80,6 @@ from torch.distributed.pipelining import PipelineStage
 from hints.tasks import PipelineShape
 from runtime.config import RunConfig
 from runtime.launch import free_port, launch
-from runtime.plan import validate_run
 from runtime.worker import Job, WorkerOptions
 from runtime.workloads import make_optimizer, make_workload
 
@@ -246,8 +245,6 @@ def rrfp_jobs(config: RunConfig, hints: list[str], budgets: list[str], out_root:
     configs = [("fixed-1f1b", config.with_overrides(policy="fixed", hint=None))]
     configs += [(f"ready-{hint}@{budget}", config.with_overrides(policy="ready", hint=hint, memory_budget=budget))
                 for budget in budgets for hint in hints]
-    for _, job_config in configs:
-        validate_run(job_config)
     return [Job(name, job_config, str(out_root / name)) for name, job_config in configs]
 
 

@@ -24,8 +24,7 @@ import statistics
 import time
 from pathlib import Path
 
-from hints.errors import HintError
-from hints.orders import BUILTIN_HINTS, builtin_hint
+from hints.orders import BUILTIN_HINTS, applicable_builtins, builtin_hint
 from runtime.config import RunConfig
 from runtime.launch import launch
 from runtime.simulator import simulate
@@ -43,11 +42,7 @@ def jobs_for(args, out: Path) -> list[Job]:
                         str(out / f"overhead-{policy}")))
     varied = dict(base, emulate="multimodal", jitter=args.jitter)
     jobs.append(Job("fixed-1f1b", RunConfig(**varied, hint="1f1b", policy="fixed"), str(out / "fixed-1f1b")))
-    for hint in BUILTIN_HINTS:
-        try:
-            builtin_hint(hint, args.stages, 1, args.microbatches)
-        except HintError:
-            continue
+    for hint in applicable_builtins(args.stages, 1, args.microbatches):
         for budget in ("1f1b", "2x"):
             name = f"ready-{hint}@{budget}"
             jobs.append(Job(name, RunConfig(**varied, hint=hint, policy="ready", memory_budget=budget),

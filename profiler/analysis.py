@@ -32,7 +32,7 @@ from typing import Sequence
 import polars as pl
 
 from hints.errors import UserError
-from hints.orders import BUILTIN_HINTS, HintOrder, builtin_hint
+from hints.orders import HintOrder, applicable_builtins
 from hints.tasks import PipelineShape, Task
 from profiler.reader import TraceFrames
 from runtime.deps import prerequisites
@@ -388,14 +388,12 @@ def sensitivity(frames: TraceFrames, iteration: int | None = None) -> pl.DataFra
         table = realized_durations(frames, it)
         candidates: list[tuple[str, HintOrder, Sequence[str]]] = [
             ("(traced) " + meta.get("hint", ""), trace_hint(frames, it), (own_policy,))]
-        for name in BUILTIN_HINTS:
-            try:
-                candidates.append((name, builtin_hint(name, shape.ranks, shape.chunks, shape.microbatches,
-                                                      table.microbatch_costs), ("fixed", "ready")))
-            except UserError:
-                continue
+        builtins = applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, table.microbatch_costs)
+        candidates += [(name, hint, ("fixed", "ready")) for name, hint in builtins.items()]
         for name, hint, policies in candidates:
-            graph = graphs.setdefault(hint.shape.split_backward, TaskGraph.build(hint.shape))
+            if hint.shape.split_backward not in graphs:
+                graphs[hint.shape.split_backward] = TaskGraph.build(hint.shape)
+            graph = graphs[hint.shape.split_backward]
             for policy in policies:
                 result = simulate(hint, table, policy, budget, graph=graph)
                 results.setdefault((name, policy), []).append(result.makespan)

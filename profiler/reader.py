@@ -32,7 +32,7 @@ from typing import Any
 import polars as pl
 
 from hints.errors import UserError
-from profiler.schema import SCHEMA, decode_track_uuid
+from profiler.schema import SCHEMA, decode_track_uuid, rank_trace_files
 
 
 _META_TYPES = {"schema": str, "rank": int, "world": int, "stages": int, "chunks": int, "microbatches": int,
@@ -83,7 +83,7 @@ def locate_trace(path: str | Path) -> tuple[list[Path], str | None]:
     merged = path / "trace.pftrace"
     if merged.is_file():
         return [merged], None
-    ranks = sorted((path / "trace").glob("rank*.pftrace"), key=lambda p: int(p.stem[4:] or 0))
+    ranks = rank_trace_files(path)
     if ranks:
         return ranks, f"{path} was not merged (crashed run?): reading {len(ranks)} per-rank files"
     jobs = sorted(p.parent.name for p in path.glob("*/trace.pftrace")) + \

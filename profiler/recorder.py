@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from hints.tasks import Task
-from profiler.schema import COUNTERS, SCHEMA, flow_id, track_name, track_uuid
+from profiler.schema import COUNTERS, SCHEMA, flow_id, rank_trace_files, track_name, track_uuid
 
 _SENTINEL = object()
 
@@ -341,10 +341,6 @@ def merge_traces(paths: list[Path], out: Path) -> Path:
         for path in paths:
             merged.write(Path(path).read_bytes())
     return out
-
-
-def rank_trace_files(run: Path) -> list[Path]:
-    return sorted((Path(run) / "trace").glob("rank*.pftrace"), key=lambda p: int(p.stem[4:] or 0))
 
 
 def merge_run_traces(run: Path) -> Path | None:

@@ -47,6 +47,8 @@ events (see :mod:`profiler.recorder`); everything else from the host clock.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 SCHEMA = "rrfp-trace/1"
 
 TRACK_CODES = {
@@ -83,6 +85,11 @@ def track_name(kind: str, peer: int = 0) -> str:
     if kind == "recv":
         return f"recv <- {peer}"
     return kind
+
+
+def rank_trace_files(run: str | Path) -> list[Path]:
+    """A run's per-rank traces, ``<run>/trace/rank<r>.pftrace``, in rank order."""
+    return sorted((Path(run) / "trace").glob("rank*.pftrace"), key=lambda p: int(p.stem[4:] or 0))
 
 
 def flow_id(src: int, dst: int, sequence: int) -> int:

@@ -95,7 +95,6 @@ def _parse_delays(items: list[str]) -> dict[str, float]:
 
 def _run(config: RunConfig, compare: bool, out: Output) -> None:
     from runtime.launch import RunFailed, launch, under_torchrun
-    from runtime.plan import validate_run
     from runtime.worker import Job, WorkerOptions
 
     root = Path(config.out or _default_out(config))
@@ -107,11 +106,7 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
         jobs.append(Job(_job_name(config), config, str(root / _job_name(config)), recorder=recorder))
     else:
         jobs.append(Job(_job_name(config), config, str(root), recorder=recorder))
-    for job in jobs:
-        validate_run(job.config)  # bad hint / shape / budget: one error, before any rank starts
-    root.mkdir(parents=True, exist_ok=True)
     options = WorkerOptions(out_root=str(root), show_progress=not out.json_mode, timeout=config.timeout)
-    out.note(f"run directory: {root}")
     began = time.perf_counter()
     try:
         results = launch(jobs, options, config.nproc or config.world_size)

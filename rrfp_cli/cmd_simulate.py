@@ -11,7 +11,7 @@ from rich.table import Table
 
 from hints.errors import UserError
 from hints.hintfile import TORCH_PREFIX, resolve_hint
-from hints.orders import BUILTIN_HINTS, HintOrder, applicable_builtins, baseline_hint_name
+from hints.orders import BUILTIN_HINTS, applicable_builtins, baseline_hint_name
 from rrfp_cli.options import (
     BackwardRatio,
     Chunks,
@@ -113,7 +113,9 @@ def simulate(
     rows = []
     with out.progress("simulating", total=2 * len(hints)) as advance:
         for name, order in hints.items():
-            graph = graphs.setdefault(order.shape.split_backward, TaskGraph.build(order.shape))
+            if order.shape.split_backward not in graphs:  # one compiled graph per shape, not per hint
+                graphs[order.shape.split_backward] = TaskGraph.build(order.shape)
+            graph = graphs[order.shape.split_backward]
             for pol in (Policy.FIXED, Policy.READY):
                 result = run_simulation(order, table, pol, budget, graph=graph)
                 rows.append({"hint": name, "policy": str(pol), "makespan": result.makespan,

@@ -95,8 +95,6 @@ def bubbles_command(
     json_mode: JsonFlag = False,
 ) -> None:
     """Per rank: utilization and idle time split into fill, drain, dependency wait, misalignment, overhead."""
-    import polars as pl
-
     from profiler.analysis import BUBBLE_COLUMNS, bubble_totals, bubbles
 
     out = Output(json_mode)
@@ -277,7 +275,8 @@ def merge_command(
 ) -> None:
     """Merge per-rank traces into one (rrfp run does this itself unless it crashed)."""
     from hints.errors import UserError
-    from profiler.recorder import merge_traces, rank_trace_files
+    from profiler.recorder import merge_traces
+    from profiler.schema import rank_trace_files
 
     files = rank_trace_files(run)
     if not files:

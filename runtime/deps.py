@@ -150,6 +150,11 @@ class TaskGraph:
         return [(stage % p) * per_rank + (stage // p) * per_chunk + slot[kind] * m + mb
                 for stage, kind, mb in tasks]
 
+    def links(self) -> set[tuple[int, int]]:
+        """Directed ``(producer rank, consumer rank)`` pairs that carry messages in this shape."""
+        rank = self.rank
+        return {(rank[t], rank[c]) for t, consumers in enumerate(self.remote_consumers) for c in consumers}
+
     def consumers(self, tid: int) -> tuple[int, ...]:
         return self.local_consumers[tid] + self.remote_consumers[tid]
 

@@ -47,7 +47,15 @@ def free_port() -> int:
 
 
 def launch(jobs: list[Job], options: WorkerOptions, nproc: int) -> dict[int, Any]:
-    """Run ``jobs`` on ``nproc`` ranks; returns each local rank's results."""
+    """Run ``jobs`` on ``nproc`` ranks; returns each local rank's results.
+
+    Every job is validated first (:func:`runtime.plan.validate_run`), so bad input fails here with one
+    ``UserError`` before any rank starts.
+    """
+    from runtime.plan import validate_run
+
+    for job in jobs:
+        validate_run(job.config)
     if under_torchrun():
         return {int(os.environ["RANK"]): worker_main(jobs, options)}
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")

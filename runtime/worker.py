@@ -91,7 +91,7 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
             ctx.control_group = dist.new_group(backend="gloo")
         ctx.clock_offset_ns, ctx.clock_error_ns = measure_clock_offset(rank, world, group=ctx.control_group)
-        links = pipeline_links([pair for job in jobs for pair in _rank_pairs(job.config)])
+        links = pipeline_links([pair for job in jobs for pair in _job_graph(job.config).links()])
         ctx.transport = Transport(rank, links, device, options.timeout, latency=None)
         ctx.transport.start(timeout=options.timeout)
         dist.barrier()
@@ -112,15 +112,12 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
             dist.destroy_process_group()
 
 
-def _rank_pairs(config) -> list[tuple[int, int]]:
-    """(producer rank, consumer rank) of every cross-stage message of this shape."""
-    stages = config.stages * config.chunks
-    pairs = []
-    for stage in range(stages):
-        if stage + 1 < stages:
-            pairs.append((stage % config.stages, (stage + 1) % config.stages))  # activation
-            pairs.append(((stage + 1) % config.stages, stage % config.stages))  # gradient
-    return pairs
+def _job_graph(config):
+    """The dependency graph of a job's shape (the links come from it, as every message does)."""
+    from runtime.deps import TaskGraph
+    from runtime.plan import run_shape
+
+    return TaskGraph.build(run_shape(config))
 
 
 def _device_and_backend(config, local_rank: int, world: int):
@@ -154,20 +151,20 @@ def _redirect_output(rank: int, out_root: Path) -> None:
 
 
 def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watchdog") -> dict[str, Any]:
-    from hints.tasks import PipelineShape
     from runtime.arbiter import MemoryBudget, make_arbiter
     from runtime.deps import TaskGraph
     from runtime.executor import StageExecutor
-    from runtime.plan import HintPlan, validate_run
+    from runtime.plan import HintPlan, run_shape
     from runtime.recording import ListRecorder, NullRecorder, RecorderSetup, load_recorder_class
     from runtime.workloads import make_optimizer, make_workload
 
     config = job.config
     out_dir = Path(job.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    shape = validate_run(config).shape
-    workload = make_workload(config, PipelineShape(config.stages, config.chunks, config.microbatches), ctx.device)
+    # The launcher validated the job (hint, budget, completion) before any rank started.
+    workload = make_workload(config, run_shape(config), ctx.device)
     plan = HintPlan(config, workload)
+    shape = plan.for_iteration(0).shape  # the hint decides whether backwards are split
     graph = TaskGraph.build(shape)
     budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if config.policy == "ready" else None
     modules = {stage: workload.build_stage(stage).to(ctx.device) for stage in shape.stages_of_rank(ctx.rank)}
@@ -429,7 +426,7 @@ class _ProgressBar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-        self.progress = Progress(TextColumn(f"[bold]{job.name}"), BarColumn(), MofNCompleteColumn(),
+        self.progress = Progress(TextColumn(f"[bold]{job.name}[/] -> {job.out_dir}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
                                  console=Console(stderr=True), transient=True)
         self.progress.start()

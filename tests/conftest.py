@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 from hypothesis import settings
 
@@ -31,6 +36,21 @@ def hint_from_text(orders: list[list[str]], name: str = "hand-made", split: bool
     mbs = max(t.microbatch for o in parsed for t in o) + 1
     shape = PipelineShape(ranks, stages // ranks, mbs, split)
     return HintOrder(shape, tuple(tuple(o) for o in parsed), name)
+
+
+REPO = Path(__file__).resolve().parents[1]
+# Variables that would make a child `rrfp run` believe it is one rank of a torchrun job, or show tracebacks.
+_INHERITED = ("RRFP_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+
+
+def run_rrfp(cwd: Path, *args: str, timeout: float = 180, python_flags: tuple[str, ...] = (),
+             module: tuple[str, ...] = ("-m", "rrfp_cli")) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess, as a user would: real exit codes, stdout and stderr."""
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["COLUMNS"] = "200"  # tables and grids laid out the same whatever the terminal
+    return subprocess.run([sys.executable, *python_flags, *module, *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout)
 
 
 @pytest.fixture

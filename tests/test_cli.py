@@ -9,27 +9,19 @@ environment so a developer's shell setting cannot change that.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from hints.orders import BUILTIN_HINTS, applicable_builtins
+from tests.conftest import run_rrfp
 
-REPO = Path(__file__).resolve().parents[1]
 TIMEOUT = 60
 
 
 def rrfp(cwd: Path, *args: str, python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RRFP_DEBUG"}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["COLUMNS"] = "200"  # one grid block per rank row, whatever the terminal
-    return subprocess.run(
-        [sys.executable, *python_flags, "-m", "rrfp_cli", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT,
-    )
+    return run_rrfp(cwd, *args, timeout=TIMEOUT, python_flags=python_flags)
 
 
 def ok(cwd: Path, *args: str) -> subprocess.CompletedProcess:

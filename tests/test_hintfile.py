@@ -26,7 +26,7 @@ from hints.hintfile import (
     save_hint,
     save_torch_csv,
 )
-from hints.orders import BUILTIN_HINTS, builtin_hint
+from hints.orders import BUILTIN_HINTS, applicable_builtins, builtin_hint
 from hints.tasks import PipelineShape, Task
 
 # (ranks, chunks, microbatches); 1f1b only fits the first, interleaved-1f1b only the second.
@@ -39,15 +39,8 @@ requires_torch = pytest.mark.skipif(
 
 def _fitting_builtins():
     """(name, shape) pairs where the built-in can be generated for the shape."""
-    pairs = []
-    for shape in ROUND_TRIP_SHAPES:
-        for name in BUILTIN_HINTS:
-            try:
-                builtin_hint(name, *shape)
-            except HintError:
-                continue
-            pairs.append(pytest.param(name, shape, id=f"{name}-p{shape[0]}v{shape[1]}m{shape[2]}"))
-    return pairs
+    return [pytest.param(name, shape, id=f"{name}-p{shape[0]}v{shape[1]}m{shape[2]}")
+            for shape in ROUND_TRIP_SHAPES for name in applicable_builtins(*shape)]
 
 
 def _write_json(path: Path, data) -> Path:

@@ -13,23 +13,12 @@ import random
 import pytest
 from hypothesis import given, strategies as st
 
-from hints.errors import HintError, UserError
-from hints.orders import BUILTIN_HINTS, HintOrder, builtin_hint
+from hints.errors import UserError
+from hints.orders import HintOrder, applicable_builtins, builtin_hint
 from hints.tasks import PipelineShape
 from runtime.arbiter import MemoryBudget
 from runtime.deps import TaskGraph, prerequisites
 from runtime.simulator import ScheduleDeadlock, simulate
-
-
-def buildable(p, v, m):
-    names = []
-    for name in BUILTIN_HINTS:
-        try:
-            builtin_hint(name, p, v, m)
-        except HintError:
-            continue
-        names.append(name)
-    return names
 
 
 def random_durations(graph: TaskGraph, seed: int, latency: float):
@@ -93,7 +82,7 @@ def scenarios(draw):
     p = draw(st.integers(1, 5))
     v = draw(st.integers(1, 3))
     m = draw(st.integers(1, 8))
-    name = draw(st.sampled_from(buildable(p, v, m)))
+    name = draw(st.sampled_from(list(applicable_builtins(p, v, m))))
     seed = draw(st.integers(0, 2**20))
     latency = draw(st.sampled_from([0.0, 0.0, 0.2, 1.0]))
     budget = draw(st.one_of(st.sampled_from(["1f1b", "2x", "1.5x"]), st.integers(v, v * m + 2).map(str)))

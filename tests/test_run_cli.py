@@ -3,24 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import polars as pl
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def rrfp(cwd: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("RRFP_DEBUG", "RANK", "WORLD_SIZE")}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "rrfp_cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
+from tests.conftest import run_rrfp
 
 def spawned_workers() -> set[int]:
     out = subprocess.run(["pgrep", "-f", "multiprocessing.spawn"], capture_output=True, text=True).stdout
@@ -36,7 +25,7 @@ def one_error_line(result: subprocess.CompletedProcess) -> str:
 
 
 def test_run_writes_config_metrics_and_rank_logs(tmp_path):
-    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "3",
+    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "3",
                   "--out", "r", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -54,7 +43,7 @@ def test_run_writes_config_metrics_and_rank_logs(tmp_path):
 
 
 def test_compare_runs_fixed_then_ready(tmp_path):
-    result = rrfp(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters", "2",
+    result = run_rrfp(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters", "2",
                   "--forward-time", "0.004", "--hint", "zb", "--memory-budget", "2x", "--compare", "--out", "c",
                   "--json")
     assert result.returncode == 0, result.stderr
@@ -66,7 +55,7 @@ def test_compare_runs_fixed_then_ready(tmp_path):
 
 
 def test_human_output_has_a_summary(tmp_path):
-    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
+    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
                   "--out", "h")
     assert result.returncode == 0, result.stderr
     assert "ready-1f1b@1f1b" in result.stdout and "tokens/s" in result.stdout
@@ -75,7 +64,7 @@ def test_human_output_has_a_summary(tmp_path):
 def test_config_file_and_flags_win(tmp_path):
     (tmp_path / "run.toml").write_text('workload = "gpt"\nstages = 2\nmicrobatches = 4\niters = 1\n'
                                        'memory-budget = "2x"\npolicy = "fixed"\n')
-    result = rrfp(tmp_path, "run", "--config", "run.toml", "--policy", "ready", "--out", "t", "--json")
+    result = run_rrfp(tmp_path, "run", "--config", "run.toml", "--policy", "ready", "--out", "t", "--json")
     assert result.returncode == 0, result.stderr
     config = json.loads((tmp_path / "t" / "config.json").read_text())
     assert config["policy"] == "ready" and config["memory_budget"] == "2x" and config["iters"] == 1
@@ -92,7 +81,7 @@ def test_config_file_and_flags_win(tmp_path):
 ])
 def test_bad_input_fails_before_any_rank_starts(tmp_path, args, message):
     began = time.monotonic()
-    line = one_error_line(rrfp(tmp_path, "run", "--stages", "2", *args, "--out", "x"))
+    line = one_error_line(run_rrfp(tmp_path, "run", "--stages", "2", *args, "--out", "x"))
     assert message in line
     assert time.monotonic() - began < 20
     assert not (tmp_path / "x").exists()  # nothing started, nothing written
@@ -100,22 +89,22 @@ def test_bad_input_fails_before_any_rank_starts(tmp_path, args, message):
 
 def test_bad_config_file(tmp_path):
     (tmp_path / "bad.toml").write_text('stages = 2\nmicro-batches = 4\n')
-    line = one_error_line(rrfp(tmp_path, "run", "--config", "bad.toml"))
+    line = one_error_line(run_rrfp(tmp_path, "run", "--config", "bad.toml"))
     assert "unknown key 'micro-batches'; did you mean 'microbatches'?" in line
     (tmp_path / "worse.toml").write_text('stages = \n')
-    assert "not valid TOML" in one_error_line(rrfp(tmp_path, "run", "--config", "worse.toml"))
+    assert "not valid TOML" in one_error_line(run_rrfp(tmp_path, "run", "--config", "worse.toml"))
 
 
 def test_hint_file_of_another_shape(tmp_path):
-    assert rrfp(tmp_path, "hints", "export", "1f1b", "-p", "2", "-m", "8", "--out", "h.json").returncode == 0
-    line = one_error_line(rrfp(tmp_path, "run", "--stages", "2", "--microbatches", "4", "--hint", "h.json"))
+    assert run_rrfp(tmp_path, "hints", "export", "1f1b", "-p", "2", "-m", "8", "--out", "h.json").returncode == 0
+    line = one_error_line(run_rrfp(tmp_path, "run", "--stages", "2", "--microbatches", "4", "--hint", "h.json"))
     assert "the file is for microbatches 8 but --microbatches 4 was asked" in line
 
 
 def test_a_failing_rank_stops_everyone_and_is_named(tmp_path):
     before = spawned_workers()
     began = time.monotonic()
-    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
+    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
                   "--fail-at", "1F2", "--out", "f")
     assert result.returncode == 1
     assert "error: run failed: rank 1 in task 1F2" in result.stderr
@@ -129,7 +118,7 @@ def test_a_failing_rank_stops_everyone_and_is_named(tmp_path):
 def test_a_hanging_rank_is_reported_by_the_watchdog(tmp_path):
     before = spawned_workers()
     began = time.monotonic()
-    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
+    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
                   "--hang-at", "1B1", "--timeout", "2", "--out", "h")
     assert result.returncode == 1
     assert "rank 1 in task 1B1" in result.stderr and "stalled: no progress" in result.stderr
@@ -143,14 +132,11 @@ def test_a_hanging_rank_is_reported_by_the_watchdog(tmp_path):
 
 
 def test_joins_a_torchrun_job(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in ("RRFP_DEBUG", "RANK", "WORLD_SIZE")}
-    env["PYTHONPATH"] = str(ROOT)
-    port = __import__("runtime.launch", fromlist=["free_port"]).free_port()
-    done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port", str(port),
-         "-m", "rrfp_cli", "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
-         "--out", "tr", "--json"],
-        cwd=tmp_path, capture_output=True, text=True, timeout=180, env=env)
+    from runtime.launch import free_port
+
+    done = run_rrfp(tmp_path, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "rrfp_cli", "run",
+                    "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2", "--out", "tr",
+                    "--json", module=("-m", "torch.distributed.run"))
     assert done.returncode == 0, done.stderr[-2000:]
     data = json.loads(done.stdout)  # only rank 0 reports
     assert data["jobs"][0]["iterations"] == 2

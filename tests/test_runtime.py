@@ -15,8 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from hints.errors import HintError
-from hints.orders import BUILTIN_HINTS, builtin_hint
+from hints.orders import applicable_builtins, builtin_hint
 from runtime.config import RunConfig
 from runtime.plan import run_shape
 from runtime.workloads import reference_train
@@ -29,11 +28,7 @@ def matrix(stages: int, microbatches: int) -> list[dict]:
     jobs = []
     for workload in ("gpt", "multimodal"):
         for chunks in (1, 2):
-            for hint in BUILTIN_HINTS:
-                try:
-                    builtin_hint(hint, stages, chunks, microbatches)
-                except HintError:
-                    continue
+            for hint in applicable_builtins(stages, chunks, microbatches):
                 for policy in ("fixed", "ready"):
                     config = dict(workload=workload, stages=stages, chunks=chunks, microbatches=microbatches,
                                   hint=hint, policy=policy, iters=ITERS, seed=stages)

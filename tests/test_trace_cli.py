@@ -3,31 +3,19 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from profiler.reader import read_trace
-
-ROOT = Path(__file__).resolve().parent.parent
-
-
-def rrfp(cwd: Path, *args: str, timeout: float = 180) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k != "RRFP_DEBUG"}
-    env["PYTHONPATH"] = str(ROOT)
-    return subprocess.run([sys.executable, "-m", "rrfp_cli", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=timeout, env=env)
-
+from tests.conftest import run_rrfp
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     """One --compare run: fixed 1f1b and ready zb@2x on the emulated multimodal model, 3 ranks."""
     root = tmp_path_factory.mktemp("traced")
-    result = rrfp(root, "run", "--workload", "emulated", "--stages", "3", "--microbatches", "6", "--iters", "3",
+    result = run_rrfp(root, "run", "--workload", "emulated", "--stages", "3", "--microbatches", "6", "--iters", "3",
                   "--forward-time", "0.004", "--hint", "zb", "--memory-budget", "2x", "--compare",
                   "--trace-iters", "1:", "--out", "c", "--json")
     assert result.returncode == 0, result.stderr
@@ -52,9 +40,9 @@ def test_run_leaves_a_merged_trace_of_the_window(runs):
                                      "decisions"])
 def test_every_analysis_answers(runs, command):
     root, fixed, _ = runs
-    human = rrfp(root, "trace", command, str(fixed))
+    human = run_rrfp(root, "trace", command, str(fixed))
     assert human.returncode == 0, human.stderr
-    machine = rrfp(root, "trace", command, str(fixed), "--json")
+    machine = run_rrfp(root, "trace", command, str(fixed), "--json")
     assert machine.returncode == 0, machine.stderr
     json.loads(machine.stdout)
 
@@ -63,7 +51,7 @@ def test_bubbles_show_the_misalignment_ready_recovers(runs):
     root, fixed, ready = runs
 
     def misalignment(run):
-        rows = json.loads(rrfp(root, "trace", "bubbles", str(run), "--json").stdout)
+        rows = json.loads(run_rrfp(root, "trace", "bubbles", str(run), "--json").stdout)
         total = next(r for r in rows if r["rank"] == "all")
         return total["misalignment_ns"] / total["makespan_ns"]
 
@@ -72,7 +60,7 @@ def test_bubbles_show_the_misalignment_ready_recovers(runs):
 
 def test_sensitivity_replays_the_traced_hint_close_to_what_ran(runs):
     root, fixed, _ = runs
-    data = json.loads(rrfp(root, "trace", "sensitivity", str(fixed), "--json").stdout)
+    data = json.loads(run_rrfp(root, "trace", "sensitivity", str(fixed), "--json").stdout)
     traced = data["rows"][0]
     assert traced["hint"] == "(traced) 1f1b" and traced["policy"] == "fixed"
     assert traced["makespan_s"] == pytest.approx(traced["measured_makespan_s"], rel=0.25)
@@ -81,34 +69,34 @@ def test_sensitivity_replays_the_traced_hint_close_to_what_ran(runs):
 
 def test_compare_export_timeline(runs, tmp_path):
     root, fixed, ready = runs
-    data = json.loads(rrfp(root, "trace", "compare", str(fixed), str(ready), "--json").stdout)
+    data = json.loads(run_rrfp(root, "trace", "compare", str(fixed), str(ready), "--json").stdout)
     assert [row["run"] for row in data] == ["A", "B"]
-    assert rrfp(root, "trace", "export", str(ready), "--parquet", str(tmp_path / "pq")).returncode == 0
+    assert run_rrfp(root, "trace", "export", str(ready), "--parquet", str(tmp_path / "pq")).returncode == 0
     assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
         "counters.parquet", "decisions.parquet", "iterations.parquet", "meta.json", "tasks.parquet",
         "transfers.parquet"]
     png = tmp_path / "t.png"
-    assert rrfp(root, "trace", "timeline", str(ready), "--png", str(png)).returncode == 0
+    assert run_rrfp(root, "trace", "timeline", str(ready), "--png", str(png)).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_decisions_filters(runs):
     root, _, ready = runs
-    data = json.loads(rrfp(root, "trace", "decisions", str(ready), "--rank", "0", "--iteration", "2", "--json",
+    data = json.loads(run_rrfp(root, "trace", "decisions", str(ready), "--rank", "0", "--iteration", "2", "--json",
                            "--limit", "1000").stdout)
     assert data["total"] == 6 * 3 and all(d["rank"] == 0 and d["iteration"] == 2 for d in data["decisions"])
 
 
 def test_crashed_run_keeps_finished_iterations_and_merges(tmp_path):
-    result = rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "3",
+    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "3",
                   "--fail-at", "1B2@2", "--out", "crash")
     assert result.returncode == 1
     run = tmp_path / "crash"
     assert not (run / "trace.pftrace").exists()
-    summary = rrfp(tmp_path, "trace", "summary", str(run), "--json")
+    summary = run_rrfp(tmp_path, "trace", "summary", str(run), "--json")
     assert summary.returncode == 0, summary.stderr
     assert any("not merged" in w for w in json.loads(summary.stdout)["warnings"])
-    merged = rrfp(tmp_path, "trace", "merge", str(run))
+    merged = run_rrfp(tmp_path, "trace", "merge", str(run))
     assert merged.returncode == 0 and (run / "trace.pftrace").exists()
     frames = read_trace(run)
     assert sorted(frames.tasks.get_column("iteration").unique().to_list()) == [0, 1]  # the finished ones
@@ -120,7 +108,7 @@ def test_crashed_run_keeps_finished_iterations_and_merges(tmp_path):
     (lambda d: (d / "x.pftrace").write_bytes(b"\x08\x01garbage") and d / "x.pftrace", "not a Perfetto trace"),
 ])
 def test_bad_trace_input_is_one_line(tmp_path, make, message):
-    result = rrfp(tmp_path, "trace", "summary", str(make(tmp_path)))
+    result = run_rrfp(tmp_path, "trace", "summary", str(make(tmp_path)))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]

@@ -9,8 +9,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from hints.errors import HintError
-from hints.orders import BUILTIN_HINTS, builtin_hint
+from hints.orders import applicable_builtins, builtin_hint
 from runtime.simulator import simulate
 from runtime.variability import VariabilityModel, sample_durations
 
@@ -26,11 +25,7 @@ SIM_CASES = [
 def builtin_orders() -> dict:
     golden = {}
     for p, v, m in ORDER_SHAPES:
-        for name in BUILTIN_HINTS:
-            try:
-                hint = builtin_hint(name, p, v, m)
-            except HintError:
-                continue
+        for name, hint in applicable_builtins(p, v, m).items():
             golden[f"{name} p={p} v={v} m={m}"] = [" ".join(o) for o in hint.text_orders()]
     return golden
 
@@ -40,11 +35,7 @@ def sim_makespans() -> dict:
     for workload, p, v, m, jitter, latency in SIM_CASES:
         model = VariabilityModel(workload=workload, jitter=jitter, comm_latency=latency)
         table = sample_durations(model, builtin_hint("gpipe", p, v, m).shape, seed=7)
-        for name in BUILTIN_HINTS:
-            try:
-                hint = builtin_hint(name, p, v, m, table.microbatch_costs)
-            except HintError:
-                continue
+        for name, hint in applicable_builtins(p, v, m, table.microbatch_costs).items():
             for policy in ("fixed", "ready"):
                 result = simulate(hint, table, policy)
                 golden[f"{workload} p={p} v={v} m={m} {name} {policy}"] = {
