@@ -26,9 +26,9 @@ from pathlib import Path
 
 from hints.orders import BUILTIN_HINTS, applicable_builtins, builtin_hint
 from runtime.config import RunConfig
+from runtime.duration_tables import load_durations
 from runtime.launch import launch
 from runtime.simulator import simulate
-from runtime.variability import load_durations
 from runtime.worker import Job, WorkerOptions
 
 

@@ -235,20 +235,112 @@ def compare_command(
 @app.command("export")
 def export_command(
     run: RunArg,
-    parquet: Annotated[Path, typer.Option("--parquet", help="Directory for the frames as Parquet files.")],
+    parquet: Annotated[Optional[Path], typer.Option(
+        "--parquet", help="Directory for the frames as Parquet files (tasks, decisions, transfers, counters, "
+        "iterations) plus meta.json.")] = None,
+    durations: Annotated[Optional[Path], typer.Option(
+        "--durations", help="Write the realized task durations and message latencies of the complete "
+        "iterations as a duration table (.csv, .parquet or .pq) that `rrfp simulate --durations` replays.")] = None,
+    iterations: Annotated[Optional[str], typer.Option(
+        "--iterations", help="A:B: only iterations A..B-1 into --durations (either side may be left out; "
+        "default all complete ones). Iteration 0 includes start-up: --iterations 1: leaves it out.")] = None,
     json_mode: JsonFlag = False,
 ) -> None:
-    """Write the trace's frames (tasks, decisions, transfers, counters, iterations) as Parquet, plus meta.json."""
+    """Write the trace's frames as Parquet (--parquet), its realized durations as a table (--durations), or both."""
+    from hints.errors import UserError
+
+    if parquet is None and durations is None:
+        raise UserError("give --parquet DIR, --durations FILE, or both", "rrfp trace export")
+    if iterations is not None and durations is None:
+        raise UserError("applies to --durations only", "--iterations")
+    window = _iteration_window(iterations)
+    if durations is not None:
+        from runtime.duration_tables import check_destination
+
+        check_destination(durations)  # before reading the trace: a bad path fails fast
     out = Output(json_mode)
     frames = _load(run, out)
-    parquet.mkdir(parents=True, exist_ok=True)
-    written = []
-    for name, frame in frames.frames().items():
-        frame.write_parquet(parquet / f"{name}.parquet")
-        written.append(str(parquet / f"{name}.parquet"))
-    (parquet / "meta.json").write_text(json.dumps(frames.meta, indent=1))
-    written.append(str(parquet / "meta.json"))
-    out.result({"written": written}, lambda console: console.print("wrote " + ", ".join(written)))
+    data: dict = {"written": []}
+    if parquet is not None:
+        parquet.mkdir(parents=True, exist_ok=True)
+        for name, frame in frames.frames().items():
+            frame.write_parquet(parquet / f"{name}.parquet")
+            data["written"].append(str(parquet / f"{name}.parquet"))
+        (parquet / "meta.json").write_text(json.dumps(frames.meta, indent=1))
+        data["written"].append(str(parquet / "meta.json"))
+    if durations is not None:
+        data["durations"] = _export_durations(frames, durations, window)
+        data["written"].append(str(durations))
+
+    def render(console: Console) -> None:
+        frame_files = [w for w in data["written"] if w != str(durations)]
+        if frame_files:
+            console.print("wrote " + ", ".join(frame_files), markup=False)
+        table = data.get("durations")
+        if table:
+            its = table["iterations"]
+            console.print(f"wrote {table['file']}: {table['task_rows']} task rows of {len(its)} iteration"
+                          f"{'s' if len(its) != 1 else ''} ({_ranges(its)}); latencies: {table['latencies_measured']} "
+                          f"measured, {table['latencies_filled']} filled with the iteration's median",
+                          markup=False)
+            console.print(f"replay one: {table['replay']}", markup=False, soft_wrap=True)  # one line to copy
+
+    out.result(data, render)
+
+
+def _iteration_window(spec: str | None) -> tuple[int, int | None]:
+    """``--iterations A:B`` as ``(A, B)``; ``B`` None means to the end."""
+    from hints.errors import UserError
+
+    if spec is None:
+        return 0, None
+    first, colon, last = spec.partition(":")
+    try:
+        start = int(first) if first.strip() else 0
+        stop = int(last) if last.strip() else None
+    except ValueError:
+        start = stop = -1
+    if not colon or start < 0 or (stop is not None and stop <= start):
+        raise UserError(f"{spec!r} is not A:B with 0 <= A < B (either may be left out)", "--iterations")
+    return start, stop
+
+
+def _export_durations(frames, path: Path, window: tuple[int, int | None]) -> dict:
+    import shlex
+
+    from hints.errors import UserError
+    from profiler.analysis import pipeline_shape, realized_iterations
+    from runtime.duration_tables import write_durations
+
+    start, stop = window
+    complete = realized_iterations(frames)  # every complete iteration; the window picks among them
+    realized = [r for r in complete if r.iteration >= start and (stop is None or r.iteration < stop)]
+    if not realized:
+        raise UserError(f"no complete iteration in {start}:{'' if stop is None else stop} "
+                        f"(complete: {_ranges([r.iteration for r in complete])})", "--iterations")
+    rows = write_durations(path, [(r.iteration, r.durations) for r in realized])
+    shape = pipeline_shape(frames)
+    meta = next(iter(frames.meta.values()))
+    replay = ["rrfp", "simulate", "--durations", str(path), "--durations-iteration", str(realized[0].iteration),
+              "--stages", str(shape.ranks), "--chunks", str(shape.chunks), "--microbatches", str(shape.microbatches),
+              "--hint", str(meta.get("hint")), "--policy", str(meta.get("policy"))]
+    if meta.get("policy") == "ready":
+        replay += ["--memory-budget", str(meta.get("memory_budget"))]
+    return {"file": str(path), "iterations": [r.iteration for r in realized], "task_rows": rows,
+            "latencies_measured": sum(len(r.measured) for r in realized),
+            "latencies_filled": sum(len(r.filled) for r in realized),
+            "replay": shlex.join(replay)}
+
+
+def _ranges(values: list[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``1..3, 7``."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)
 
 
 @app.command("timeline")

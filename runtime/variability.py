@@ -46,7 +46,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, fields
-from pathlib import Path
+from typing import Callable
 
 from hints.errors import UserError
 from hints.tasks import B, F, I, PipelineShape
@@ -193,6 +193,8 @@ class Durations:
     weight_grad: list[list[float]] | None = None
     source: str = "model"
     specs: list[MicrobatchSpec] = field(default_factory=list)
+    # See expected(): the expectation, a function computing it (sampled tables), or None (recorded).
+    expectation: "Durations | Callable[[], Durations] | None" = field(default=None, repr=False)
 
     def for_graph(self, graph: TaskGraph) -> tuple[list[float], list[float]]:
         """Per task id: compute seconds, and the latency of the message it sends (0 if none).
@@ -225,8 +227,66 @@ class Durations:
                 compute[tid] = (self.weight_grad[stage][mb] if self.weight_grad else self.backward[stage][mb] / 2)
         return compute, transfer
 
+    def expected(self) -> "Durations":
+        """What a scheduler may know before the iteration runs: expected durations and latencies.
+
+        [Note: expected durations] For a table sampled from a model, the
+        model's expectation: each task's cost from what the microbatch holds
+        (sequence length, image count: known before the iteration starts, as
+        ``bfw`` uses them) times the mean of the noise (jitter is mean-one,
+        stragglers add ``prob * (slowdown - 1)``), and the mean latency. For a
+        recorded table, the mean per (stage, kind) over its microbatches and
+        the mean latency per (stage, direction). Never the sampled or
+        recorded value of the task itself: rules and hints that use
+        expectations (lookahead, ``cp``, ``bfw``) get no oracle. (A recorded
+        table says nothing of what each microbatch held, so its expected
+        per-microbatch costs are all equal.)
+        """
+        if self.expectation is None:
+            self.expectation = self._means()
+        elif callable(self.expectation):
+            self.expectation = self.expectation()
+        return self.expectation
+
+    def _means(self) -> "Durations":
+        m = self.microbatches
+
+        def flat(rows):
+            return [[sum(row) / m] * m for row in rows]
+
+        # Per-microbatch costs of a recorded table are recorded values too: without a model of what
+        # each microbatch holds, every microbatch is expected to cost the same.
+        return Durations(
+            self.stages, m, flat(self.forward), flat(self.backward), flat(self.send_forward),
+            flat(self.send_backward), [1.0] * m,
+            input_grad=flat(self.input_grad) if self.input_grad else None,
+            weight_grad=flat(self.weight_grad) if self.weight_grad else None,
+            source=f"mean per (stage, kind) of {self.source}",
+        )
+
     def total_compute(self) -> float:
         return sum(map(sum, self.forward)) + sum(map(sum, self.backward))
+
+
+def expected_durations(model: VariabilityModel, shape: PipelineShape, specs: list[MicrobatchSpec],
+                       source: str = "") -> Durations:
+    """The model's expectation for microbatches holding ``specs`` ([Note: expected durations]).
+
+    Each task costs what its microbatch's contents make it cost, times the
+    mean of the noise; each transfer the mean latency. This is what a
+    scheduler may know before the iteration runs (``bfw``, ``cp``, lookahead).
+    """
+    stages, m = shape.stages, shape.microbatches
+    per_stage = model.forward_time / shape.chunks
+    costs = [[stage_cost(model, spec, k, stages) for spec in specs] for k in range(stages)]
+    noise_mean = 1.0 + model.straggler_prob * (model.straggler_slowdown - 1.0)  # jitter is mean-one
+    forward = [[per_stage * costs[k][i] * noise_mean for i in range(m)] for k in range(stages)]
+    backward = [[model.backward_ratio * value for value in row] for row in forward]
+    estimated = [sum(costs[k][i] for k in range(stages)) for i in range(m)]
+    return Durations(stages, m, forward, backward,
+                     [[model.comm_latency if k < stages - 1 else 0.0] * m for k in range(stages)],
+                     [[model.comm_latency if k > 0 else 0.0] * m for k in range(stages)],
+                     estimated, source=source or f"expectation of the {model.workload} model", specs=specs)
 
 
 def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -> Durations:
@@ -258,96 +318,6 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
     send_backward = [[latency() if k > 0 else 0.0 for _ in range(m)] for k in range(stages)]
     estimated = [sum(costs[k][i] for k in range(stages)) for i in range(m)]
     return Durations(stages, m, forward, backward, send_forward, send_backward, estimated,
-                     source=f"{model.workload} model, seed {seed}", specs=specs)
-
-
-# -- recorded durations -----------------------------------------------------
-
-_COLUMNS = ("stage", "kind", "microbatch", "duration")
-
-
-def load_durations(path: str | Path, stages: int, microbatches: int, comm_latency: float = 0.0,
-                   iteration: int | None = None) -> Durations:
-    """Read a CSV or Parquet table with columns ``stage,kind,microbatch,duration`` (seconds).
-
-    Every ``F`` and ``B`` (or ``I`` and ``W``) of ``stages`` x ``microbatches``
-    must be present exactly once; transfers take ``comm_latency``. A table
-    with an ``iteration`` column (``rrfp run`` writes one for emulated runs)
-    holds several iterations: ``iteration`` picks one (default: the first).
-    """
-    import polars as pl  # only this path needs polars
-
-    where = str(path)
-    path = Path(path)
-    if not path.exists():
-        raise UserError("no such file", where)
-    try:
-        if path.suffix.lower() in (".parquet", ".pq"):
-            frame = pl.read_parquet(path)
-        else:
-            frame = pl.read_csv(path, infer_schema_length=10000)
-    except Exception as err:  # polars raises several error types for unreadable files
-        raise UserError(f"cannot read as {'Parquet' if path.suffix.lower() in ('.parquet', '.pq') else 'CSV'}: "
-                        f"{str(err).splitlines()[0]}", where) from None
-    missing = [c for c in _COLUMNS if c not in frame.columns]
-    if missing:
-        raise UserError(f"missing column {missing[0]!r} (needs {', '.join(_COLUMNS)})", where)
-    if "iteration" in frame.columns:
-        present = sorted(frame.get_column("iteration").unique().to_list())
-        chosen = present[0] if iteration is None else iteration
-        if chosen not in present:
-            raise UserError(f"no iteration {chosen} (the table has {present[0]}..{present[-1]})", where)
-        frame = frame.filter(pl.col("iteration") == chosen)
-        where = f"{where} (iteration {chosen})"
-    elif iteration is not None:
-        raise UserError("has no iteration column, so --durations-iteration does not apply", where)
-    table: dict[str, list[list[float | None]]] = {k: [[None] * microbatches for _ in range(stages)] for k in "FBIW"}
-    for row_number, (stage, kind, mb, duration) in enumerate(frame.select(_COLUMNS).iter_rows(), start=2):
-        at = f"{where}: row {row_number}"
-        if not isinstance(stage, int) or not isinstance(mb, int):
-            raise UserError(f"stage and microbatch must be whole numbers, got {stage!r}, {mb!r}", at)
-        if kind not in ("F", "B", "I", "W"):
-            raise UserError(f"kind must be F, B, I or W, got {kind!r}", at)
-        if not 0 <= stage < stages or not 0 <= mb < microbatches:
-            raise UserError(f"task {stage}{kind}{mb} is outside {stages} stages x {microbatches} microbatches", at)
-        if not isinstance(duration, (int, float)) or math.isnan(duration) or duration < 0:
-            raise UserError(f"duration of {stage}{kind}{mb} must be a number >= 0, got {duration!r}", at)
-        if table[kind][stage][mb] is not None:
-            raise UserError(f"task {stage}{kind}{mb} appears twice", at)
-        table[kind][stage][mb] = float(duration)
-
-    def complete(kind: str) -> bool:
-        return all(value is not None for row in table[kind] for value in row)
-
-    def first_missing(kind: str) -> str:
-        for k in range(stages):
-            for i in range(microbatches):
-                if table[kind][k][i] is None:
-                    return f"{k}{kind}{i}"
-        return ""
-
-    if not complete("F"):
-        raise UserError(f"no duration for task {first_missing('F')}", where)
-    split = complete("I") and complete("W")
-    if not complete("B"):
-        if not split:
-            raise UserError(f"no duration for task {first_missing('B')} (or for its I and W)", where)
-        table["B"] = [[table["I"][k][i] + table["W"][k][i] for i in range(microbatches)] for k in range(stages)]
-    send_forward = [[comm_latency if k < stages - 1 else 0.0 for _ in range(microbatches)] for k in range(stages)]
-    send_backward = [[comm_latency if k > 0 else 0.0 for _ in range(microbatches)] for k in range(stages)]
-    costs = [sum(table["F"][k][i] + table["B"][k][i] for k in range(stages)) for i in range(microbatches)]
-    return Durations(
-        stages, microbatches, table["F"], table["B"], send_forward, send_backward, costs,
-        input_grad=table["I"] if split else None, weight_grad=table["W"] if split else None, source=where,
-    )
-
-
-def durations_frame_rows(durations: Durations) -> list[tuple[int, str, int, float]]:
-    """``(stage, kind, microbatch, duration)`` rows, the table format ``load_durations`` reads."""
-    rows = []
-    for k in range(durations.stages):
-        for i in range(durations.microbatches):
-            rows.append((k, "F", i, durations.forward[k][i]))
-            rows.append((k, "B", i, durations.backward[k][i]))
-    return rows
-
+                     source=f"{model.workload} model, seed {seed}", specs=specs,
+                     expectation=lambda: expected_durations(model, shape, specs,
+                                                            f"expectation of the {model.workload} model, seed {seed}"))

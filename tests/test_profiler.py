@@ -8,6 +8,7 @@ import polars as pl
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from hints.errors import UserError
 from profiler import analysis
 from profiler.reader import TraceError, read_trace
 from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
@@ -106,6 +107,103 @@ def test_sensitivity_replays_the_realized_durations(tmp_path):
     assert frame.row(0, named=True)["hint"].startswith("(traced)")
     assert frame.row(0, named=True)["measured_makespan_s"] == pytest.approx(90e-6)
 
+
+def _seconds(us: float) -> float:
+    return int(us * US) * 1e-9  # what the trace's integer nanoseconds give
+
+
+def test_realized_durations_are_the_traced_spans_and_latencies(one_f_one_b):
+    frames = read_trace(one_f_one_b)
+    table = analysis.realized_durations(frames, 0)
+    assert table.forward == [[_seconds(10), _seconds(10)], [_seconds(10), _seconds(10)]]
+    assert table.backward == [[_seconds(20), _seconds(20)], [_seconds(15), _seconds(20)]]
+    # latency = receiver's recv_end minus the producer's end: 0F0 ends 10, arrives 12; 1B0 ends 37, arrives 40
+    assert table.send_forward == [[_seconds(2), _seconds(2)], [0.0, 0.0]]
+    assert table.send_backward == [[0.0, 0.0], [_seconds(3), _seconds(3)]]
+    (realized,) = analysis.realized_iterations(frames)
+    assert sorted(realized.measured) == ["0F0", "0F1", "1B0", "1B1"] and realized.filled == ()
+
+
+def test_a_latency_missing_from_the_trace_is_filled_with_the_median_and_said_so(one_f_one_b):
+    frames = read_trace(one_f_one_b)
+    frames.transfers = frames.transfers.with_columns(
+        pl.when(pl.col("producer") == "1B1").then(None).otherwise(pl.col("recv_end_ns")).alias("recv_end_ns"))
+    (realized,) = analysis.realized_iterations(frames, [0])
+    assert realized.filled == ("1B1",) and sorted(realized.measured) == ["0F0", "0F1", "1B0"]
+    assert realized.fill_s == _seconds(2)  # median of 2, 2, 3 us
+    assert realized.durations.send_backward[1] == [_seconds(3), _seconds(2)]
+
+
+def test_realized_tables_cover_the_complete_iterations(tmp_path):
+    frames = read_trace(build_run(tmp_path / "r", **ONE_F_ONE_B, iterations=3, period_us=200))
+    assert [it for it, _ in analysis.realized_tables(frames)] == [0, 1, 2]
+    assert [it for it, _ in analysis.realized_tables(frames, [2, 1])] == [2, 1]
+    frames.tasks = frames.tasks.filter((pl.col("iteration") != 1) | (pl.col("task") != "0B1"))
+    assert [it for it, _ in analysis.realized_tables(frames)] == [0, 2]  # iteration 1 lost a task
+
+
+def test_realized_table_written_and_read_back_replays_the_run(one_f_one_b, tmp_path):
+    from runtime.duration_tables import load_durations, write_durations
+    from runtime.simulator import simulate
+
+    frames = read_trace(one_f_one_b)
+    ((iteration, table),) = analysis.realized_tables(frames)
+    path = tmp_path / "realized.parquet"
+    write_durations(path, [(iteration, table)])
+    loaded = load_durations(path, 2, 2, iteration=0)
+    assert (loaded.forward, loaded.backward, loaded.send_forward, loaded.send_backward) == (
+        table.forward, table.backward, table.send_forward, table.send_backward)
+    # The hand-built run has no dispatch overhead, so replaying its own hint gives its makespan exactly.
+    result = simulate(analysis.trace_hint(frames, 0), loaded, "fixed")
+    assert result.makespan == pytest.approx(90e-6)
+
+
+def test_realized_durations_of_an_incomplete_iteration_is_one_error(one_f_one_b):
+    frames = read_trace(one_f_one_b)
+    frames.tasks = frames.tasks.filter(pl.col("task") != "1B1")
+    with pytest.raises(UserError, match=r"iteration 0 holds 7 of 8 tasks \(truncated trace\?\); the trace holds no "
+                       r"complete one"):
+        analysis.realized_durations(frames, 0)
+
+
+def test_realized_durations_point_at_the_complete_iterations(tmp_path):
+    frames = read_trace(build_run(tmp_path / "r", **ONE_F_ONE_B, iterations=3, period_us=200))
+    frames.tasks = frames.tasks.filter((pl.col("iteration") != 1) | (pl.col("task") != "0B1"))
+    with pytest.raises(UserError, match=r"iteration 1 holds 7 of 8 tasks .*; pick a complete one: 0, 2"):
+        analysis.realized_durations(frames, 1)
+    with pytest.raises(UserError, match=r"iteration 9 holds 0 of 8 tasks"):
+        analysis.realized_iterations(frames, [0, 9])
+
+
+# Known dispatch gaps (us), measured from max(previous end, ready) to the start:
+# rank 0: 0F1 1 (ready at 0, previous end 10), 0B0 3 (1B0 arrives 40), 0B1 2 (1B1 arrives 70);
+# rank 1: 1B0 4 (1F0 ends 22), 1F1 1 (0F1 arrived 23, 1B0 ends 36), 1B1 1. First tasks do not count.
+DISPATCH = dict(
+    ranks=2, microbatches=2,
+    tasks={0: [("0F0", 0, 10), ("0F1", 11, 21), ("0B0", 43, 63), ("0B1", 72, 92)],
+           1: [("1F0", 12, 22), ("1B0", 26, 36), ("1F1", 37, 47), ("1B1", 48, 68)]},
+    transfers=[("0F0", 0, 1, 10, 11, 12), ("0F1", 0, 1, 21, 22, 23), ("1B0", 1, 0, 36, 38, 40),
+               ("1B1", 1, 0, 68, 69, 70)],
+)
+
+
+def test_dispatch_overhead_is_the_median_gap_before_a_ready_task(tmp_path):
+    frames = read_trace(build_run(tmp_path / "d", **DISPATCH))
+    estimate = analysis.dispatch_overhead(frames)
+    assert estimate.samples == 6
+    assert estimate.per_task_s == pytest.approx(1.5e-6)  # gaps 1 1 1 2 3 4
+    assert estimate.mean_s == pytest.approx(2e-6)
+    assert analysis.dispatch_overhead(frames, [0]) == estimate
+    # A task whose ready time is unknown (its input's arrival is not in the trace) is left out.
+    frames.transfers = frames.transfers.filter(pl.col("producer") != "1B1")
+    estimate = analysis.dispatch_overhead(frames)
+    assert estimate.samples == 5 and estimate.per_task_s == pytest.approx(1e-6)  # gaps 1 1 1 3 4
+    with pytest.raises(UserError, match="iteration 7 is not in the trace"):
+        analysis.dispatch_overhead(frames, [7])
+
+
+def test_dispatch_overhead_of_a_run_without_overhead_is_zero(one_f_one_b):
+    assert analysis.dispatch_overhead(read_trace(one_f_one_b)) == analysis.OverheadEstimate(0.0, 0.0, 6)
 
 def test_summary_and_compare(one_f_one_b, misaligned):
     a, b = read_trace(one_f_one_b), read_trace(misaligned)

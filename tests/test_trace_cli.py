@@ -80,6 +80,73 @@ def test_compare_export_timeline(runs, tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.parametrize("which,suffix", [("fixed", ".csv"), ("ready", ".parquet")])
+def test_export_durations_replays_each_iteration_close_to_what_ran(runs, tmp_path, which, suffix):
+    from profiler import analysis
+    from runtime.arbiter import MemoryBudget
+    from runtime.duration_tables import load_durations
+    from runtime.simulator import simulate
+
+    root, fixed, ready = runs
+    run = fixed if which == "fixed" else ready
+    path = tmp_path / f"realized{suffix}"
+    result = run_rrfp(root, "trace", "export", str(run), "--durations", str(path), "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)["durations"]
+    tasks_per_iteration = 3 * 6 * (3 if run == ready else 2)  # zb splits backwards into I + W
+    assert data["file"] == str(path) and data["iterations"] == [1, 2]  # --trace-iters 1:
+    assert data["task_rows"] == 2 * tasks_per_iteration
+    assert (data["latencies_measured"], data["latencies_filled"]) == (2 * 2 * 2 * 6, 0)  # F and B/I of 2 stages each
+
+    frames = read_trace(run)
+    meta = frames.meta[0]
+    measured = dict(analysis.iteration_windows(frames).select("iteration", "makespan_ns").iter_rows())
+    for iteration in data["iterations"]:
+        table = load_durations(path, 3, 6, iteration=iteration)
+        replay = simulate(analysis.trace_hint(frames, iteration), table, meta["policy"],
+                          MemoryBudget.parse(meta["memory_budget"]))
+        # No dispatch overhead in the simulator yet, so not tighter than this.
+        assert replay.makespan == pytest.approx(measured[iteration] * 1e-9, rel=0.25)
+
+    # The command the export prints replays the table's first iteration through `rrfp simulate`.
+    args = data["replay"].split()[1:]
+    assert args[args.index("--durations-iteration") + 1] == "1"
+    simulated = run_rrfp(root, *args, "--json")
+    assert simulated.returncode == 0, simulated.stderr
+    assert json.loads(simulated.stdout)["makespan"] == pytest.approx(measured[1] * 1e-9, rel=0.25)
+
+
+def test_export_durations_of_chosen_iterations_with_the_frames(runs, tmp_path):
+    root, fixed, _ = runs
+    table = tmp_path / "d.csv"
+    result = run_rrfp(root, "trace", "export", str(fixed), "--durations", str(table), "--iterations", "2:",
+                      "--parquet", str(tmp_path / "pq"))
+    assert result.returncode == 0, result.stderr
+    out = " ".join(result.stdout.split())  # rich wraps long lines
+    assert f"wrote {table}: 36 task rows of 1 iteration (2); latencies: 24 measured, 0 filled" in out
+    assert (tmp_path / "pq" / "tasks.parquet").exists()
+    import polars as pl
+
+    assert pl.read_csv(table).get_column("iteration").unique().to_list() == [2]
+
+
+@pytest.mark.parametrize("args,message", [
+    (lambda d: ["--durations", str(d / "missing" / "d.csv")], "no such directory"),
+    (lambda d: ["--durations", str(d)], "is a directory"),
+    (lambda d: ["--durations", str(d / "d.json")], "unknown extension '.json'"),
+    (lambda d: [], "give --parquet DIR, --durations FILE, or both"),
+    (lambda d: ["--parquet", str(d / "pq"), "--iterations", "1:"], "--iterations: applies to --durations only"),
+    (lambda d: ["--durations", str(d / "d.csv"), "--iterations", "5:"], "no complete iteration in 5: (complete: 1..2)"),
+    (lambda d: ["--durations", str(d / "d.csv"), "--iterations", "2"], "'2' is not A:B"),
+])
+def test_export_bad_input_is_one_line(runs, tmp_path, args, message):
+    root, fixed, _ = runs
+    result = run_rrfp(root, "trace", "export", str(fixed), *args(tmp_path))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+    assert not (tmp_path / "d.csv").exists() and not (tmp_path / "missing").exists()
+
 def test_decisions_filters(runs):
     root, _, ready = runs
     data = json.loads(run_rrfp(root, "trace", "decisions", str(ready), "--rank", "0", "--iteration", "2", "--json",

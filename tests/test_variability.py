@@ -10,10 +10,9 @@ import pytest
 from hints.errors import UserError
 from hints.tasks import PipelineShape
 from runtime.deps import TaskGraph
+from runtime.duration_tables import durations_frame_rows, load_durations
 from runtime.variability import (
     VariabilityModel,
-    durations_frame_rows,
-    load_durations,
     sample_durations,
     sample_microbatches,
     stage_cost,
