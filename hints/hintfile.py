@@ -29,7 +29,7 @@ import csv
 import json
 import re
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 from hints.errors import HintError, UserError
 from hints.orders import BUILTIN_HINTS, HintOrder, builtin_hint
@@ -213,17 +213,19 @@ def resolve_hint(
     chunks: int | None = None,
     microbatches: int | None = None,
     costs: Sequence[float] | None = None,
+    priorities: Mapping[Task, Sequence[float]] | None = None,
 ) -> HintOrder:
     """A built-in name or ``torch:SCHEDULE`` (built for the given shape), or a hint file (checked against it).
 
     For a file, any of ``ranks``/``chunks``/``microbatches`` that is given must
-    match the file's shape.
+    match the file's shape. ``costs`` feed ``bfw``, ``priorities`` feed ``cp``
+    (``runtime.evaluate.resolve`` computes both from expected durations).
     """
     if spec in BUILTIN_HINTS or spec.startswith(TORCH_PREFIX):
         if ranks is None or microbatches is None:
             raise HintError(f"hint {spec!r} needs --stages and --microbatches")
         if spec in BUILTIN_HINTS:
-            return builtin_hint(spec, ranks, chunks or 1, microbatches, costs)
+            return builtin_hint(spec, ranks, chunks or 1, microbatches, costs, priorities)
         from hints.torch_import import import_torch_schedule  # imports torch: only on this path
 
         return import_torch_schedule(spec[len(TORCH_PREFIX):], ranks, microbatches, chunks or 1)

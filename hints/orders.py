@@ -30,6 +30,14 @@ Built-ins (``BUILTIN_HINTS``):
 ``bfw``
     Breadth-first *weighted*; see :func:`breadth_first_weighted` and
     [Note: bfw] below.
+``cp``
+    Critical path first: each rank's tasks by descending *bottom level* (a
+    task's duration plus the longest path of durations and link latencies
+    from it to the end of the iteration), on the split-backward graph, from
+    *expected* durations. Classic list scheduling (HLFET, Adam, Chandy and
+    Dickson 1974): the task with the most work still hanging behind it goes
+    first. The priorities need the dependency model and the durations, so
+    :func:`by_priority` only sorts; ``runtime.priorities`` computes them.
 ``zb``
     Zero-bubble with split backward (Qi et al., "Zero Bubble Pipeline
     Parallelism", 2023, the ZB-H1 idea): the 1F1B skeleton with ``I`` in place
@@ -120,6 +128,30 @@ def _breadth_first(
         order = [Task(stage, F, mb) for stage in stages for mb in forward_mbs]
         order += [Task(stage, B, mb) for stage in reversed(stages) for mb in backward_mbs]
         orders.append(order)
+    return orders
+
+
+def by_priority(
+    ranks: int, chunks: int, microbatches: int, priorities: Mapping[Task, Sequence[float]] | None = None
+) -> RankOrders:
+    """Each rank's tasks (split backward) by descending priority; equal priorities keep task-id order.
+
+    ``priorities`` maps every task to a comparable key, higher first (for ``cp``: its bottom level,
+    then its reverse topological position, which keeps all ranks consistent with one topological
+    order so the hint completes in fixed order).
+    """
+    if priorities is None:
+        raise HintError("cp ranks tasks by their critical path, so it needs expected task durations: "
+                        "use it with rrfp simulate or rrfp run (which know the workload)")
+    shape = PipelineShape(ranks, chunks, microbatches, split_backward=True)
+    orders: RankOrders = []
+    for rank in range(ranks):
+        tasks = list(shape.tasks_of_rank(rank))  # task-id order
+        missing = next((t for t in tasks if t not in priorities), None)
+        if missing is not None:
+            raise HintError(f"no priority for task {missing}")
+        position = {task: i for i, task in enumerate(tasks)}
+        orders.append(sorted(tasks, key=lambda t: (tuple(-x for x in priorities[t]), position[t])))
     return orders
 
 
@@ -233,7 +265,8 @@ class BuiltinHint:
     summary: str
     generator: Callable[..., RankOrders]
     split_backward: bool = False
-    takes_costs: bool = False
+    takes_costs: bool = False  # per-microbatch estimated costs (bfw)
+    takes_priorities: bool = False  # a priority per task, computed from the task graph (cp)
     chunks: str = "any"  # human-readable requirement, for `rrfp hints list`
 
     def build(
@@ -242,10 +275,13 @@ class BuiltinHint:
         chunks: int,
         microbatches: int,
         costs: Sequence[float] | None = None,
+        priorities: Mapping[Task, Sequence[float]] | None = None,
     ) -> HintOrder:
         shape = PipelineShape(ranks, chunks, microbatches, self.split_backward)
         if self.takes_costs:
             rank_orders = self.generator(ranks, chunks, microbatches, costs)
+        elif self.takes_priorities:
+            rank_orders = self.generator(ranks, chunks, microbatches, priorities)
         else:
             rank_orders = self.generator(ranks, chunks, microbatches)
         provenance: dict[str, object] = {"generator": self.name}
@@ -272,6 +308,10 @@ BUILTIN_HINTS: dict[str, BuiltinHint] = {
             "zb", "zero-bubble 1F1B: split backward, W deferred into the drain (ZB-H1)",
             zero_bubble, split_backward=True,
         ),
+        BuiltinHint(
+            "cp", "critical path first: longest remaining path to the end, from expected durations",
+            by_priority, split_backward=True, takes_priorities=True,
+        ),
     )
 }
 
@@ -282,22 +322,29 @@ def builtin_hint(
     chunks: int,
     microbatches: int,
     costs: Sequence[float] | None = None,
+    priorities: Mapping[Task, Sequence[float]] | None = None,
 ) -> HintOrder:
     """Build a built-in hint by name; unknown names raise :class:`HintError` listing the choices."""
     hint = BUILTIN_HINTS.get(name)
     if hint is None:
         raise HintError(f"unknown hint {name!r}; built-ins are {', '.join(BUILTIN_HINTS)}")
-    return hint.build(ranks, chunks, microbatches, costs)
+    return hint.build(ranks, chunks, microbatches, costs, priorities)
 
 
 def applicable_builtins(
-    ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None
+    ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None,
+    priorities: Mapping[Task, Sequence[float]] | None = None,
 ) -> dict[str, HintOrder]:
-    """Every built-in that can be generated for this shape, built (used by ``--compare``)."""
+    """Every built-in that can be generated for this shape, built (used by ``--compare``).
+
+    ``cp`` is included only when ``priorities`` are given.
+    """
     built = {}
     for name, hint in BUILTIN_HINTS.items():
+        if hint.takes_priorities and priorities is None:
+            continue
         try:
-            built[name] = hint.build(ranks, chunks, microbatches, costs)
+            built[name] = hint.build(ranks, chunks, microbatches, costs, priorities)
         except HintError:
             continue
     return built
@@ -329,6 +376,7 @@ __all__ = [
     "breadth_first",
     "breadth_first_weighted",
     "builtin_hint",
+    "by_priority",
     "gpipe",
     "interleaved_one_f_one_b",
     "microbatches_per_round",

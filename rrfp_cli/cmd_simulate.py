@@ -11,7 +11,7 @@ from rich.table import Table
 
 from hints.errors import UserError
 from hints.hintfile import TORCH_PREFIX, resolve_hint
-from hints.orders import BUILTIN_HINTS, applicable_builtins, baseline_hint_name
+from hints.orders import BUILTIN_HINTS, baseline_hint_name
 from rrfp_cli.options import (
     BackwardRatio,
     Chunks,
@@ -21,6 +21,7 @@ from rrfp_cli.options import (
     ForwardTime,
     Jitter,
     JsonFlag,
+    LookaheadOpt,
     MemoryBudgetOpt,
     Microbatches,
     PolicyChoice,
@@ -29,8 +30,10 @@ from rrfp_cli.options import (
     Stages,
     StragglerProb,
     StragglerSlowdown,
+    TaskOverhead,
     Workload,
     WorkloadChoice,
+    lookahead_flag,
     variability_model,
 )
 from rrfp_cli.output import Output, format_seconds
@@ -46,6 +49,7 @@ def simulate(
                      "Default: 1f1b (interleaved-1f1b with --chunks >= 2)."),
     ] = None,
     policy: PolicyOpt = PolicyChoice.ready,
+    lookahead: LookaheadOpt = None,
     memory_budget: MemoryBudgetOpt = "1f1b",
     workload: Workload = WorkloadChoice.uniform,
     forward_time: ForwardTime = 0.010,
@@ -55,20 +59,23 @@ def simulate(
     straggler_slowdown: StragglerSlowdown = 4.0,
     comm_latency: CommLatency = 0.0,
     comm_jitter: CommJitter = 0.0,
+    task_overhead: TaskOverhead = 0.0,
     durations: DurationsFile = None,
     durations_iteration: Annotated[Optional[int], typer.Option(
         "--durations-iteration", min=0, help="Which iteration of a --durations table with an iteration column "
         "(default: the first).", rich_help_panel="Variability model")] = None,
     seed: Seed = 0,
-    compare: Annotated[bool, typer.Option("--compare", help="Run every built-in hint under both policies "
-                                          "on the same durations; speedups against fixed-order 1F1B.")] = False,
+    compare: Annotated[bool, typer.Option("--compare", help="Run every built-in hint under fixed, ready and "
+                                          "ready with lookahead on the same durations, at equal memory; "
+                                          "speedups against fixed-order 1F1B.")] = False,
     json_mode: JsonFlag = False,
 ) -> None:
     """Simulate one hint and policy, or --compare all built-ins, on sampled or recorded durations."""
-    from runtime.arbiter import MemoryBudget, Policy
-    from runtime.deps import TaskGraph
+    from hints.tasks import PipelineShape
+    from runtime.arbiter import MemoryBudget, rule_for
+    from runtime.bounds import split_bound
+    from runtime.evaluate import builtin_candidates, durations_for, resolve
     from runtime.simulator import simulate as run_simulation
-    from runtime.variability import load_durations, sample_durations
 
     out = Output(json_mode)
     budget = MemoryBudget.parse(memory_budget)
@@ -81,62 +88,56 @@ def simulate(
     chunks = chunks or 1
     if stages is None or microbatches is None:
         raise UserError("give --stages and --microbatches (or a hint file that fixes them)", "rrfp simulate")
-
-    from hints.tasks import PipelineShape
+    if compare and lookahead is not None:
+        raise UserError("--compare runs ready with and without lookahead side by side; drop --lookahead",
+                        "--lookahead")
 
     shape = PipelineShape(stages, chunks, microbatches)
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
                               straggler_slowdown, comm_latency, comm_jitter)
+    table = durations_for(shape, model, seed, durations, durations_iteration, comm_latency)
     if durations is not None:
-        table = load_durations(durations, shape.stages, microbatches, comm_latency, durations_iteration)
         source = {"durations": str(durations), "iteration": durations_iteration, "comm_latency": comm_latency}
     else:
-        table = sample_durations(model, shape, seed)
         source = {"workload": workload.value, "seed": seed, "model": model.__dict__}
+    source["task_overhead"] = task_overhead
 
     if not compare:
-        order = file_hint or resolve_hint(hint_spec, stages, chunks, microbatches, table.microbatch_costs)
+        rule = rule_for(policy.value, lookahead_flag(lookahead), hint_spec)
+        order = file_hint or resolve(hint_spec, stages, chunks, microbatches, table)
         began = time.perf_counter()
-        result = run_simulation(order, table, Policy(policy.value), budget)
+        result = run_simulation(order, table, rule, budget, overhead=task_overhead)
         elapsed = time.perf_counter() - began
+        bound = split_bound(shape, table)
         data = {**result.to_json(), "memory_budget_spec": str(budget), "source": source,
+                "lower_bound": bound.value, "lower_bound_binding": bound.binding,
+                "makespan_over_bound": result.makespan / bound.value if bound.value > 0 else None,
                 "wall_seconds": elapsed}
-        out.result(data, lambda console: _render_one(console, result, budget, elapsed))
+        out.result(data, lambda console: _render_one(console, result, budget, bound, elapsed))
         return
 
-    hints = applicable_builtins(stages, chunks, microbatches, table.microbatch_costs)
+    from runtime.evaluate import DEFAULT_RULES, compare as run_compare
+
+    hints = builtin_candidates(shape, table)
     if file_hint is not None or hint_spec.startswith(TORCH_PREFIX):
-        extra = file_hint or resolve_hint(hint_spec, stages, chunks, microbatches)
+        extra = file_hint or resolve(hint_spec, stages, chunks, microbatches)
         hints[extra.name] = extra
-    baseline = baseline_hint_name(chunks)
-    graphs: dict[bool, TaskGraph] = {}
-    rows = []
-    with out.progress("simulating", total=2 * len(hints)) as advance:
-        for name, order in hints.items():
-            if order.shape.split_backward not in graphs:  # one compiled graph per shape, not per hint
-                graphs[order.shape.split_backward] = TaskGraph.build(order.shape)
-            graph = graphs[order.shape.split_backward]
-            for pol in (Policy.FIXED, Policy.READY):
-                result = run_simulation(order, table, pol, budget, graph=graph)
-                rows.append({"hint": name, "policy": str(pol), "makespan": result.makespan,
-                             "bubble_fraction": result.bubble_fraction,
-                             "peak_in_flight": max(result.peak_in_flight)})
-                advance(1)
-    base = next(r["makespan"] for r in rows if r["hint"] == baseline and r["policy"] == "fixed")
-    for row in rows:
-        row["speedup"] = base / row["makespan"] if row["makespan"] > 0 else float("nan")
-    data = {"shape": shape.to_json(), "baseline": f"{baseline} fixed", "memory_budget": str(budget),
-            "memory_budget_slots": budget.per_rank(shape), "source": source, "rows": rows}
-    out.result(data, lambda console: _render_compare(console, data, shape))
+    with out.progress("simulating", total=len(DEFAULT_RULES) * len(hints)) as advance:
+        comparison = run_compare(hints, table, budget, overhead=task_overhead, advance=advance)
+    data = {**comparison.to_json(), "source": source}
+    out.result(data, lambda console: _render_compare(console, comparison))
 
 
-def _render_one(console: Console, result, budget, elapsed: float) -> None:
+def _render_one(console: Console, result, budget, bound, elapsed: float) -> None:
     shape = result.graph.shape
-    summary = Table(title=f"{result.hint} under {result.policy} ({shape.describe()})", title_justify="left",
-                    show_header=False)
+    rule = result.rule
+    title = f"{result.hint} under {rule.policy}" + (" with lookahead" if rule.lookahead else "")
+    summary = Table(title=f"{title} ({shape.describe()})", title_justify="left", show_header=False)
     summary.add_column(style="bold")
     summary.add_column()
     summary.add_row("makespan", format_seconds(result.makespan))
+    summary.add_row("lower bound", f"{format_seconds(bound.value)} ({bound.binding}); makespan is "
+                    f"{result.makespan / bound.value:.3f}x of it" if bound.value > 0 else "0")
     summary.add_row("bubble fraction", f"{result.bubble_fraction:.1%}")
     summary.add_row("memory budget", "not applied (fixed order)" if result.budgets is None
                     else f"{budget} = {_compact(result.budgets)} slots per rank")
@@ -152,23 +153,48 @@ def _render_one(console: Console, result, budget, elapsed: float) -> None:
     console.print(ranks)
 
 
-def _render_compare(console: Console, data: dict, shape) -> None:
-    rows = data["rows"]
-    best = min(r["makespan"] for r in rows)
-    table = Table(
-        title=f"{shape.describe()}; memory budget {data['memory_budget']} for ready; "
-              f"speedup vs {data['baseline']}",
-        title_justify="left",
-    )
-    for column, justify in (("hint", "left"), ("policy", "left"), ("makespan", "right"),
-                            ("bubble", "right"), ("peak in flight", "right"), ("speedup", "right")):
-        table.add_column(column, justify=justify)
-    for row in rows:
-        style = "bold green" if row["makespan"] == best else None
-        table.add_row(row["hint"], row["policy"], format_seconds(row["makespan"]),
-                      f"{row['bubble_fraction']:.1%}", str(row["peak_in_flight"]), f"{row['speedup']:.3f}x",
-                      style=style)
+def _render_compare(console: Console, comparison) -> None:
+    """[Note: equal memory] in runtime.evaluate: rows within the budget together, the others apart."""
+    shape, rows = comparison.shape, comparison.rows
+    within = [r for r in rows if r.within_budget]
+    over = [r for r in rows if not r.within_budget]
+    fixed_over = {r.hint for r in over if r.rule == "fixed"}
+    best = min(r.makespan for r in within)
+    table = Table(title=f"{shape.describe()}: at equal memory (budget {comparison.budget} = "
+                        f"{_compact(comparison.slots)} slots per rank)", title_justify="left")
+    for column in ("hint", "rule", "makespan", "vs 1F1B", "vs fixed", "/ bound", "memory"):
+        table.add_column(column, justify="left" if column in ("hint", "rule") else "right")
+    for row in within:
+        if row.vs_fixed is None:
+            versus = "-"
+        else:
+            versus = f"{row.vs_fixed:.3f}x" + ("*" if row.hint in fixed_over else "")
+        table.add_row(row.hint, row.label, format_seconds(row.makespan), f"{row.speedup:.3f}x", versus,
+                      f"{row.over_bound:.3f}", _memory(row, comparison.slots),
+                      style="bold green" if row.makespan == best else None)
     console.print(table)
+    notes = [f"vs 1F1B: speedup over {comparison.baseline}; vs fixed: over the same hint in fixed order "
+             f"(what readiness itself adds); / bound: makespan over the lower bound "
+             f"{format_seconds(comparison.bound.value)} ({comparison.bound.binding}); memory: peak "
+             f"microbatch-chunks in flight summed over ranks, over the budget's sum; ready+la: ready with "
+             f"lookahead."]
+    if fixed_over:
+        notes.append("* that hint's fixed order holds more memory than the budget (below), so this ratio is "
+                     "not at equal memory.")
+    console.print("[dim]" + " ".join(notes) + "[/]")
+    if over:
+        extra = Table(title="over the budget (more memory; not comparable with the rows above)",
+                      title_justify="left")
+        for column in ("hint", "rule", "makespan", "vs 1F1B", "/ bound", "memory"):
+            extra.add_column(column, justify="left" if column in ("hint", "rule") else "right")
+        for row in over:
+            extra.add_row(row.hint, row.label, format_seconds(row.makespan), f"{row.speedup:.3f}x",
+                          f"{row.over_bound:.3f}", _memory(row, comparison.slots))
+        console.print(extra)
+
+
+def _memory(row, slots: list[int]) -> str:
+    return f"{sum(row.peak_in_flight) / sum(slots):.2f}x"
 
 
 def _compact(values: list[int]) -> str:

@@ -2,7 +2,8 @@
 
 Every command takes its shape, hint, policy and variability options from here
 so names, defaults and help text agree across ``hints``, ``simulate`` and
-``run``. Nothing here imports torch or polars.
+``run``. Nothing here imports torch or polars (``runtime.arbiter`` is pure
+Python).
 """
 
 from __future__ import annotations
@@ -13,13 +14,19 @@ from typing import Annotated, Optional
 
 import typer
 
+from runtime.arbiter import Policy
+
 SHAPE = "Pipeline shape"
 VARIABILITY = "Variability model"
 
 
-class PolicyChoice(str, Enum):
-    fixed = "fixed"
-    ready = "ready"
+# The policies come from the arbiter's rule table (runtime.arbiter.RULES), the one place they are defined.
+PolicyChoice = Enum("PolicyChoice", {policy.value: policy.value for policy in Policy}, type=str)
+
+
+class LookaheadChoice(str, Enum):
+    on = "on"
+    off = "off"
 
 
 class WorkloadChoice(str, Enum):
@@ -50,6 +57,17 @@ HintSpec = Annotated[
 PolicyOpt = Annotated[
     PolicyChoice,
     typer.Option("--policy", help="fixed: run the hint order exactly; ready: best-ranked ready task."),
+]
+LookaheadOpt = Annotated[
+    Optional[LookaheadChoice],
+    typer.Option("--lookahead", help="--policy ready only: on = never start a backward that would delay a "
+                 "forward already on its way; off = greedy readiness. Default: on (per-hint defaults in "
+                 "docs/simulator.md)."),
+]
+TaskOverhead = Annotated[
+    float,
+    typer.Option("--task-overhead", help="Seconds of dispatch cost before every task (calibrate it "
+                 "from a run with rrfp trace sensitivity).", rich_help_panel="Variability model"),
 ]
 MemoryBudgetOpt = Annotated[
     str,
@@ -96,8 +114,13 @@ CommJitter = Annotated[
 DurationsFile = Annotated[
     Optional[Path],
     typer.Option("--durations", help="Replay recorded durations: CSV or Parquet with columns "
-                 "stage,kind,microbatch,duration (seconds).", rich_help_panel=VARIABILITY),
+                 "stage,kind,microbatch,duration (seconds), optional iteration and latency "
+                 "(rrfp trace export --durations writes one).", rich_help_panel=VARIABILITY),
 ]
+
+
+def lookahead_flag(choice: "LookaheadChoice | None") -> bool | None:
+    return None if choice is None else choice is LookaheadChoice.on
 
 
 def variability_model(

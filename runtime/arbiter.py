@@ -1,4 +1,4 @@
-"""The ready-set arbiter: one policy object per rank, shared by the simulator and the runtime.
+"""The ready-set arbiter: one object per rank, shared by the simulator and the runtime.
 
 Pure Python (no torch). The owner feeds it events and asks it what to run:
 
@@ -6,24 +6,34 @@ Pure Python (no torch). The owner feeds it events and asks it what to run:
   rank (a local task finished, or its message arrived over a link). Tasks of
   this rank whose prerequisites (:mod:`runtime.deps`) are all available enter
   the ready set.
+* :meth:`Arbiter.expect` -- a task of another rank whose output this rank
+  needs has *started*, and its output should arrive here at ``eta`` (a
+  prediction: the producer's start, plus its estimated duration, plus the
+  link's latency). Only the lookahead rule uses it.
 * :meth:`Arbiter.choose` -- the task to run now, or ``None``; the chosen task
-  counts as started.
+  counts as started. After ``None``, :meth:`Arbiter.next_wakeup` says when
+  the arbiter wants to be asked again even if nothing arrives (or ``None``:
+  only an event can change its answer).
 * :meth:`Arbiter.finish` -- a local task ended: frees its memory slot and
   makes its output available to local consumers.
 
-Policies (:class:`Policy`):
+Rules (:data:`RULES`, the one table every other module derives from):
 
-``fixed``
+``fixed`` (policy ``fixed``)
     Strictly the hint order: only the head of the rank's order may run, and it
     runs when its inputs have arrived. The memory budget is not applied (the
     order itself decides memory); this is the baseline every speedup is
     measured against.
-``ready``
+``greedy`` (policy ``ready``, ``--lookahead off``)
     Readiness-first: among the ready tasks, the one with the lowest hint rank
     (position in the rank's hint order). A forward that the memory budget
     cannot take is not ready. Each decision is O(log n) in the ready-set size:
     two binary heaps keyed by hint rank, one for admissions and one for
     everything else.
+``lookahead`` (policy ``ready``, ``--lookahead on``)
+    ``greedy`` plus [Note: lookahead admission]: do not start a backward that
+    would still be running when a better-ranked forward, already being
+    computed upstream, arrives.
 
 [Note: memory budget and chunk deadlock]
     The budget counts *microbatch-chunks in flight* per rank: forwarded and
@@ -44,6 +54,46 @@ Policies (:class:`Policy`):
     chunk 0), which must itself be full, and so on: an infinite increasing
     sequence of ranks. Budgets below ``v`` (one microbatch) are rejected up
     front by :meth:`MemoryBudget.per_rank`.
+
+[Note: lookahead admission]
+    Greedy readiness loses to fixed order at tight memory in one way: the
+    hint's head ``h`` is a forward whose input is being computed upstream,
+    the best ready task ``c`` is a backward (twice a forward, and not
+    preemptible), so running ``c`` delays ``h`` by up to ``est(c)``; the
+    delay travels downstream and, with the budget fixing how many
+    microbatches circulate, slows the whole cycle. The rule: when ``c`` is a
+    backward (``B`` or ``I``), ``h`` is a forward that is not yet input-ready
+    but whose arrival is predicted at ``eta``, and ``h`` will fit the budget
+    when it arrives, run ``c`` only if ``now + est(c) <= eta``; otherwise run
+    the best-ranked runnable task ``x`` with ``now + est(x) <= eta``, or
+    wait. Predictions come through :meth:`expect`, in two strengths:
+
+    * *firm*: ``h``'s producer has started; ``eta`` is its start plus its
+      estimated duration plus the link's latency. The rule holds ``c`` until
+      ``h`` arrives, even past ``eta`` (the producer runs late, but it runs).
+    * *relayed*: the producer has not started, but its own producer has; the
+      middle rank relays ``eta`` = its own predicted arrival plus the
+      producer's estimate plus the latency. The middle rank may be busy, so
+      this one is only a hope: the rule holds ``c`` until ``eta`` at most
+      (:meth:`next_wakeup` asks to be woken then) and stands aside after.
+
+    Without the relayed kind most of the remaining losses stay (measured in
+    BENCHMARKS.md: the skipped backward starts a few milliseconds before
+    ``h``'s producer does). With no estimate for a task (the runtime's first
+    tasks), the rule does not apply to it. Estimates are expectations, never
+    the realized duration: the model's expected cost in the simulator, the
+    running mean per (stage, kind) in the runtime.
+    Why this cannot deadlock: the rule only makes a rank wait while an event
+    for it is *pending*: a firm wait ends when ``h``'s input arrives, which
+    happens in finite time because its producer is running; a relayed wait
+    ends at its wake-up time. So at any moment when no event is pending
+    anywhere (the only state in which a simulation or a run could stop
+    making progress), no arbiter is holding a task back for the lookahead,
+    every arbiter chooses exactly as ``greedy`` does, and [Note: memory
+    budget and chunk deadlock] applies unchanged. The rule never starts a
+    task that greedy would hold back for memory, so budgets hold as before.
+    (Why a relayed wait must expire: the middle rank may itself be waiting,
+    for memory, on a backward that only the waiting rank can run.)
 """
 
 from __future__ import annotations
@@ -148,12 +198,45 @@ class Decision(NamedTuple):
     ready: tuple[tuple[Task, int], ...]  # runnable tasks and their hint ranks, chosen included
     held_back: tuple[Task, ...]  # input-ready admissions the memory budget held back
     in_flight: int  # microbatch-chunks in flight once the chosen task started
+    deferred: Task | None = None  # a better-ranked ready task the lookahead passed over ([Note: lookahead admission])
+
+
+Estimates = Sequence[float | None]  # task id -> expected seconds (None: not known yet); see LookaheadArbiter
+
+
+class RunningMeans:
+    """The runtime's estimates: the running mean of measured durations per (stage, kind).
+
+    Indexed by task id like any :data:`Estimates`; ``None`` until a task of that
+    (stage, kind) has run. Task ids number the ``m`` microbatches of one
+    (stage, kind) consecutively (:class:`runtime.deps.TaskGraph`), so ``tid // m``
+    names the (stage, kind). Kept across iterations by its owner.
+    """
+
+    def __init__(self, graph: TaskGraph) -> None:
+        self.microbatches = graph.shape.microbatches
+        blocks = len(graph) // self.microbatches
+        self._sum = [0.0] * blocks
+        self._count = [0] * blocks
+
+    def add(self, tid: int, seconds: float) -> None:
+        block = tid // self.microbatches
+        self._sum[block] += seconds
+        self._count[block] += 1
+
+    def __getitem__(self, tid: int) -> float | None:
+        block = tid // self.microbatches
+        count = self._count[block]
+        return self._sum[block] / count if count else None
+
+    def __len__(self) -> int:
+        return len(self._sum) * self.microbatches
 
 
 class Arbiter:
     """Dependency counting and memory accounting for one rank; subclasses choose."""
 
-    policy: Policy
+    rule: "ArbiterRule"
 
     def __init__(
         self,
@@ -163,12 +246,14 @@ class Arbiter:
         budget: int | None = None,
         record: bool = False,
         positions: list[int] | None = None,
+        estimates: Estimates | None = None,
     ) -> None:
         self.graph = graph
         self.rank = rank
         self.order = tuple(order)
         self.chunks = graph.shape.chunks
         self.budget = budget
+        self.estimates = estimates
         tids = graph.ids(self.order)
         self.tids = tids
         # position[task id] = hint rank of that task in its own rank's order. Every task belongs to one
@@ -196,6 +281,10 @@ class Arbiter:
                 self.ready_count += 1
                 self._input_ready(h)
 
+    @property
+    def policy(self) -> "Policy":
+        return self.rule.policy
+
     # -- events ----------------------------------------------------------
     def available(self, producer: int) -> bool:
         """``producer`` (a task of another rank) delivered its output here; True if a task became ready."""
@@ -204,6 +293,14 @@ class Arbiter:
             return self._deliver(consumers)
         rank_of, me = self.graph.rank, self.rank
         return self._deliver([c for c in consumers if rank_of[c] == me])
+
+    def expect(self, producer: int, eta: float, started: bool = True) -> None:
+        """``producer``'s output (a task of another rank) should arrive here at ``eta``.
+
+        ``started``: the producer is running (its output will come); otherwise the prediction
+        was relayed one hop earlier, from the start of the producer's own producer. Only rules
+        that look ahead use it ([Note: lookahead admission]); the others ignore it.
+        """
 
     def finish(self, tid: int) -> bool:
         """A task of this rank ended; True if a local task became ready."""
@@ -237,6 +334,10 @@ class Arbiter:
     def choose(self, now: float = 0.0) -> int | None:
         """The task id to run now (it counts as started), or ``None``."""
         raise NotImplementedError
+
+    def next_wakeup(self) -> float | None:
+        """After :meth:`choose` returned ``None``: when to ask again even if no event comes (None: never)."""
+        return None
 
     def ready_tasks(self) -> list[Task]:
         """Input-ready tasks not yet started, in hint order (for reports; O(n log n))."""
@@ -279,7 +380,8 @@ class Arbiter:
             self.head = head
         return self.tids[h]
 
-    def _record(self, now: float, h: int, ready_hs: Sequence[int], held_hs: Sequence[int]) -> None:
+    def _record(self, now: float, h: int, ready_hs: Sequence[int], held_hs: Sequence[int],
+                deferred: int | None = None) -> None:
         order = self.order
         skipped = order[self.head] if self.head != h else None
         self.decisions.append(
@@ -292,14 +394,13 @@ class Arbiter:
                 ready=tuple((order[x], x) for x in sorted(ready_hs)),
                 held_back=tuple(order[x] for x in sorted(held_hs)),
                 in_flight=self.in_flight + (1 if self.forward[h] else 0),
+                deferred=None if deferred is None else order[deferred],
             )
         )
 
 
 class FixedArbiter(Arbiter):
     """Only the head of the hint order may run."""
-
-    policy = Policy.FIXED
 
     def _input_ready(self, h: int) -> None:
         if self.decisions is not None:
@@ -324,9 +425,7 @@ class FixedArbiter(Arbiter):
 
 
 class ReadyArbiter(Arbiter):
-    """The ready task with the lowest hint rank, within the memory budget."""
-
-    policy = Policy.READY
+    """The ready task with the lowest hint rank, within the memory budget (the ``greedy`` rule)."""
 
     def __init__(self, *args, **kwargs) -> None:
         self._others: list[int] = []  # heap of hint ranks: backwards and reserved forwards
@@ -357,32 +456,203 @@ class ReadyArbiter(Arbiter):
         return [self.order[h] for h in sorted(self._others + self._admissions)]
 
 
+class LookaheadArbiter(ReadyArbiter):
+    """``greedy``, but a backward never delays a forward that is already on its way ([Note: lookahead admission]).
+
+    ``estimates[task id]`` is the expected duration of a task of this rank
+    (``None`` while unknown); :meth:`expect` gives the predicted arrival of
+    a forward's input: firm once its producer started, tentative (relayed
+    one hop earlier) before.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        # hint rank of a forward not yet input-ready -> predicted arrival of its input
+        self._eta: dict[int, float] = {}  # its producer started
+        self._eta_relayed: dict[int, float] = {}  # its producer's own input is on its way
+        self._wakeup: float | None = None
+        super().__init__(*args, **kwargs)
+        if self.estimates is None:
+            raise ValueError("the lookahead rule needs duration estimates")
+
+    def expect(self, producer: int, eta: float, started: bool = True) -> None:
+        position, forward, unmet, me = self.position, self.forward, self.unmet, self.rank
+        rank_of = self.graph.rank
+        for consumer in self.graph.remote_consumers[producer]:
+            if rank_of[consumer] == me:
+                h = position[consumer]
+                if forward[h] and unmet[h]:
+                    if started:
+                        self._eta[h] = eta
+                    elif h not in self._eta:
+                        self._eta_relayed[h] = eta
+
+    def next_wakeup(self) -> float | None:
+        return self._wakeup
+
+    def choose(self, now: float = 0.0) -> int | None:
+        self._wakeup = None
+        others, admissions = self._others, self._admissions
+        budget_room = self.reserved + self.chunks <= self.budget
+        fits = bool(admissions) and budget_room
+        if fits and not (others and others[0] < admissions[0]):
+            pick = admissions
+        elif others:
+            pick = others
+        else:
+            return None
+        best = pick[0]
+        h = self.head
+        if best != h and not self.forward[best] and self.forward[h] and self.unmet[h] \
+                and (budget_room or not self.admits[h]):
+            eta, firm = self._eta.get(h), True
+            if eta is None:
+                eta, firm = self._eta_relayed.get(h), False
+            # A firm prediction holds until the input arrives; a relayed one only until its time.
+            if eta is not None and (firm or now < eta):
+                duration = self.estimates[self.tids[best]]
+                if duration is not None and now + duration > eta:
+                    return self._before(now, eta, best, fits, firm)
+        if self.decisions is not None:
+            ready = others + admissions if fits else list(others)
+            self._record(now, best, ready, () if fits else admissions)
+        return self._start(heapq.heappop(pick))
+
+    def _before(self, now: float, eta: float, deferred: int, fits: bool, firm: bool) -> int | None:
+        """The best-ranked runnable task that ends by ``eta``, started; or None: wait for the forward."""
+        others, admissions = self._others, self._admissions
+        runnable = sorted(others + admissions) if fits else sorted(others)
+        estimates, tids = self.estimates, self.tids
+        for x in runnable:
+            if x == deferred:
+                continue
+            duration = estimates[tids[x]]
+            if duration is not None and now + duration <= eta:
+                heap = admissions if self.admits[x] else others
+                heap.remove(x)
+                heapq.heapify(heap)
+                if self.decisions is not None:
+                    self._record(now, x, runnable, () if fits else admissions, deferred)
+                return self._start(x)
+        self._wakeup = None if firm else eta
+        return None
+
+
+# -- the rule table ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArbiterRule:
+    """One way of choosing: what ``--policy`` and ``--lookahead`` select, and what follows from it."""
+
+    name: str
+    policy: Policy
+    arbiter: type[Arbiter]
+    uses_budget: bool  # the memory budget applies (otherwise the order alone decides memory)
+    exact_order: bool  # runs the hint order exactly (so the order must complete on its own)
+    lookahead: bool  # needs duration estimates and arrival predictions
+    summary: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """How tables name it: ``fixed``, ``ready``, ``ready+la``."""
+        return str(self.policy) + ("+la" if self.lookahead else "")
+
+
+RULES: dict[str, ArbiterRule] = {
+    rule.name: rule
+    for rule in (
+        ArbiterRule("fixed", Policy.FIXED, FixedArbiter, uses_budget=False, exact_order=True, lookahead=False,
+                    summary="the hint order exactly"),
+        ArbiterRule("greedy", Policy.READY, ReadyArbiter, uses_budget=True, exact_order=False, lookahead=False,
+                    summary="the best-ranked ready task within the memory budget"),
+        ArbiterRule("lookahead", Policy.READY, LookaheadArbiter, uses_budget=True, exact_order=False,
+                    lookahead=True,
+                    summary="greedy, but no backward that delays a forward already on its way"),
+    )
+}
+for _rule in RULES.values():
+    _rule.arbiter.rule = _rule
+del _rule
+
+# Hints under which the ready policy looks ahead when --lookahead is not given. Measured in
+# BENCHMARKS.md ("Lookahead"): on for every built-in; off would only matter for a hint that wants a
+# backward to overtake a forward already on its way, and no built-in does.
+LOOKAHEAD_OFF_BY_DEFAULT: frozenset[str] = frozenset()
+
+
+def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | None = None) -> ArbiterRule:
+    """The rule that the user's ``--policy`` and ``--lookahead`` select (the CLI and ``rrfp run``).
+
+    ``lookahead=None`` is the default: on for the ready policy unless ``hint`` is in
+    :data:`LOOKAHEAD_OFF_BY_DEFAULT`. Asking for lookahead under the fixed policy is a
+    :class:`UserError`.
+    """
+    try:
+        policy = Policy(str(policy))
+    except ValueError:
+        raise UserError(f"{policy!r} is not a policy; choose from {', '.join(p.value for p in Policy)}",
+                        "--policy") from None
+    if policy is Policy.FIXED:
+        if lookahead is not None:
+            raise UserError("--lookahead applies to --policy ready only: the fixed policy runs the hint exactly",
+                            "--lookahead")
+        return RULES["fixed"]
+    if lookahead is None:
+        lookahead = hint not in LOOKAHEAD_OFF_BY_DEFAULT
+    return RULES["lookahead" if lookahead else "greedy"]
+
+
+def as_rule(rule: "ArbiterRule | Policy | str") -> ArbiterRule:
+    """A rule, or its name (``fixed``, ``greedy``, ``lookahead``); the bare policy ``ready`` means ``greedy``.
+
+    This is the library's reading, used by :func:`make_arbiter` and the simulator: explicit and
+    independent of hints. Users' ``--policy``/``--lookahead`` go through :func:`rule_for`.
+    """
+    if isinstance(rule, ArbiterRule):
+        return rule
+    name = "greedy" if str(rule) == Policy.READY.value else str(rule)
+    if name not in RULES:
+        raise UserError(f"{rule!r} is not a rule; choose from {', '.join(RULES)} (or the policy 'ready')", "policy")
+    return RULES[name]
+
+
 def make_arbiter(
-    policy: Policy | str,
+    rule: "ArbiterRule | Policy | str",
     graph: TaskGraph,
     rank: int,
     order: Sequence[Task],
     budget: int | None = None,
     record: bool = False,
     positions: list[int] | None = None,
+    estimates: Estimates | None = None,
 ) -> Arbiter:
-    """Build the arbiter of ``policy`` for ``rank``; ``budget`` is that rank's slot count.
+    """Build the arbiter of ``rule`` (see :func:`as_rule`) for ``rank``.
 
-    ``positions`` (task id -> hint rank) may be one list shared by the arbiters of all ranks of one
-    process (the simulator); each arbiter fills in its own tasks.
+    ``budget`` is that rank's slot count. ``positions`` (task id -> hint rank) may be one list shared
+    by the arbiters of all ranks of one process (the simulator); each arbiter fills in its own tasks.
+    ``estimates`` (task id -> expected seconds) is needed by the lookahead rule.
     """
-    policy = Policy(policy)
-    cls = FixedArbiter if policy is Policy.FIXED else ReadyArbiter
-    return cls(graph, rank, order, budget=budget, record=record, positions=positions)
+    return as_rule(rule).arbiter(graph, rank, order, budget=budget, record=record, positions=positions,
+                                 estimates=estimates)
 
 
 __all__ = [
     "Arbiter",
+    "ArbiterRule",
     "Decision",
     "FixedArbiter",
+    "LookaheadArbiter",
+    "LOOKAHEAD_OFF_BY_DEFAULT",
     "MemoryBudget",
     "Policy",
+    "RULES",
     "ReadyArbiter",
+    "RunningMeans",
+    "as_rule",
     "make_arbiter",
     "one_f_one_b_bounds",
+    "rule_for",
 ]

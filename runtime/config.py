@@ -18,10 +18,11 @@ from typing import Any
 
 from hints.errors import UserError
 from hints.tasks import Task
+from runtime.arbiter import ArbiterRule, Policy, rule_for
 
 RUN_WORKLOADS = ("gpt", "multimodal", "emulated")
 EMULATE_MODELS = ("uniform", "language", "multimodal")
-POLICIES = ("fixed", "ready")
+POLICIES = tuple(policy.value for policy in Policy)  # from the arbiter's rule table
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
 
@@ -38,6 +39,7 @@ class RunConfig:
     dp: int = 1
     hint: str | None = None  # None: 1f1b (interleaved-1f1b with chunks >= 2)
     policy: str = "ready"
+    lookahead: bool | None = None  # ready policy: None = the hint's default (runtime.arbiter.rule_for)
     memory_budget: str = "1f1b"
     iters: int = 5
     seed: int = 0
@@ -112,11 +114,20 @@ class RunConfig:
                 self.fault(name)
         if not isinstance(self.trace, bool):
             raise UserError(f"must be true or false, got {self.trace!r}", "--trace")
+        if isinstance(self.lookahead, str) and self.lookahead.lower() in ("on", "off"):  # TOML, like the flag
+            object.__setattr__(self, "lookahead", self.lookahead.lower() == "on")
+        if self.lookahead is not None and not isinstance(self.lookahead, bool):
+            raise UserError(f"must be on, off, true or false, got {self.lookahead!r}", "--lookahead")
+        self.rule()
         if self.trace_iters is not None:
             self.trace_window()
         if self.nproc is not None and self.nproc != self.world_size:
             raise UserError(f"{self.nproc} processes cannot run {self.stages} stages x tp {self.tp} x dp {self.dp} "
                             f"= {self.world_size} ranks", "--nproc")
+
+    def rule(self) -> ArbiterRule:
+        """The arbiter rule ``policy`` and ``lookahead`` select (raises for lookahead under ``fixed``)."""
+        return rule_for(self.policy, self.lookahead, self.hint)
 
     @property
     def world_size(self) -> int:

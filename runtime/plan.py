@@ -5,32 +5,28 @@ for the run's shape, checks the memory budget, and for the fixed policy
 checks that the hint completes in exactly its order, so bad input fails with
 one clear error instead of a hang across processes.
 
-``bfw`` ranks microbatches by estimated cost, which changes every iteration
-(new sequence lengths, new image counts): :class:`HintPlan` rebuilds it per
-iteration from that iteration's estimates; every other hint is built once.
+``bfw`` and ``cp`` are built from expected costs, which change every
+iteration (new sequence lengths, new image counts): :class:`HintPlan`
+rebuilds them per iteration from what the workload knows before the
+iteration starts (``Workload.expected``); every other hint is built once.
 """
 
 from __future__ import annotations
 
-from hints.hintfile import resolve_hint
-from hints.orders import HintOrder, baseline_hint_name
+from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name
 from hints.tasks import PipelineShape
 from runtime.arbiter import MemoryBudget
-from runtime.variability import stage_cost
+from runtime.evaluate import resolve
+from runtime.variability import VariabilityModel, expected_durations, sample_microbatches
 
 
 def hint_spec(config) -> str:
     return config.hint or baseline_hint_name(config.chunks)
 
 
-def microbatch_costs(config, workload, iteration: int) -> list[float]:
-    """Estimated relative cost of each microbatch in ``iteration`` (summed over stages)."""
-    durations = workload.durations(iteration)
-    if durations is not None:
-        return list(durations.microbatch_costs)
-    model = workload.variability()
-    stages = workload.shape.stages
-    return [sum(stage_cost(model, spec, k, stages) for k in range(stages)) for spec in workload._specs(iteration)]
+def _per_iteration(spec: str) -> bool:
+    builtin = BUILTIN_HINTS.get(spec)
+    return builtin is not None and (builtin.takes_costs or builtin.takes_priorities)
 
 
 class HintPlan:
@@ -43,26 +39,31 @@ class HintPlan:
 
     def for_iteration(self, iteration: int) -> HintOrder:
         c = self.config
-        if self.spec == "bfw":
-            costs = microbatch_costs(c, self.workload, iteration)
-            return resolve_hint("bfw", c.stages, c.chunks, c.microbatches, costs)
+        if _per_iteration(self.spec):
+            return resolve(self.spec, c.stages, c.chunks, c.microbatches, self.workload.expected(iteration))
         if self._static is None:
-            self._static = resolve_hint(self.spec, c.stages, c.chunks, c.microbatches)
+            self._static = resolve(self.spec, c.stages, c.chunks, c.microbatches)
         return self._static
 
 
 def validate_run(config) -> HintOrder:
     """Resolve and check the job's hint and budget; raises ``UserError`` before anything starts."""
-    hint = resolve_hint(hint_spec(config), config.stages, config.chunks, config.microbatches)
+    spec = hint_spec(config)
+    table = None
+    if _per_iteration(spec):  # bfw/cp: checked on the uniform model; their validity does not depend on costs
+        shape, uniform = run_shape(config), VariabilityModel()
+        table = expected_durations(uniform, shape, sample_microbatches(uniform, shape.microbatches, 0))
+    hint = resolve(spec, config.stages, config.chunks, config.microbatches, table)
     shape = hint.shape
     if (shape.ranks, shape.chunks, shape.microbatches) != (config.stages, config.chunks, config.microbatches):
         from hints.errors import HintError
 
         raise HintError(f"the hint is for {shape.describe()} but the run has {config.stages} stages x "
                         f"{config.chunks} chunks, {config.microbatches} microbatches", "--hint")
-    if config.policy == "ready":
+    rule = config.rule()
+    if rule.uses_budget:
         MemoryBudget.parse(config.memory_budget).per_rank(shape)
-    else:
+    if rule.exact_order:
         from runtime.simulator import check_completes
 
         check_completes(hint)

@@ -53,7 +53,14 @@ from torch import nn
 
 from hints.tasks import PipelineShape
 from runtime.config import RunConfig
-from runtime.variability import Durations, MicrobatchSpec, VariabilityModel, sample_durations, sample_microbatches
+from runtime.variability import (
+    Durations,
+    MicrobatchSpec,
+    VariabilityModel,
+    expected_durations,
+    sample_durations,
+    sample_microbatches,
+)
 
 IMAGE_SIZE = 16
 PATCH = 8
@@ -140,6 +147,10 @@ class Workload:
     def durations(self, iteration: int) -> Durations | None:
         """Sampled task durations (emulated workload only)."""
         return None
+
+    def expected(self, iteration: int) -> Durations:
+        """What is known of ``iteration``'s costs before it runs ([Note: expected durations])."""
+        return expected_durations(self.variability(), self.shape, self._specs(iteration))
 
 
 @lru_cache(maxsize=64)
@@ -384,6 +395,9 @@ class EmulatedWorkload(Workload):
 
     def _specs(self, iteration: int) -> list[MicrobatchSpec]:
         return self.durations(iteration).specs
+
+    def expected(self, iteration: int) -> Durations:
+        return self.durations(iteration).expected()
 
     def _build_stage(self, stage: int) -> nn.Module:
         return EmulatedStage(self, stage)

@@ -156,3 +156,114 @@ def test_bfw_puts_heavy_microbatches_first():
 def test_hint_from_text_helper_shape():
     hint = hint_from_text([["0F0", "0B0"], ["1F0", "1B0"]])
     assert hint.shape == PipelineShape(2, 1, 1)
+
+
+# -- lookahead ([Note: lookahead admission]) -------------------------------------------------------
+
+
+def middle_rank_at_the_decision(budget: int = 2, estimate_b: float = 2.0, estimate_f: float = 1.0,
+                                backward_ready: bool = True):
+    """Rank 1 of 1F1B on 3 ranks, 4 microbatches (1F0 1F1 1B0 1F2 1B1 1F3 1B2 1B3), just after 1B0 ended.
+
+    Its head is 1F2, whose input 0F2 has not arrived; 1B1 is ready.
+    """
+    hint = builtin_hint("1f1b", 3, 1, 4)
+    graph = TaskGraph.build(hint.shape)
+    tid = lambda text: graph.tid(Task.parse(text))  # noqa: E731
+    estimates = [estimate_f if graph.is_forward[t] else estimate_b for t in range(len(graph))]
+    arbiter = make_arbiter("lookahead", graph, 1, hint.orders[1], budget, record=True, estimates=estimates)
+    for producer, expected in (("0F0", "1F0"), ("0F1", "1F1"), ("2B0", "1B0")):
+        arbiter.available(tid(producer))
+        chosen = arbiter.choose(now=0.0)
+        assert str(graph.tasks[chosen]) == expected
+        arbiter.finish(chosen)
+    if backward_ready:
+        arbiter.available(tid("2B1"))
+    return graph, arbiter, tid
+
+
+def test_lookahead_waits_for_a_forward_already_on_its_way():
+    graph, arbiter, tid = middle_rank_at_the_decision()
+    arbiter.expect(tid("0F2"), 10.5)  # 0F2 started: 1F2's input arrives at 10.5
+    assert arbiter.choose(now=10.0) is None  # 1B1 (2 s) would still run at 10.5
+    assert arbiter.next_wakeup() is None  # firm: only the arrival can change the answer
+    assert arbiter.choose(now=11.0) is None  # late, but its producer runs: keep waiting
+    arbiter.available(tid("0F2"))
+    assert str(graph.tasks[arbiter.choose(now=11.2)]) == "1F2"
+    assert str(graph.tasks[arbiter.choose(now=11.2)]) == "1B1"
+
+
+def test_lookahead_runs_a_backward_that_ends_before_the_forward_arrives():
+    graph, arbiter, tid = middle_rank_at_the_decision(estimate_b=0.4)
+    arbiter.expect(tid("0F2"), 10.5)
+    assert str(graph.tasks[arbiter.choose(now=10.0)]) == "1B1"
+    assert arbiter.decisions[-1].head == Task.parse("1F2") and arbiter.decisions[-1].deferred is None
+
+
+def test_lookahead_without_a_prediction_is_greedy():
+    graph, arbiter, tid = middle_rank_at_the_decision()
+    assert str(graph.tasks[arbiter.choose(now=10.0)]) == "1B1"  # 0F2 has not started: no check
+
+
+def test_lookahead_relayed_prediction_expires_at_its_time():
+    graph, arbiter, tid = middle_rank_at_the_decision()
+    arbiter.expect(tid("0F2"), 10.5, started=False)  # only 0F2's own input is on its way
+    assert arbiter.choose(now=10.0) is None
+    assert arbiter.next_wakeup() == 10.5
+    assert str(graph.tasks[arbiter.choose(now=10.5)]) == "1B1"  # the hope failed: stand aside
+
+
+def test_lookahead_runs_another_task_that_fits_and_records_the_deferral():
+    graph, arbiter, tid = middle_rank_at_the_decision(budget=3, estimate_f=0.3)
+    arbiter.available(tid("0F3"))  # 1F3 is ready (budget 3 admits it), ranked after 1B1
+    arbiter.expect(tid("0F2"), 10.5)
+    chosen = arbiter.choose(now=10.0)
+    assert str(graph.tasks[chosen]) == "1F3"
+    decision = arbiter.decisions[-1]
+    assert decision.deferred == Task.parse("1B1") and decision.head == Task.parse("1F2")
+    assert [str(t) for t, _ in decision.ready] == ["1B1", "1F3"]
+
+
+def test_lookahead_stands_aside_when_the_forward_would_not_fit_the_budget():
+    graph, arbiter, tid = middle_rank_at_the_decision(budget=2, backward_ready=False)
+    arbiter.available(tid("0F3"))
+    assert str(graph.tasks[arbiter.choose(now=0.0)]) == "1F3"  # admitted out of order: 2 in flight now
+    arbiter.available(tid("2B1"))
+    arbiter.expect(tid("0F2"), 10.5)
+    # 1F2 could not start on arrival (the budget is full), and only 1B1 frees a slot: no waiting.
+    assert str(graph.tasks[arbiter.choose(now=10.0)]) == "1B1"
+
+
+def test_lookahead_needs_estimates():
+    hint = builtin_hint("1f1b", 2, 1, 2)
+    graph = TaskGraph.build(hint.shape)
+    with pytest.raises(ValueError, match="estimates"):
+        make_arbiter("lookahead", graph, 0, hint.orders[0], 2)
+
+
+def test_rules_from_policy_and_lookahead():
+    from runtime.arbiter import RULES, as_rule, rule_for
+
+    assert rule_for("ready").name == "lookahead"  # the default
+    assert rule_for("ready", lookahead=False).name == "greedy"
+    assert rule_for("fixed").name == "fixed"
+    with pytest.raises(UserError, match="--policy ready"):
+        rule_for("fixed", lookahead=True)
+    with pytest.raises(UserError, match="not a policy"):
+        rule_for("eager")
+    assert as_rule("ready") is RULES["greedy"]  # the library's plain reading
+    assert {r.name: (r.uses_budget, r.exact_order) for r in RULES.values()} == {
+        "fixed": (False, True), "greedy": (True, False), "lookahead": (True, False)}
+
+
+def test_running_means_estimate_per_stage_and_kind():
+    from runtime.arbiter import RunningMeans
+
+    graph = TaskGraph.build(PipelineShape(2, 1, 4))
+    means = RunningMeans(graph)
+    f0, f1 = graph.tid(Task.parse("0F0")), graph.tid(Task.parse("0F3"))
+    assert means[f0] is None
+    means.add(f0, 1.0)
+    means.add(f1, 3.0)
+    assert means[graph.tid(Task.parse("0F2"))] == 2.0  # every microbatch of 0F shares the mean
+    assert means[graph.tid(Task.parse("0B0"))] is None

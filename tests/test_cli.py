@@ -152,18 +152,51 @@ def test_simulate_human_output(tmp_path):
 
 
 def test_simulate_compare(tmp_path):
-    data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare")
-    expected = set(applicable_builtins(4, 1, 8))
-    assert expected == {"gpipe", "1f1b", "bf", "bfw", "zb"}
-    pairs = {(row["hint"], row["policy"]) for row in data["rows"]}
-    assert pairs == {(name, policy) for name in expected for policy in ("fixed", "ready")}
-    assert len(data["rows"]) == 2 * len(expected)
+    data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--workload", "multimodal")
+    expected = set(applicable_builtins(4, 1, 8)) | {"cp"}
+    assert expected == {"gpipe", "1f1b", "bf", "bfw", "zb", "cp"}
+    pairs = {(row["hint"], row["rule"]) for row in data["rows"]}
+    assert pairs == {(name, rule) for name in expected for rule in ("fixed", "greedy", "lookahead")}
+    assert len(data["rows"]) == 3 * len(expected)
     assert data["baseline"] == "1f1b fixed"
-    baseline = next(r for r in data["rows"] if r["hint"] == "1f1b" and r["policy"] == "fixed")
-    assert baseline["speedup"] == 1.0
-    assert baseline["makespan"] == pytest.approx(0.33, abs=1e-9)
+    slots = data["memory_budget_slots"]
+    assert slots == [4, 3, 2, 1]
+    baseline = next(r for r in data["rows"] if r["hint"] == "1f1b" and r["rule"] == "fixed")
+    assert baseline["speedup"] == 1.0 and baseline["within_budget"]
+    fixed = {r["hint"]: r["makespan"] for r in data["rows"] if r["rule"] == "fixed"}
     for row in data["rows"]:
         assert row["speedup"] == pytest.approx(baseline["makespan"] / row["makespan"])
+        assert row["makespan"] >= data["lower_bound"] - 1e-12
+        assert row["makespan_over_bound"] == pytest.approx(row["makespan"] / data["lower_bound"])
+        assert row["within_budget"] == all(p <= s for p, s in zip(row["peak_in_flight_per_rank"], slots))
+        if row["rule"] == "fixed":
+            assert row["vs_fixed_same_hint"] is None
+        else:  # readiness itself: the same hint's fixed order over this row
+            assert row["within_budget"]
+            assert row["vs_fixed_same_hint"] == pytest.approx(fixed[row["hint"]] / row["makespan"])
+    # Fixed gpipe holds every microbatch: not at equal memory with the 1f1b budget.
+    assert not next(r for r in data["rows"] if r["hint"] == "gpipe" and r["rule"] == "fixed")["within_budget"]
+
+
+def test_simulate_compare_table_marks_memory(tmp_path):
+    out = ok(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare").stdout
+    assert "at equal memory" in out and "over the budget" in out and "ready+la" in out
+
+
+def test_simulate_lookahead_flags(tmp_path):
+    greedy = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--lookahead", "off")
+    default = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8")
+    assert (greedy["rule"], greedy["lookahead"]) == ("greedy", False)
+    assert (default["rule"], default["lookahead"]) == ("lookahead", True)
+    fixed = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--policy", "fixed")
+    assert fixed["rule"] == "fixed"
+
+
+def test_simulate_task_overhead(tmp_path):
+    # Every task waits 1 ms after its decision: 1F1B's critical path holds 2 * (m + p - 1) tasks.
+    data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--policy", "fixed", "--task-overhead", "0.001")
+    assert data["makespan"] == pytest.approx(0.33 + 2 * 11 * 0.001, abs=1e-9)
+    assert data["busy"] == pytest.approx([0.24] * 4, abs=1e-12)
 
 
 def test_simulate_recorded_durations(tmp_path):
@@ -250,6 +283,33 @@ def test_error_memory_budget_below_chunk_count(tmp_path):
 def test_error_unparseable_memory_budget(tmp_path):
     line = user_error(tmp_path, "simulate", "-p", "2", "-m", "4", "--memory-budget", "lots")
     assert line.startswith("error: --memory-budget: 'lots' is not a budget")
+
+
+def test_error_lookahead_with_fixed_policy(tmp_path):
+    line = user_error(tmp_path, "simulate", "-p", "4", "-m", "8", "--policy", "fixed", "--lookahead", "on")
+    assert line.startswith("error: --lookahead: ") and "--policy ready" in line
+    line = user_error(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--lookahead", "off")
+    assert line.startswith("error: --lookahead: ")
+
+
+def test_error_cp_with_durations_that_lack_a_stage(tmp_path):
+    rows = [r for r in _uniform_rows() if not r.startswith("1,")]  # stage 1 missing
+    _durations_csv(tmp_path / "partial.csv", "stage,kind,microbatch,duration", rows)
+    line = user_error(tmp_path, "simulate", "-p", "2", "-m", "4", "--hint", "cp", "--durations", "partial.csv")
+    assert line == "error: partial.csv: no duration for task 1F0"
+
+
+def test_error_nan_duration(tmp_path):
+    rows = _uniform_rows()
+    rows[2] = "0,F,2,nan"
+    _durations_csv(tmp_path / "nan.csv", "stage,kind,microbatch,duration", rows)
+    line = user_error(tmp_path, "simulate", "-p", "2", "-m", "4", "--durations", "nan.csv")
+    assert line.startswith("error: nan.csv: row 4: duration of 0F2 must be a number >= 0")
+
+
+def test_error_negative_task_overhead(tmp_path):
+    line = user_error(tmp_path, "simulate", "-p", "2", "-m", "4", "--task-overhead", "-1")
+    assert "--task-overhead" in line
 
 
 def test_error_simulate_without_shape(tmp_path):
