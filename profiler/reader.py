@@ -12,7 +12,7 @@ Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 * ``tasks``: rank, iteration, task, stage, kind, microbatch, chunk, start_ns,
   end_ns, duration_ns, units (tokens or samples), images (multimodal), wait_ns
 * ``decisions``: rank, iteration, waited_from_ns, time_ns, chosen, hint_rank,
-  skipped, ready, held_back, in_flight
+  skipped, ready, held_back, in_flight, deferred
 * ``transfers``: src, dst, sequence, iteration, producer, bytes, queued_ns,
   send_start_ns, send_end_ns, recv_start_ns, recv_end_ns (one row per message;
   a side missing from the trace is null)
@@ -152,6 +152,7 @@ class _Reader:
             "images", "wait_ns")}
         self.decisions: dict[str, list] = {k: [] for k in (
             "rank", "iteration", "waited_from_ns", "time_ns", "chosen", "hint_rank", "skipped", "ready", "held_back",
+            "deferred",
             "in_flight")}
         self.iterations: dict[str, list] = {k: [] for k in ("rank", "iteration", "start_ns", "end_ns", "hint")}
         self.counters: dict[str, list] = {k: [] for k in ("rank", "counter", "time_ns", "value")}
@@ -284,6 +285,7 @@ class _Reader:
             d["skipped"].append(_text(values.get("skipped")))
             d["ready"].append(_text(values.get("ready", "")) or "")
             d["held_back"].append(_text(values.get("held_back")))
+            d["deferred"].append(_text(values.get("deferred")))
             d["in_flight"].append(values.get("in_flight"))
         elif kind == "iterations":
             i = self.iterations
@@ -324,6 +326,7 @@ class _Reader:
         decisions = pl.DataFrame(self.decisions, schema={
             "rank": pl.Int64, "iteration": pl.Int64, "waited_from_ns": pl.Int64, "time_ns": pl.Int64,
             "chosen": pl.Utf8, "hint_rank": pl.Int64, "skipped": pl.Utf8, "ready": pl.Utf8, "held_back": pl.Utf8,
+            "deferred": pl.Utf8,
             "in_flight": pl.Int64})
         return TraceFrames(
             path=self.name,

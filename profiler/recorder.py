@@ -211,6 +211,7 @@ class _PacketWriter:
         meta = {
             "schema": SCHEMA, "rank": rank, "world": setup.world, "job": setup.job, "workload": c.workload,
             "stages": c.stages, "chunks": c.chunks, "microbatches": c.microbatches, "policy": c.policy,
+            "rule": c.rule().name,
             "hint": hint_spec(c), "memory_budget": c.memory_budget, "budget_slots": setup.budget or 0,
             "clock_offset_ns": setup.clock_offset_ns, "clock_error_ns": setup.clock_error_ns,
             "timing": "cuda-events" if self.cuda else "host", "device": str(setup.device),
@@ -314,7 +315,8 @@ class _PacketWriter:
         values = {"iteration": iteration, "hint_rank": d.hint_rank,
                   "skipped": str(d.head) if d.head is not None else None,
                   "ready": " ".join(f"{t}@{h}" for t, h in d.ready),
-                  "held_back": " ".join(map(str, d.held_back)) or None, "in_flight": d.in_flight}
+                  "held_back": " ".join(map(str, d.held_back)) or None, "in_flight": d.in_flight,
+                  "deferred": str(d.deferred) if d.deferred is not None else None}
         self._begin(track, waited_from + offset, str(d.chosen), values)
         self._end(track, now + offset)
 

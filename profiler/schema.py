@@ -18,6 +18,8 @@ track                  events
                        task; ``hint_rank``, ``skipped`` (the hint head it
                        skipped), ``ready`` (``task@hint_rank`` list),
                        ``held_back`` (admissions the budget held back),
+                       ``deferred`` (a better-ranked ready backward the
+                       lookahead rule passed over, if any),
                        ``in_flight``, ``iteration``
 ``iterations``         one slice per iteration; ``iteration``, ``hint``
                        (this rank's hint order)
@@ -32,7 +34,8 @@ track                  events
 
 The first event of every rank is an instant named ``rrfp-trace/1`` on the
 process track whose annotations hold the run's metadata (shape, policy,
-hint, budget, clock offset, timing source). A trace without it was not
+``rule`` -- ``fixed``, ``greedy`` or ``lookahead``, absent in traces older
+than the lookahead rule --, hint, budget, clock offset, timing source). A trace without it was not
 written by rrfp.
 
 Track uuids are ``(rank + 1) << 32 | code << 16 | peer`` (:func:`track_uuid`)

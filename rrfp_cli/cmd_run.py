@@ -14,6 +14,7 @@ from rich.table import Table
 
 from hints.errors import UserError
 from runtime.config import RunConfig, build_config, load_toml
+from rrfp_cli.options import LookaheadChoice, lookahead_flag
 from rrfp_cli.output import Output
 
 RUN = "Run"
@@ -37,6 +38,7 @@ def run(
     dp: Annotated[Optional[int], _opt("--dp", help="Data-parallel degree (only 1 for now)")] = None,
     hint: Annotated[Optional[str], _opt("--hint", help="Built-in, hint file or torch:SCHEDULE [default 1f1b / interleaved-1f1b]")] = None,
     policy: Annotated[Optional[str], _opt("--policy", help=f"ready or fixed [default {D.policy}]")] = None,
+    lookahead: Annotated[Optional[LookaheadChoice], _opt("--lookahead", help="ready only: on = no backward that would delay a forward already on its way; off = greedy [default on]")] = None,
     memory_budget: Annotated[Optional[str], _opt("--memory-budget", help="1f1b, 2x, or slots per rank [default 1f1b]")] = None,
     iters: Annotated[Optional[int], _opt("--iters", help=f"Training iterations [default {D.iters}]")] = None,
     seed: Annotated[Optional[int], _opt("--seed", help="Seed for model init, data and variability [default 0]")] = None,
@@ -72,6 +74,8 @@ def run(
     """Train a model split into pipeline stages, one process per rank (or join a torchrun job)."""
     flags = {name: value for name, value in locals().items()
              if value is not None and name not in ("config_file", "compare", "json_mode", "delay")}
+    if lookahead is not None:
+        flags["lookahead"] = lookahead_flag(lookahead)
     if delay:
         flags["delay"] = _parse_delays(delay)
     file_values = load_toml(config_file) if config_file else {}
@@ -101,7 +105,7 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
     recorder = TRACE_RECORDER if config.trace else None
     jobs = []
     if compare:
-        baseline = config.with_overrides(policy="fixed", hint=None)
+        baseline = config.with_overrides(policy="fixed", hint=None, lookahead=None)
         jobs.append(Job(_job_name(baseline), baseline, str(root / _job_name(baseline)), recorder=recorder))
         jobs.append(Job(_job_name(config), config, str(root / _job_name(config)), recorder=recorder))
     else:
@@ -145,8 +149,10 @@ def _job_name(config: RunConfig) -> str:
 
     spec = hint_spec(config)
     name = Path(spec).stem if "/" in spec or spec.endswith((".json", ".csv")) else spec.replace(":", "-")
-    budget = f"@{config.memory_budget}" if config.policy == "ready" else ""
-    return f"{config.policy}-{name}{budget}"
+    rule = config.rule()
+    budget = f"@{config.memory_budget}" if rule.uses_budget else ""
+    greedy = "-greedy" if rule.policy.value == "ready" and not rule.lookahead else ""
+    return f"{config.policy}{greedy}-{name}{budget}"
 
 
 def _summarise(job, rows: list[dict]) -> dict[str, Any]:
@@ -156,6 +162,7 @@ def _summarise(job, rows: list[dict]) -> dict[str, Any]:
         "out": job.out_dir,
         "hint": job.config.hint,
         "policy": job.config.policy,
+        "rule": job.config.rule().name,
         "iterations": len(rows),
         "loss_first": rows[0]["loss"],
         "loss_last": rows[-1]["loss"],

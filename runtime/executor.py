@@ -3,10 +3,14 @@
 Loop (one iteration)::
 
     until the arbiter has run every task of this rank:
-        apply arrivals (store the tensors, tell the arbiter)
+        apply arrivals (store the tensors, tell the arbiter; notices go to the forecast)
         ask the arbiter for a task; if none, sleep on the inbox until a message arrives
+            (or until the arbiter's wake-up time)
         run the handler of the task's kind; route its output (local hand-off or transport)
         tell the arbiter it finished; record it
+
+With the lookahead rule an :class:`runtime.forecast.ArrivalForecast` sends and
+reads the notices that predict arrivals, and keeps the duration estimates.
 
 Handlers (``F``, ``B``, ``I``, ``W``) are small and typed; none of them knows
 about time, tracing or the transport. Conventions:
@@ -40,8 +44,9 @@ import torch
 from hints.tasks import B, F, I, Task, W
 from runtime.arbiter import Arbiter
 from runtime.deps import TaskGraph
+from runtime.forecast import ArrivalForecast
 from runtime.recording import NullRecorder, Recorder, TaskSpan
-from runtime.transport import Arrival, Transport
+from runtime.transport import Arrival, Notice, Transport
 from runtime.workloads import Workload
 
 IDLE_POLL_SECONDS = 0.5  # how long the dispatcher sleeps on the inbox before re-checking faults
@@ -79,6 +84,7 @@ class StageExecutor:
         fail_at: tuple[Task, int] | None = None,
         hang_at: tuple[Task, int] | None = None,
         progress: Callable[[], None] | None = None,
+        lookahead: bool = False,
     ) -> None:
         self.rank = rank
         self.graph = graph
@@ -99,6 +105,8 @@ class StageExecutor:
             for consumer in graph.local_consumers[tid] + graph.remote_consumers[tid]:
                 if graph.tasks[consumer].stage != task.stage:
                     self.data_consumer[tid] = consumer
+        # Notices and estimates for the lookahead rule (None: the rule is off, nothing is sent).
+        self.forecast = ArrivalForecast(rank, graph, transport, self.data_consumer) if lookahead else None
         self.arbiter: Arbiter | None = None
         self.received: dict[int, tuple[torch.Tensor, ...]] = {}
         self.stash: dict[tuple[int, int], tuple[tuple, tuple]] = {}
@@ -114,6 +122,9 @@ class StageExecutor:
         recorder, graph, clock = self.recorder, self.graph, time.monotonic_ns
         start = clock()
         recorder.begin_iteration(iteration, start, arbiter.order)
+        forecast = self.forecast
+        if forecast is not None:
+            forecast.begin(iteration, arbiter)
         busy, executed, units = 0, [], 0
         idle_since = start
         last_end = start
@@ -124,13 +135,17 @@ class StageExecutor:
             if tid is None:
                 if self.transport is None:
                     raise RuntimeError(f"rank {self.rank}: nothing ready and no transport to wait on")
-                self.transport.inbox.wait(IDLE_POLL_SECONDS)
+                wake = arbiter.next_wakeup()
+                wait = IDLE_POLL_SECONDS if wake is None else min(IDLE_POLL_SECONDS, max(0.0, wake - now * 1e-9))
+                self.transport.inbox.wait(wait)
                 continue
             task = graph.tasks[tid]
             if arbiter.decisions:
                 recorder.decision(iteration, arbiter.decisions.pop(), now - idle_since)
             began = clock()
             recorder.task_started(iteration, task, began)
+            if forecast is not None:
+                forecast.started(tid)
             self._maybe_fault(task)
             outputs = self.handlers[task.kind](task, tid)
             if self.delay is not None:
@@ -140,6 +155,8 @@ class StageExecutor:
             self._route(tid, outputs)
             arbiter.finish(tid)
             ended = clock()
+            if forecast is not None:
+                forecast.finished(tid, (ended - began) * 1e-9)
             batch = self.workload.batch(iteration, task.microbatch)
             info = {"units": batch.units}
             if batch.spec.images:
@@ -169,7 +186,11 @@ class StageExecutor:
         if self.transport is None:
             return
         for arrival in self.transport.inbox.drain():
-            arrival: Arrival
+            arrival: Arrival | Notice
+            if isinstance(arrival, Notice):
+                if self.forecast is not None and arrival.iteration == iteration:
+                    self.forecast.notice(arrival, time.monotonic_ns() * 1e-9)
+                continue
             if arrival.iteration != iteration:
                 raise RuntimeError(f"rank {self.rank}: message {arrival.producer} of iteration {arrival.iteration} "
                                    f"arrived during iteration {iteration}")
@@ -177,6 +198,8 @@ class StageExecutor:
             consumer = self.data_consumer[producer]
             self.received[consumer] = tuple(t.to(self.device) for t in arrival.tensors)
             self.recorder.arrival(iteration, arrival)
+            if self.forecast is not None:
+                self.forecast.data(producer, arrival.arrived_ns * 1e-9)
             self.arbiter.available(producer)
             self.progress()
 

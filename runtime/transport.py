@@ -16,7 +16,7 @@ All communication of the pipeline goes through this module, under one rule:
 Wire format of one message: one fixed-size byte *frame*, an int64 header of
 ``HEADER_WORDS`` words followed by up to ``INLINE_BYTES`` of payload::
 
-    [magic, sequence, type, iteration, stage, kind, microbatch, n_tensors, inline,
+    [magic, sequence, type, iteration, stage, kind, microbatch, n_tensors, inline, remaining_ns, firm,
      (dtype, ndim, d0..d5) x MAX_TENSORS] [payload bytes, tensors back to back]
 
 Payloads that fit travel inside the frame, so a typical message costs one
@@ -25,9 +25,18 @@ send per tensor (zero-size tensors are never sent; the header has their
 shape).
 
 ``type`` is HELLO (sent once per link at start, so every link is set up and
-exercised before training), DATA or CLOSE (end of run). ``kind`` is the
-Unicode code point of the producing task's letter (``ord("F")``), so the
+exercised before training), DATA, NOTICE or CLOSE (end of run). ``kind`` is
+the Unicode code point of the producing task's letter (``ord("F")``), so the
 header names the producing task ``<stage><kind><microbatch>`` directly.
+
+A NOTICE carries no tensors: it tells the receiver that the producing task's
+output is on its way, for the lookahead rule ([Note: lookahead admission] in
+:mod:`runtime.arbiter`). ``remaining_ns`` is the sender's estimate of how long
+until the output leaves it (its duration estimate for a task it just started:
+``firm`` = 1; or, relayed, its own predicted wait plus its duration estimate
+for the next task: ``firm`` = 0). Times are relative, so no clock needs to be
+shared. Notices travel in the link's one FIFO, so a notice always arrives
+before the data it announces.
 
 Arrival is learned without polling: gloo's ``irecv(...).is_completed()``
 stays False until ``wait()`` is called (torch 2.13), so receiver threads do
@@ -55,11 +64,12 @@ from hints.tasks import Kind, Task
 MAGIC = 0x52524650  # "RRFP"
 MAX_TENSORS = 4
 MAX_DIMS = 6
-HEADER_WORDS = 9 + MAX_TENSORS * (2 + MAX_DIMS)
+FIXED_WORDS = 11
+HEADER_WORDS = FIXED_WORDS + MAX_TENSORS * (2 + MAX_DIMS)
 HEADER_BYTES = HEADER_WORDS * 8
 INLINE_BYTES = 32 * 1024
 FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
-HELLO, DATA, CLOSE = 1, 2, 3
+HELLO, DATA, CLOSE, NOTICE = 1, 2, 3, 4
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
           torch.uint8)
 
@@ -79,6 +89,18 @@ class Arrival:
     tensors: tuple[torch.Tensor, ...]
     frame_ns: int  # host monotonic clock: the frame was received
     arrived_ns: int  # the whole message was received and handed to the inbox
+
+
+@dataclass(frozen=True)
+class Notice:
+    """A NOTICE from link ``src -> this rank``: ``producer``'s output should leave ``src`` in ``remaining`` s."""
+
+    src: int
+    iteration: int
+    producer: Task
+    remaining: float  # seconds, from when the notice was sent
+    firm: bool  # the producer has started (else: a relayed prediction)
+    arrived_ns: int  # host monotonic clock
 
 
 @dataclass(frozen=True)
@@ -134,14 +156,15 @@ class Inbox:
 
 
 def encode_frame(kind_of_message: int, sequence: int, iteration: int = 0, producer: Task | None = None,
-                 tensors: Sequence[torch.Tensor] = (), device: torch.device | str = "cpu"
-                 ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                 tensors: Sequence[torch.Tensor] = (), device: torch.device | str = "cpu",
+                 notice: tuple[int, bool] = (0, False)) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The frame of one message, and the tensors that must follow it (when they do not fit inline)."""
     if len(tensors) > MAX_TENSORS:
         raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {len(tensors)}")
     payload = sum(t.numel() * t.element_size() for t in tensors)
     inline = payload <= INLINE_BYTES
-    words = [MAGIC, sequence, kind_of_message, iteration, -1, 0, -1, len(tensors), int(inline)]
+    words = [MAGIC, sequence, kind_of_message, iteration, -1, 0, -1, len(tensors), int(inline), notice[0],
+             int(notice[1])]
     if producer is not None:
         words[4:7] = [producer.stage, ord(producer.kind.value), producer.microbatch]
     for tensor in tensors:
@@ -174,20 +197,23 @@ class FrameHeader:
     producer: Task | None
     specs: list[tuple[torch.dtype, tuple[int, ...]]]
     inline: bool
+    remaining_ns: int = 0  # NOTICE only
+    firm: bool = False  # NOTICE only
 
 
 def decode_frame(frame: torch.Tensor) -> FrameHeader:
     words = frame[:HEADER_BYTES].cpu().view(torch.int64).tolist()
     if words[0] != MAGIC:
         raise TransportError(f"bad message header (magic {words[0]:#x})")
-    _, sequence, kind_of_message, iteration, stage, kind, microbatch, count, inline = words[:9]
-    producer = Task(stage, Kind(chr(kind)), microbatch) if kind_of_message == DATA else None
+    _, sequence, kind_of_message, iteration, stage, kind, microbatch, count, inline, remaining, firm = \
+        words[:FIXED_WORDS]
+    producer = Task(stage, Kind(chr(kind)), microbatch) if kind_of_message in (DATA, NOTICE) else None
     specs = []
     for i in range(count):
-        base = 9 + i * (2 + MAX_DIMS)
+        base = FIXED_WORDS + i * (2 + MAX_DIMS)
         dtype, ndim = words[base], words[base + 1]
         specs.append((DTYPES[dtype], tuple(words[base + 2:base + 2 + ndim])))
-    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, bool(inline))
+    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, bool(inline), remaining, bool(firm))
 
 
 def inline_tensors(frame: torch.Tensor, specs) -> list[torch.Tensor]:
@@ -298,6 +324,10 @@ class Transport:
             self._unsent += 1
         self._queues[dst].put((DATA, iteration, producer, tuple(t.detach() for t in tensors)))
 
+    def notify(self, dst: int, iteration: int, producer: Task, remaining: float, firm: bool) -> None:
+        """Queue a NOTICE for rank ``dst``: ``producer``'s output should leave here in ``remaining`` seconds."""
+        self._queues[dst].put((NOTICE, iteration, producer, (max(0, int(remaining * 1e9)), firm)))
+
     def wait_sent(self, timeout: float) -> None:
         """Block until every queued message is on the wire (the end of an iteration; its peers are waiting)."""
         with self._unsent_cond:
@@ -316,7 +346,7 @@ class Transport:
         q = self._queues[link.dst]
         try:
             while True:
-                kind_of_message, iteration, producer, tensors = q.get()
+                kind_of_message, iteration, producer, payload = q.get()
                 queued = time.monotonic_ns()
                 if kind_of_message == DATA and self.latency is not None:
                     delay = self.latency(link.dst, producer)
@@ -324,10 +354,11 @@ class Transport:
                         time.sleep(delay)
                 sequence = self._sequence[link.dst]
                 self._sequence[link.dst] = sequence + 1
-                wire = [self._to_wire(t) for t in tensors]
+                notice = payload if kind_of_message == NOTICE else (0, False)
+                wire = [] if kind_of_message == NOTICE else [self._to_wire(t) for t in payload]
                 started = time.monotonic_ns()
                 frame, follow = encode_frame(kind_of_message, sequence, iteration, producer, wire,
-                                             self._wire_device)
+                                             self._wire_device, notice)
                 dist.send(frame, link.dst, group=link.group)
                 for tensor in follow:
                     if tensor.numel():
@@ -367,6 +398,10 @@ class Transport:
                 if header.kind_of_message == HELLO:
                     self._hello_from.append(link.src)
                     self._hellos.release()
+                    continue
+                if header.kind_of_message == NOTICE:
+                    self.inbox.put(Notice(link.src, header.iteration, header.producer, header.remaining_ns * 1e-9,
+                                          header.firm, frame_ns))
                     continue
                 if header.inline:
                     tensors = inline_tensors(frame, header.specs)

@@ -166,7 +166,8 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     plan = HintPlan(config, workload)
     shape = plan.for_iteration(0).shape  # the hint decides whether backwards are split
     graph = TaskGraph.build(shape)
-    budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if config.policy == "ready" else None
+    rule = config.rule()
+    budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if rule.uses_budget else None
     modules = {stage: workload.build_stage(stage).to(ctx.device) for stage in shape.stages_of_rank(ctx.rank)}
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = make_optimizer(params, config)
@@ -181,7 +182,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     executor = StageExecutor(
         ctx.rank, graph, workload, modules, ctx.transport, ctx.device, recorder=_Tracking(recorder, ctx),
         delay=noise.extra, fail_at=config.fault("fail_at"), hang_at=config.fault("hang_at"),
-        progress=watchdog.progress,
+        progress=watchdog.progress, lookahead=rule.lookahead,
     )
     ctx.executor = executor
     bar = _ProgressBar(job, config) if ctx.rank == 0 and options.show_progress else None
@@ -190,8 +191,9 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
         for iteration in range(config.iters):
             ctx.current = {"job": job.name, "iteration": iteration}
             hint = plan.for_iteration(iteration)
-            arbiter = make_arbiter(config.policy, graph, ctx.rank, hint.orders[ctx.rank],
-                                   budgets[ctx.rank] if budgets else None, record=True)
+            arbiter = make_arbiter(rule, graph, ctx.rank, hint.orders[ctx.rank],
+                                   budgets[ctx.rank] if budgets else None, record=True,
+                                   estimates=executor.forecast.estimates if executor.forecast else None)
             began = time.perf_counter()
             result = executor.run_iteration(iteration, arbiter)
             if iteration == 0:
@@ -269,7 +271,7 @@ def _write_outputs(out_dir: Path, config, rows: list[dict], workload) -> None:
     (out_dir / "config.json").write_text(json.dumps(config.to_json(), indent=1) + "\n")
     pl.DataFrame(rows).write_parquet(out_dir / "metrics.parquet")
     if workload.name == "emulated":
-        from runtime.variability import durations_frame_rows
+        from runtime.duration_tables import durations_frame_rows
 
         records = [(iteration, *row) for iteration in range(config.iters)
                    for row in durations_frame_rows(workload.durations(iteration))]
