@@ -32,7 +32,7 @@ from typing import Sequence
 import polars as pl
 
 from hints.errors import UserError
-from hints.orders import HintOrder, applicable_builtins
+from hints.orders import HintOrder
 from hints.tasks import PipelineShape, Task
 from profiler.reader import TraceFrames
 from runtime.deps import prerequisites
@@ -473,45 +473,96 @@ def trace_hint(frames: TraceFrames, iteration: int) -> HintOrder:
     return HintOrder(shape, orders, f"{name} (traced)")
 
 
-def sensitivity(frames: TraceFrames, iteration: int | None = None) -> pl.DataFrame:
-    """Replay the trace's realized durations under every built-in hint and both policies.
+def traced_rule(frames: TraceFrames) -> str:
+    """The arbiter rule the traced run used (traces older than the lookahead rule ran ``greedy``)."""
+    meta = next(iter(frames.meta.values()))
+    rule = meta.get("rule")
+    if isinstance(rule, str):
+        return rule
+    return "fixed" if meta.get("policy", "fixed") == "fixed" else "greedy"
 
-    Rows: hint, policy, simulated makespan (median over the chosen
-    iterations), and the ratio to the trace's own hint and policy replayed.
-    The first row is the trace's own hint under its own policy; the measured
-    makespan is there for comparison.
+
+@dataclass
+class Sensitivity:
+    """The trace's realized durations replayed under its own hint and every built-in (see :func:`sensitivity`)."""
+
+    iterations: list[int]
+    overhead_s: float  # per-dispatch overhead used in every replay
+    overhead: OverheadEstimate | None  # the calibration, when the overhead was not given
+    measured_s: dict[int, float]  # iteration -> measured makespan
+    replayed_s: dict[int, float]  # iteration -> the traced hint and rule replayed
+    rows: list  # runtime.evaluate.Row, medians over the iterations; the first is the traced hint
+    budget: str
+
+    @property
+    def errors(self) -> dict[int, float]:
+        """Per iteration, (replayed - measured) / measured: how well the simulator reproduces the run."""
+        return {i: (self.replayed_s[i] - m) / m for i, m in self.measured_s.items() if m > 0}
+
+    def to_json(self) -> dict:
+        own = self.rows[0].makespan
+        return {
+            "iterations": self.iterations, "memory_budget": self.budget,
+            "task_overhead_s": self.overhead_s,
+            "overhead_calibration": None if self.overhead is None else {
+                "median_s": self.overhead.per_task_s, "mean_s": self.overhead.mean_s,
+                "samples": self.overhead.samples},
+            "measured_makespan_s": statistics.median(self.measured_s.values()),
+            "replay": [{"iteration": i, "measured_s": self.measured_s[i], "replayed_s": self.replayed_s[i],
+                        "error": self.errors.get(i)} for i in self.iterations],
+            "rows": [{**row.to_json(), "speedup_vs_traced": own / row.makespan if row.makespan else None}
+                     for row in self.rows],
+        }
+
+
+def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
+                overhead: float | None = None) -> Sensitivity:
+    """Replay the trace's realized durations and latencies under its own hint and every built-in.
+
+    Each iteration's realized table (:func:`realized_durations`) is replayed
+    by ``runtime.evaluate.compare``: the traced hint under the traced rule
+    first, then every built-in (``bfw`` and ``cp`` from the table's
+    per-(stage, kind) means: no oracle) under fixed, ready and ready with
+    lookahead, at the traced memory budget. Every replay adds ``overhead``
+    seconds per dispatched task; by default it is calibrated from the trace
+    itself (:func:`dispatch_overhead`), which is what lets the traced hint's
+    replay reproduce each measured iteration. Figures are medians over
+    ``iterations`` (default: the complete ones after the first, which pays
+    for start-up, when there are several).
     """
     from runtime.arbiter import MemoryBudget
-    from runtime.deps import TaskGraph
-    from runtime.simulator import simulate
+    from runtime.evaluate import builtin_candidates, compare, median_rows
 
     meta = next(iter(frames.meta.values()))
-    own_policy = meta.get("policy", "fixed")
     budget = MemoryBudget.parse(meta.get("memory_budget", "1f1b"))
-    iterations = [iteration] if iteration is not None else _complete_iterations(frames)
-    measured = {row[0]: row[1] for row in iteration_windows(frames).select("iteration", "makespan_ns").iter_rows()}
-    results: dict[tuple[str, str], list[float]] = {}
-    shape = pipeline_shape(frames)
-    graphs: dict[bool, TaskGraph] = {}
+    complete = _complete_iterations(frames)
+    if iterations is None:
+        iterations = complete[1:] if len(complete) > 1 else complete
+    iterations = list(iterations)
+    incomplete = [i for i in iterations if i not in complete]
+    if incomplete:
+        raise UserError(f"iteration {incomplete[0]} is not a complete traced iteration "
+                        f"(complete: {', '.join(map(str, complete))})", "--iterations")
+    calibration = None
+    if overhead is None:
+        calibration = dispatch_overhead(frames, iterations)
+        overhead = calibration.per_task_s
+    measured = {row[0]: row[1] * 1e-9 for row in iteration_windows(frames).select(
+        "iteration", "makespan_ns").iter_rows()}
+    rule = traced_rule(frames)
+    own_name = f"(traced) {meta.get('hint', '')}"
+    comparisons = []
     for it in iterations:
         table = realized_durations(frames, it)
-        candidates: list[tuple[str, HintOrder, Sequence[str]]] = [
-            ("(traced) " + meta.get("hint", ""), trace_hint(frames, it), (own_policy,))]
-        builtins = applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, table.microbatch_costs)
-        candidates += [(name, hint, ("fixed", "ready")) for name, hint in builtins.items()]
-        for name, hint, policies in candidates:
-            if hint.shape.split_backward not in graphs:
-                graphs[hint.shape.split_backward] = TaskGraph.build(hint.shape)
-            graph = graphs[hint.shape.split_backward]
-            for policy in policies:
-                result = simulate(hint, table, policy, budget, graph=graph)
-                results.setdefault((name, policy), []).append(result.makespan)
-    rows = [{"hint": name, "policy": policy, "makespan_s": statistics.median(values)}
-            for (name, policy), values in results.items()]
-    own = rows[0]["makespan_s"]
-    frame = pl.DataFrame(rows).with_columns((own / pl.col("makespan_s")).alias("speedup_vs_traced"))
-    measured_s = statistics.median(measured[it] for it in iterations) * 1e-9
-    return frame.with_columns(pl.lit(measured_s).alias("measured_makespan_s"))
+        hints = {own_name: trace_hint(frames, it), **builtin_candidates(pipeline_shape(frames), table)}
+        comparisons.append(compare(hints, table, budget, overhead=overhead, own=(own_name, rule)))
+    rows = median_rows(comparisons)
+    rows.sort(key=lambda r: r.hint != own_name)  # the traced hint first, then the built-ins in order
+    # A replay's makespan counts the first dispatch (its first task starts at `overhead`); a traced
+    # iteration's window starts at its first task.
+    replayed = {it: c.row(own_name, rule).makespan - overhead for it, c in zip(iterations, comparisons)}
+    return Sensitivity(iterations, overhead, calibration, {i: measured[i] for i in iterations}, replayed, rows,
+                       str(budget))
 
 
 def _complete_iterations(frames: TraceFrames) -> list[int]:

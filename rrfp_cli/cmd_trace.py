@@ -157,27 +157,57 @@ def critical_path_command(run: RunArg, iteration: Iteration = None, json_mode: J
 
 
 @app.command("sensitivity")
-def sensitivity_command(run: RunArg, iteration: Iteration = None, json_mode: JsonFlag = False) -> None:
-    """Replay the trace's durations under every built-in hint and both policies (default: all complete iterations)."""
-    import polars as pl
+def sensitivity_command(
+    run: RunArg,
+    iteration: Iteration = None,
+    iterations: Annotated[Optional[str], typer.Option(
+        "--iterations", help="A:B: replay iterations A..B-1 (default: every complete one after the first, "
+        "which pays for start-up).")] = None,
+    task_overhead: Annotated[Optional[float], typer.Option(
+        "--task-overhead", help="Seconds of dispatch cost per task in every replay (default: calibrated from "
+        "this trace).")] = None,
+    json_mode: JsonFlag = False,
+) -> None:
+    """Replay the trace's realized durations under its own hint and every built-in, fixed and ready."""
+    from hints.errors import UserError
+    from profiler.analysis import sensitivity, traced_iterations
 
-    from profiler.analysis import sensitivity
-
+    if iteration is not None and iterations is not None:
+        raise UserError("give --iteration or --iterations, not both", "--iterations")
+    if task_overhead is not None and not task_overhead >= 0:
+        raise UserError(f"must be a number >= 0, got {task_overhead}", "--task-overhead")
     out = Output(json_mode)
-    frame = sensitivity(_load(run, out), iteration)
-    spread = frame.get_column("makespan_s")
+    frames = _load(run, out)
+    chosen = None
+    if iteration is not None:
+        chosen = [iteration]
+    elif iterations is not None:
+        start, stop = _iteration_window(iterations)
+        chosen = [i for i in traced_iterations(frames) if i >= start and (stop is None or i < stop)]
+        if not chosen:
+            raise UserError(f"no traced iteration in {iterations}", "--iterations")
+    result = sensitivity(frames, chosen, task_overhead)
+    data = result.to_json()
 
     def render(console: Console) -> None:
-        shown = frame.with_columns((pl.col("makespan_s") * 1e3).alias("simulated_ms"),
-                                   (pl.col("measured_makespan_s") * 1e3).alias("measured_ms")).drop(
-            "makespan_s", "measured_makespan_s")
-        _table(console, shown, "hint sensitivity: the trace's realized durations replayed by the simulator "
-                               "(median over iterations); speedup relative to the traced hint and policy",
-               {"speedup_vs_traced": ".3f"})
-        console.print(f"spread: {spread.min() * 1e3:.2f} .. {spread.max() * 1e3:.2f} ms "
-                      f"({spread.max() / spread.min():.2f}x between the worst and the best)")
+        table = Table(title=f"hint sensitivity at the traced budget ({result.budget}): realized durations of "
+                            f"iteration(s) {_ranges(result.iterations)} replayed (medians)", title_justify="left")
+        for column in ("hint", "rule", "simulated", "vs traced", "vs 1F1B", "/ bound"):
+            table.add_column(column, justify="left" if column in ("hint", "rule") else "right")
+        own = result.rows[0].makespan
+        for row in result.rows:
+            table.add_row(row.hint, row.label + ("" if row.within_budget else " (over budget)"),
+                          f"{row.makespan * 1e3:.2f} ms", f"{own / row.makespan:.3f}x", f"{row.speedup:.3f}x",
+                          f"{row.over_bound:.3f}")
+        console.print(table)
+        errors = list(result.errors.values())
+        source = (f"calibrated from {result.overhead.samples} dispatches" if result.overhead is not None
+                  else "given")
+        console.print(f"measured {data['measured_makespan_s'] * 1e3:.2f} ms (median); the traced hint replayed "
+                      f"with {result.overhead_s * 1e6:.0f} us dispatch overhead per task ({source}) is off by "
+                      f"{min(errors):+.1%} .. {max(errors):+.1%} per iteration")
 
-    out.result({"rows": frame.to_dicts(), "min_s": spread.min(), "max_s": spread.max()}, render)
+    out.result(data, render)
 
 
 @app.command("decisions")
@@ -290,19 +320,9 @@ def export_command(
 
 def _iteration_window(spec: str | None) -> tuple[int, int | None]:
     """``--iterations A:B`` as ``(A, B)``; ``B`` None means to the end."""
-    from hints.errors import UserError
+    from runtime.config import parse_window
 
-    if spec is None:
-        return 0, None
-    first, colon, last = spec.partition(":")
-    try:
-        start = int(first) if first.strip() else 0
-        stop = int(last) if last.strip() else None
-    except ValueError:
-        start = stop = -1
-    if not colon or start < 0 or (stop is not None and stop <= start):
-        raise UserError(f"{spec!r} is not A:B with 0 <= A < B (either may be left out)", "--iterations")
-    return start, stop
+    return parse_window(spec, "--iterations")
 
 
 def _export_durations(frames, path: Path, window: tuple[int, int | None]) -> dict:
@@ -326,6 +346,8 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None]) -> dic
               "--hint", str(meta.get("hint")), "--policy", str(meta.get("policy"))]
     if meta.get("policy") == "ready":
         replay += ["--memory-budget", str(meta.get("memory_budget"))]
+        # Traces older than the lookahead rule (no "rule") ran greedy readiness.
+        replay += ["--lookahead", "on" if meta.get("rule") == "lookahead" else "off"]
     return {"file": str(path), "iterations": [r.iteration for r in realized], "task_rows": rows,
             "latencies_measured": sum(len(r.measured) for r in realized),
             "latencies_filled": sum(len(r.filled) for r in realized),

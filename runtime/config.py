@@ -141,18 +141,7 @@ class RunConfig:
 
     def trace_window(self) -> tuple[int, int | None]:
         """``--trace-iters A:B`` as ``(A, B)``; ``B`` None means to the end."""
-        if self.trace_iters is None:
-            return 0, None
-        first, colon, last = str(self.trace_iters).partition(":")
-        try:
-            start = int(first) if first.strip() else 0
-            stop = int(last) if last.strip() else None
-        except ValueError:
-            start = stop = -1
-        if not colon or start < 0 or (stop is not None and stop <= start):
-            raise UserError(f"{self.trace_iters!r} is not A:B with 0 <= A < B (either may be left out)",
-                            "--trace-iters")
-        return start, stop
+        return parse_window(self.trace_iters, "--trace-iters")
 
     def traces(self, iteration: int) -> bool:
         start, stop = self.trace_window()
@@ -170,6 +159,24 @@ class RunConfig:
 
     def delays_by_task(self) -> dict[Task, float]:
         return {Task.parse(text): float(seconds) for text, seconds in self.delay.items()}
+
+
+def parse_window(spec: str | None, flag: str) -> tuple[int, int | None]:
+    """An iteration window ``A:B`` (iterations A..B-1; either side may be left out) as ``(A, B)``.
+
+    ``None`` is every iteration, ``(0, None)``. Used by ``--trace-iters`` and ``rrfp trace --iterations``.
+    """
+    if spec is None:
+        return 0, None
+    first, colon, last = str(spec).partition(":")
+    try:
+        start = int(first) if first.strip() else 0
+        stop = int(last) if last.strip() else None
+    except ValueError:
+        start = stop = -1
+    if not colon or start < 0 or (stop is not None and stop <= start):
+        raise UserError(f"{spec!r} is not A:B with 0 <= A < B (either may be left out)", flag)
+    return start, stop
 
 
 def _flag(name: str) -> str:

@@ -100,12 +100,34 @@ def test_sensitivity_replays_the_realized_durations(tmp_path):
                        1: [("1F0", 10, 20), ("1B0", 20, 40), ("1F1", 40, 50), ("1B1", 50, 70)]},
                 transfers=[("0F0", 0, 1, 10, 10, 10), ("0F1", 0, 1, 20, 20, 20), ("1B0", 1, 0, 40, 40, 40),
                            ("1B1", 1, 0, 70, 70, 70)])
-    frame = analysis.sensitivity(read_trace(build_run(tmp_path / "s", **spec)))
-    rows = {(h, p): ms for h, p, ms in frame.select("hint", "policy", "makespan_s").iter_rows()}
+    frames = read_trace(build_run(tmp_path / "s", **spec))
+    result = analysis.sensitivity(frames, overhead=0.0)
+    rows = {(r.hint, r.rule): r.makespan for r in result.rows}
     assert rows[("1f1b", "fixed")] == pytest.approx((m + ranks - 1) * 30e-6)
     assert rows[("gpipe", "fixed")] == pytest.approx((m + ranks - 1) * 30e-6)
-    assert frame.row(0, named=True)["hint"].startswith("(traced)")
-    assert frame.row(0, named=True)["measured_makespan_s"] == pytest.approx(90e-6)
+    assert {rule for _, rule in rows} == {"fixed", "greedy", "lookahead"}
+    assert ("cp", "lookahead") in rows
+    assert result.rows[0].hint == "(traced) 1f1b" and result.rows[0].rule == "fixed"
+    assert result.measured_s == {0: pytest.approx(90e-6)}
+    assert result.errors[0] == pytest.approx(0.0, abs=1e-9)  # the traced order replays to what ran
+    data = result.to_json()
+    assert data["rows"][0]["speedup_vs_traced"] == 1.0 and data["task_overhead_s"] == 0.0
+
+
+def test_sensitivity_calibrates_the_dispatch_overhead(tmp_path):
+    # Every task starts 5 us after it could have (previous end and inputs in): a 5 us dispatch cost.
+    # Replaying the traced order with it reproduces the measured makespan exactly.
+    ranks, m = 2, 2
+    spec = dict(ranks=ranks, microbatches=m,
+                tasks={0: [("0F0", 5, 15), ("0F1", 20, 30), ("0B0", 65, 85), ("0B1", 105, 125)],
+                       1: [("1F0", 20, 30), ("1B0", 35, 55), ("1F1", 60, 70), ("1B1", 75, 95)]},
+                transfers=[("0F0", 0, 1, 15, 15, 15), ("0F1", 0, 1, 30, 30, 30), ("1B0", 1, 0, 55, 56, 60),
+                           ("1B1", 1, 0, 95, 96, 100)])
+    frames = read_trace(build_run(tmp_path / "o", **spec))
+    result = analysis.sensitivity(frames)
+    assert result.overhead_s == pytest.approx(5e-6)
+    assert result.overhead.samples > 0
+    assert result.replayed_s[0] == pytest.approx(result.measured_s[0], rel=1e-6)
 
 
 def _seconds(us: float) -> float:

@@ -62,9 +62,17 @@ def test_sensitivity_replays_the_traced_hint_close_to_what_ran(runs):
     root, fixed, _ = runs
     data = json.loads(run_rrfp(root, "trace", "sensitivity", str(fixed), "--json").stdout)
     traced = data["rows"][0]
-    assert traced["hint"] == "(traced) 1f1b" and traced["policy"] == "fixed"
-    assert traced["makespan_s"] == pytest.approx(traced["measured_makespan_s"], rel=0.25)
-    assert {(r["hint"], r["policy"]) for r in data["rows"][1:]} >= {("1f1b", "fixed"), ("zb", "ready")}
+    assert traced["hint"] == "(traced) 1f1b" and traced["rule"] == "fixed"
+    assert data["iterations"] == [2]  # traced 1..2; the first traced one is left out by default
+    assert data["overhead_calibration"]["samples"] > 0 and data["task_overhead_s"] > 0
+    for replay in data["replay"]:  # a calibrated replay of what ran lands close to what was measured
+        assert replay["replayed_s"] == pytest.approx(replay["measured_s"], rel=0.15)
+    assert {(r["hint"], r["rule"]) for r in data["rows"][1:]} >= {("1f1b", "fixed"), ("zb", "greedy"),
+                                                                   ("zb", "lookahead"), ("cp", "lookahead")}
+    ready = json.loads(run_rrfp(root, "trace", "sensitivity", str(ready_run := runs[2]), "--json",
+                                "--iterations", "1:", "--task-overhead", "0").stdout)
+    assert ready["iterations"] == [1, 2] and ready["task_overhead_s"] == 0
+    assert ready["rows"][0]["hint"] == "(traced) zb" and ready["rows"][0]["rule"] == "lookahead", ready_run
 
 
 def test_compare_export_timeline(runs, tmp_path):
