@@ -10,7 +10,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from hints.hintfile import hint_to_json, resolve_hint, save_hint, save_torch_csv
+from hints.hintfile import hint_to_json, save_hint, save_torch_csv
 from hints.orders import BUILTIN_HINTS, HintOrder
 from hints.torch_import import TORCH_SCHEDULES
 from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Stages
@@ -26,6 +26,13 @@ MICROBATCH_COLOURS = (
     "blue", "green", "magenta", "cyan", "orange3", "red",
 )
 KIND_STYLE = {"F": "", "B": "reverse ", "I": "reverse ", "W": "underline "}
+
+
+def resolve_hint(spec: str, stages, chunks, microbatches) -> HintOrder:
+    """A hint as the other commands build it (``cp`` from uniform durations: no workload here)."""
+    from runtime.evaluate import resolve
+
+    return resolve(spec, stages, chunks, microbatches)
 
 
 @app.command("list")

@@ -55,14 +55,21 @@ def durations_for(shape: PipelineShape, model: VariabilityModel | None = None, s
 
 def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int | None,
             table: Durations | None = None) -> HintOrder:
-    """``spec`` for the shape; ``bfw`` and ``cp`` take their inputs from ``table.expected()``."""
+    """``spec`` for the shape; ``bfw`` and ``cp`` take their inputs from ``table.expected()``.
+
+    Without a table ``bfw`` keeps index order and ``cp`` uses uniform durations (``rrfp hints show cp``).
+    """
     builtin = BUILTIN_HINTS.get(spec)
-    if builtin is None or not (builtin.takes_costs or builtin.takes_priorities) or table is None:
+    if builtin is None or not (builtin.takes_costs or builtin.takes_priorities):
         return resolve_hint(spec, ranks, chunks, microbatches)
     if ranks is None or microbatches is None:
         raise UserError(f"hint {spec!r} needs --stages and --microbatches")
-    costs, priorities = _expected_inputs(PipelineShape(ranks, chunks or 1, microbatches), table,
-                                         builtin.takes_priorities)
+    shape = PipelineShape(ranks, chunks or 1, microbatches)
+    if table is None:
+        if not builtin.takes_priorities:
+            return resolve_hint(spec, ranks, chunks, microbatches)
+        table = sample_durations(VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
+    costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities)
     return resolve_hint(spec, ranks, chunks, microbatches, costs, priorities)
 
 

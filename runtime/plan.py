@@ -17,7 +17,6 @@ from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name
 from hints.tasks import PipelineShape
 from runtime.arbiter import MemoryBudget
 from runtime.evaluate import resolve
-from runtime.variability import VariabilityModel, expected_durations, sample_microbatches
 
 
 def hint_spec(config) -> str:
@@ -48,12 +47,8 @@ class HintPlan:
 
 def validate_run(config) -> HintOrder:
     """Resolve and check the job's hint and budget; raises ``UserError`` before anything starts."""
-    spec = hint_spec(config)
-    table = None
-    if _per_iteration(spec):  # bfw/cp: checked on the uniform model; their validity does not depend on costs
-        shape, uniform = run_shape(config), VariabilityModel()
-        table = expected_durations(uniform, shape, sample_microbatches(uniform, shape.microbatches, 0))
-    hint = resolve(spec, config.stages, config.chunks, config.microbatches, table)
+    # bfw and cp are checked as built without costs: their shape and validity do not depend on them.
+    hint = resolve(hint_spec(config), config.stages, config.chunks, config.microbatches)
     shape = hint.shape
     if (shape.ranks, shape.chunks, shape.microbatches) != (config.stages, config.chunks, config.microbatches):
         from hints.errors import HintError
