@@ -48,8 +48,10 @@ def test_compare_runs_fixed_then_ready(tmp_path):
                   "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
-    assert [j["job"] for j in data["jobs"]] == ["fixed-1f1b", "ready-zb@2x"]
-    assert data["speedup"] > 0
+    assert [j["job"] for j in data["jobs"]] == ["fixed-1f1b", "fixed-zb", "ready-zb@2x"]
+    steps = [j["median_wall_seconds"] for j in data["jobs"]]
+    assert data["speedup"] == steps[0] / steps[2]
+    assert data["speedup_vs_fixed_hint"] == steps[1] / steps[2]
     assert (tmp_path / "c" / "fixed-1f1b" / "metrics.parquet").exists()
     assert (tmp_path / "c" / "ready-zb@2x" / "durations.parquet").exists()
 
