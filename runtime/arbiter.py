@@ -597,7 +597,7 @@ def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | 
                         "--policy") from None
     if policy is Policy.FIXED:
         if lookahead is not None:
-            raise UserError("--lookahead applies to --policy ready only: the fixed policy runs the hint exactly",
+            raise UserError("applies to --policy ready only: the fixed policy runs the hint exactly",
                             "--lookahead")
         return RULES["fixed"]
     if lookahead is None:

@@ -72,6 +72,17 @@ def test_config_file_and_flags_win(tmp_path):
     assert config["policy"] == "ready" and config["memory_budget"] == "2x" and config["iters"] == 1
 
 
+def test_config_file_lookahead_and_bad_value(tmp_path):
+    from runtime.config import build_config, load_toml
+
+    (tmp_path / "la.toml").write_text('lookahead = "off"\nhint = "zb"\n')
+    config = build_config(load_toml(tmp_path / "la.toml"), {})
+    assert config.lookahead is False and config.rule().name == "greedy"
+    (tmp_path / "bad.toml").write_text('lookahead = "sometimes"\n')
+    line = one_error_line(run_rrfp(tmp_path, "run", "--config", "bad.toml", "--out", "x"))
+    assert "--lookahead: must be on, off, true or false" in line
+
+
 @pytest.mark.parametrize("args,message", [
     (["--tp", "2"], "error: --tp: tensor and data parallelism are not supported yet"),
     (["--chunks", "2", "--hint", "interleaved-1f1b", "--microbatches", "5"], "must be a multiple of 2"),
@@ -80,6 +91,7 @@ def test_config_file_and_flags_win(tmp_path):
     (["--workload", "video"], "error: --workload: 'video' is not one of gpt, multimodal, emulated"),
     (["--delay", "1B0"], "error: --delay: '1B0' is not TASK=SECONDS"),
     (["--fail-at", "zz"], "error: --fail-at: 'zz' is not a task"),
+    (["--policy", "fixed", "--lookahead", "on"], "error: --lookahead: applies to --policy ready only"),
 ])
 def test_bad_input_fails_before_any_rank_starts(tmp_path, args, message):
     began = time.monotonic()
