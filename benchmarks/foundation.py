@@ -1,22 +1,41 @@
-"""Foundation benchmarks: simulator throughput, arbiter decision latency, CLI start-up.
+"""Foundation benchmarks: simulator throughput, end to end cost per task, arbiter decision latency, CLI start-up.
 
     .venv/bin/python benchmarks/foundation.py [--repeats 5]
+    .venv/bin/python benchmarks/foundation.py --against REV [--repeats 5]
 
 Prints one Markdown table per measurement (medians over repeats) for
 BENCHMARKS.md. Timings are wall-clock on whatever machine runs it; compare
 ratios measured in one run, not numbers across machines.
+
+``--against REV`` checks ``REV`` out into a temporary git worktree (outside
+the repository) and measures the end-to-end cost there and here, side by
+side: each in its own worker process (this interpreter, ``PYTHONPATH`` at one
+tree), taking turns repeat by repeat so that both see the same machine load.
+It prints that table only.
+
+End to end is what ``rrfp simulate`` pays for one hint: sample the durations
+(``sample_durations``), build the hint (``builtin_hint``), compile the graph
+(``TaskGraph.build``) and simulate (``simulate``, which maps the durations onto
+the graph with ``Durations.for_graph``), from nothing, with the cyclic garbage
+collector on (collected before each repeat, outside the timing).
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
+import json
+import os
 import platform
+import shutil
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
+# Only APIs every revision has: the --against worker imports this file against an older tree.
 from hints.orders import builtin_hint
 from runtime.arbiter import make_arbiter
 from runtime.deps import TaskGraph
@@ -24,6 +43,16 @@ from runtime.simulator import simulate
 from runtime.variability import VariabilityModel, sample_durations
 
 ROOT = Path(__file__).resolve().parent.parent
+
+# 1F1B hints of 8,192, 131,072 and 524,288 tasks (ranks x microbatches x 2).
+E2E_SHAPES = ((32, 128), (128, 512), (256, 1024))
+E2E_RULES = ("fixed", "greedy", "lookahead")
+E2E_MODEL = dict(workload="multimodal", jitter=0.2, comm_latency=0.0005)
+
+
+def _repeats_for(tasks: int, repeats: int) -> int:
+    """More repeats for small shapes: a run of a few milliseconds is at the mercy of one noisy moment."""
+    return repeats * max(1, 65_536 // tasks)
 
 
 def simulator_throughput(repeats: int) -> None:
@@ -50,6 +79,133 @@ def simulator_throughput(repeats: int) -> None:
         sim = statistics.median(runs)
         print(f"| {policy} | {sim:.3f} s | {len(graph) / sim:,.0f} | {sim + build:.3f} s | "
               f"{len(graph) / (sim + build):,.0f} |")
+
+
+def end_to_end(ranks: int, microbatches: int, rule: str) -> float:
+    """Seconds for one 1F1B hint from nothing to its simulated result (see the module docstring)."""
+    model = VariabilityModel(**E2E_MODEL)
+    gc.collect()
+    began = time.perf_counter()
+    hint = builtin_hint("1f1b", ranks, 1, microbatches)
+    table = sample_durations(model, hint.shape, 0)
+    graph = TaskGraph.build(hint.shape)
+    simulate(hint, table, rule, graph=graph)
+    return time.perf_counter() - began
+
+
+def end_to_end_table(repeats: int) -> None:
+    print(f"\n### End to end (sample + hint + graph + simulate), 1f1b, multimodal, median of {repeats} "
+          f"({_repeats_for(2 * E2E_SHAPES[0][0] * E2E_SHAPES[0][1], repeats)} at the smallest shape)\n")
+    print("| tasks | rule | seconds | us/task |")
+    print("|---|---|---|---|")
+    per_task: dict[tuple[int, str], float] = {}
+    for ranks, microbatches in E2E_SHAPES:
+        tasks = 2 * ranks * microbatches
+        for rule in E2E_RULES:
+            runs = [end_to_end(ranks, microbatches, rule) for _ in range(_repeats_for(tasks, repeats))]
+            seconds = statistics.median(runs)
+            per_task[tasks, rule] = seconds / tasks
+            print(f"| {tasks:,} ({ranks} x {microbatches}) | {rule} | {seconds:.3f} | {seconds / tasks * 1e6:.2f} |")
+    _print_linearity(per_task)
+
+
+def _print_linearity(per_task: dict[tuple[int, str], float]) -> None:
+    smallest, largest = (2 * r * m for r, m in (E2E_SHAPES[0], E2E_SHAPES[-1]))
+    ratios = ", ".join(f"{rule} {per_task[largest, rule] / per_task[smallest, rule]:.2f}x" for rule in E2E_RULES)
+    print(f"\nPer-task cost at {largest:,} tasks over that at {smallest:,} tasks: {ratios}")
+
+
+class _Worker:
+    """A process measuring :func:`end_to_end` with ``PYTHONPATH`` at ``tree``, one repeat per request."""
+
+    def __init__(self, tree: Path) -> None:
+        env = dict(os.environ, PYTHONPATH=str(tree))
+        self.process = subprocess.Popen(
+            [sys.executable, str(Path(__file__).resolve()), "--e2e-worker"], cwd=tree, env=env,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+        )
+        hello = self._reply()
+        if not Path(hello["simulator"]).resolve().is_relative_to(tree.resolve()):
+            raise RuntimeError(f"the worker for {tree} imported {hello['simulator']}")
+        self.rules: dict[str, str] = hello["rules"]
+
+    def measure(self, ranks: int, microbatches: int, rule: str) -> float:
+        self.process.stdin.write(f"{ranks} {microbatches} {rule}\n")
+        self.process.stdin.flush()
+        return self._reply()["seconds"]
+
+    def _reply(self) -> dict:
+        line = self.process.stdout.readline()
+        if not line:
+            raise RuntimeError(f"the benchmark worker exited with {self.process.wait()}")
+        return json.loads(line)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        self.process.wait()
+
+
+def _worker_main() -> None:
+    """--e2e-worker: announce the tree, then answer "ranks microbatches rule" lines with the seconds taken."""
+    import runtime.simulator
+    tiny = builtin_hint("1f1b", 2, 1, 2)
+    names = {}  # rule asked for -> rule this revision runs: older ones know only "fixed" and "ready" (greedy)
+    for rule in E2E_RULES:
+        try:
+            simulate(tiny, sample_durations(VariabilityModel(), tiny.shape, 0), rule)
+            names[rule] = rule
+        except Exception:
+            names[rule] = "ready"
+    print(json.dumps({"simulator": runtime.simulator.__file__, "rules": names}), flush=True)
+    for line in sys.stdin:
+        ranks, microbatches, rule = line.split()
+        print(json.dumps({"seconds": end_to_end(int(ranks), int(microbatches), names[rule])}), flush=True)
+
+
+def against(rev: str, repeats: int) -> None:
+    """The end-to-end table for ``rev`` and this working tree, measured side by side."""
+    commit = subprocess.run(["git", "rev-parse", "--short", rev], cwd=ROOT, capture_output=True, text=True,
+                            check=True).stdout.strip()
+    scratch = Path(tempfile.mkdtemp(prefix="rrfp-against-"))
+    tree = scratch / commit
+    subprocess.run(["git", "worktree", "add", "--detach", str(tree), rev], cwd=ROOT, capture_output=True,
+                   check=True)
+    try:
+        old, new = _Worker(tree), _Worker(ROOT)
+        try:
+            _against_table(commit, old, new, repeats)
+        finally:
+            old.close()
+            new.close()
+    finally:
+        subprocess.run(["git", "worktree", "remove", "--force", str(tree)], cwd=ROOT, capture_output=True)
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _against_table(commit: str, old: _Worker, new: _Worker, repeats: int) -> None:
+    smallest = 2 * E2E_SHAPES[0][0] * E2E_SHAPES[0][1]
+    print(f"\n### End to end, {commit} (old) vs this tree (new): sample + hint + graph + simulate, 1f1b, "
+          f"multimodal, median of {repeats} ({_repeats_for(smallest, repeats)} at {smallest:,} tasks), "
+          f"old and new taking turns\n")
+    substituted = [f"`{rule}` against its `{name}`" for rule, name in old.rules.items() if name != rule]
+    if substituted:
+        print(f"{commit} has no {' or '.join(r for r, n in old.rules.items() if n != r)} rule, so this compares "
+              f"{', '.join(substituted)} (the policy `ready` without lookahead is `greedy`).\n")
+    print("| tasks | rule | old s | new s | speedup | old us/task | new us/task |")
+    print("|---|---|---|---|---|---|---|")
+    per_task: dict[tuple[int, str], float] = {}
+    for ranks, microbatches in E2E_SHAPES:
+        tasks = 2 * ranks * microbatches
+        for rule in E2E_RULES:
+            old_runs, new_runs = [], []
+            for _ in range(_repeats_for(tasks, repeats)):
+                old_runs.append(old.measure(ranks, microbatches, rule))
+                new_runs.append(new.measure(ranks, microbatches, rule))
+            old_s, new_s = statistics.median(old_runs), statistics.median(new_runs)
+            per_task[tasks, rule] = new_s / tasks
+            print(f"| {tasks:,} ({ranks} x {microbatches}) | {rule} | {old_s:.3f} | {new_s:.3f} | "
+                  f"{old_s / new_s:.2f}x | {old_s / tasks * 1e6:.2f} | {new_s / tasks * 1e6:.2f} |", flush=True)
+    _print_linearity(per_task)
 
 
 def arbiter_latency(repeats: int, ready_size: int = 64, decisions: int = 20000) -> None:
@@ -103,10 +259,19 @@ def cli_startup(repeats: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--against", metavar="REV", help="compare end to end with git revision REV, side by side")
+    parser.add_argument("--e2e-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.e2e_worker:
+        _worker_main()
+        return
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
-          f"{__import__('os').cpu_count()} CPUs")
+          f"{os.cpu_count()} CPUs")
+    if args.against:
+        against(args.against, args.repeats)
+        return
     simulator_throughput(args.repeats)
+    end_to_end_table(args.repeats)
     arbiter_latency(args.repeats)
     cli_startup(max(args.repeats, 10))
 

@@ -61,14 +61,14 @@ Built-ins (``BUILTIN_HINTS``):
 
 from __future__ import annotations
 
-from collections import defaultdict
 from dataclasses import dataclass, field
+from itertools import chain, repeat
 from typing import Callable, Mapping, Sequence
 
 from hints.errors import HintError
-from hints.tasks import B, F, I, PipelineShape, Task, W
+from hints.tasks import B, F, I, PipelineShape, Task, W, cyclic_gc_paused
 
-RankOrders = list[list[Task]]
+RankOrders = list[Sequence[Task]]  # one order per rank (lists, or tuples when built whole)
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def _one_f_one_b_rank(
     microbatches: int,
     warmup: int,
     weight_lag: int | None,
-) -> list[Task]:
+) -> Sequence[Task]:
     """One rank's 1F1B-family order (the shape of torch's ``_get_1f1b_rank_ops``, without idle slots).
 
     Steps ``0 .. warmup-1`` are forwards; then each step is a forward followed by
@@ -186,38 +186,38 @@ def _one_f_one_b_rank(
     total = chunks * microbatches
     warmup = min(warmup, total)
     per_round = microbatches_per_round(ranks, microbatches) if chunks > 1 else microbatches
+    forwards = _in_rounds(rank, ranks, chunks, microbatches, per_round, F, reverse=False)
+    backwards = _in_rounds(rank, ranks, chunks, microbatches, per_round, B if weight_lag is None else I,
+                           reverse=True)
+    steady = total - warmup  # steps with a forward and a backward
+    if weight_lag is None:
+        steady_steps = chain.from_iterable(zip(forwards[warmup:], backwards))
+        return tuple(chain(forwards[:warmup], steady_steps, backwards[steady:]))  # HintOrder keeps tuples
+    weights = [_task(Task, (stage, W, mb)) for stage, _, mb in backwards]
+    order = forwards[:warmup]
+    for j, backward in enumerate(backwards):  # backward step j is step warmup + j
+        if j < steady:
+            order.append(forwards[warmup + j])
+        order.append(backward)
+        if j >= weight_lag:
+            order.append(weights[j - weight_lag])
+    return order + weights[max(0, total - weight_lag):]
 
-    def forward_stage(step: int) -> int:
-        return ((step // per_round) % chunks) * ranks + rank
 
-    def backward_stage(step: int) -> int:
-        return (chunks - 1 - ((step - warmup) // per_round) % chunks) * ranks + rank
+_task = tuple.__new__  # Task(...) without NamedTuple's Python-level __new__, for orders built task by task
 
-    next_forward: dict[int, int] = defaultdict(int)
-    next_backward: dict[int, int] = defaultdict(int)
-    next_weight: dict[int, int] = defaultdict(int)
-    backward_kind = B if weight_lag is None else I
-    backward_steps: list[int] = []
-    weights_done = 0
-    order: list[Task] = []
 
-    def emit(stage: int, kind, counters: dict[int, int]) -> None:
-        order.append(Task(stage, kind, counters[stage]))
-        counters[stage] += 1
-
-    for step in range(warmup + total):
-        if step < total:
-            emit(forward_stage(step), F, next_forward)
-        if step >= warmup:
-            emit(backward_stage(step), backward_kind, next_backward)
-            backward_steps.append(step)
-            if weight_lag is not None and step - warmup >= weight_lag:
-                emit(backward_stage(backward_steps[weights_done]), W, next_weight)
-                weights_done += 1
-    if weight_lag is not None:
-        for step in backward_steps[weights_done:]:
-            emit(backward_stage(step), W, next_weight)
-    return order
+def _in_rounds(rank: int, ranks: int, chunks: int, microbatches: int, per_round: int, kind, reverse: bool
+               ) -> list[Task]:
+    """A rank's tasks of ``kind`` in 1F1B order: rounds of ``per_round`` microbatches, each round through the
+    next chunk (``reverse``: from the last chunk down), microbatches ascending within each chunk."""
+    tasks: list[Task] = []
+    for round_ in range(chunks * microbatches // per_round):
+        chunk = chunks - 1 - round_ % chunks if reverse else round_ % chunks
+        first = (round_ // chunks) * per_round
+        tasks.extend(map(_task, repeat(Task, per_round),
+                         zip(repeat(chunk * ranks + rank), repeat(kind), range(first, first + per_round))))
+    return tasks
 
 
 def one_f_one_b(ranks: int, chunks: int, microbatches: int) -> RankOrders:
@@ -269,6 +269,7 @@ class BuiltinHint:
     takes_priorities: bool = False  # a priority per task, computed from the task graph (cp)
     chunks: str = "any"  # human-readable requirement, for `rrfp hints list`
 
+    @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
     def build(
         self,
         ranks: int,

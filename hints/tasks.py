@@ -18,11 +18,24 @@ Convention used throughout rrfp
   parses back with :meth:`Task.parse`.
 
 This module imports nothing heavier than the standard library.
+
+[Note: cyclic GC and task-sized lists]
+    A ``Task`` holds a ``Kind`` member, an object the cyclic garbage collector
+    tracks, so every task tuple stays tracked. Phases that allocate per task
+    (hint orders, the task graph, sampled tables, a simulation) trigger
+    collections along the way, and the older ones traverse everything already
+    built, so time grows faster than ``n`` (a graph build at 131k tasks took
+    0.12 s with the collector on, 0.03 s with it off). Nothing these phases
+    build refers back to itself, so they run under :func:`cyclic_gc_paused`;
+    reference counting still frees everything, and the collector looks at
+    what they kept once, when it resumes.
 """
 
 from __future__ import annotations
 
+import gc
 import re
+from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
 from typing import Iterator, NamedTuple
@@ -48,6 +61,22 @@ class Kind(str, Enum):
     @property
     def is_backward(self) -> bool:
         return self is not Kind.FORWARD
+
+
+@contextmanager
+def cyclic_gc_paused():
+    """Pause the cyclic garbage collector for one allocation-heavy phase ([Note: cyclic GC and task-sized lists]).
+
+    Restores the collector's previous state, so phases nest; usable as a decorator.
+    """
+    if not gc.isenabled():
+        yield
+        return
+    gc.disable()
+    try:
+        yield
+    finally:
+        gc.enable()
 
 
 F = Kind.FORWARD

@@ -98,11 +98,11 @@ Rules (:data:`RULES`, the one table every other module derives from):
 
 from __future__ import annotations
 
-import heapq
 import math
 import re
 from dataclasses import dataclass
 from enum import Enum
+from heapq import heapify, heappop, heappush
 from typing import NamedTuple, Sequence
 
 from hints.errors import UserError
@@ -234,7 +234,14 @@ class RunningMeans:
 
 
 class Arbiter:
-    """Dependency counting and memory accounting for one rank; subclasses choose."""
+    """Dependency counting, the ready set and memory accounting for one rank; subclasses choose.
+
+    Tasks of the rank are numbered by hint rank ``h`` (position in the rank's
+    order). The ready set is two binary heaps of hint ranks: admissions
+    (chunk-0 forwards, which need ``v`` free slots) and everything else, so a
+    rule finds the best-ranked candidate of each in O(1) and starts it in
+    O(log n).
+    """
 
     rule: "ArbiterRule"
 
@@ -263,36 +270,53 @@ class Arbiter:
         for h, tid in enumerate(tids):
             positions[tid] = h
         self.position = positions
+        # Per task id, shared with the graph; consumers per block of m ids (TaskGraph's offsets).
+        self._block_size = graph.shape.microbatches
+        self._local_offsets, self._remote_offsets = graph.local_offsets, graph.remote_offsets
+        self._admits, self._frees, self._is_forward = graph.admits, graph.frees, graph.is_forward
+        self._rank_of = graph.rank
+        # Per hint rank.
         self.unmet = [graph.prereq_count[t] for t in tids]
-        self.admits = [graph.admits[t] for t in tids]
-        self.frees = [graph.frees[t] for t in tids]
-        self.forward = [graph.is_forward[t] for t in tids]
-        self.started = bytearray(len(tids))
-        self.done_flags = bytearray(len(tids))
-        self.head = 0  # lowest hint rank not yet started
+        self.started = [False] * len(tids)  # (lists, not bytearrays: list stores are the interpreter's fast path)
+        self.done_flags = [False] * len(tids)
+        self._head = 0  # no hint rank below this one is left to start (see head)
         self.finished = 0
         self.in_flight = 0
         self.peak_in_flight = 0
         self.reserved = 0
         self.decisions: list[Decision] | None = [] if record else None
-        self.ready_count = 0  # input-ready tasks not yet started (held-back admissions included)
-        for h, unmet in enumerate(self.unmet):
-            if unmet == 0:
-                self.ready_count += 1
-                self._input_ready(h)
+        # The ready set: input-ready tasks not yet started (held-back admissions included), as hint ranks.
+        ready = [h for h, unmet in enumerate(self.unmet) if not unmet]
+        self._others = [h for h in ready if not self._admits[tids[h]]]  # ascending lists are heaps
+        self._admissions = [h for h in ready if self._admits[tids[h]]]
 
     @property
     def policy(self) -> "Policy":
         return self.rule.policy
 
+    @property
+    def head(self) -> int:
+        """The lowest hint rank not yet started (``len(order)`` once all started)."""
+        head, started = self._head, self.started
+        end = len(started)
+        while head < end and started[head]:  # moves up only: O(1) amortized
+            head += 1
+        self._head = head
+        return head
+
+    @property
+    def ready_count(self) -> int:
+        """Input-ready tasks not yet started (held-back admissions included)."""
+        return len(self._others) + len(self._admissions)
+
     # -- events ----------------------------------------------------------
     def available(self, producer: int) -> bool:
         """``producer`` (a task of another rank) delivered its output here; True if a task became ready."""
-        consumers = self.graph.remote_consumers[producer]
-        if len(consumers) == 1:  # the usual case: one message, one consumer, on this rank
-            return self._deliver(consumers)
-        rank_of, me = self.graph.rank, self.rank
-        return self._deliver([c for c in consumers if rank_of[c] == me])
+        offsets = self._remote_offsets[producer // self._block_size]
+        if len(offsets) != 1:  # the usual case is one message, one consumer, on this rank
+            rank_of, me = self._rank_of, self.rank
+            offsets = [d for d in offsets if rank_of[producer + d] == me]
+        return self._deliver(producer, offsets)
 
     def expect(self, producer: int, eta: float, started: bool = True) -> None:
         """``producer``'s output (a task of another rank) should arrive here at ``eta``.
@@ -304,25 +328,28 @@ class Arbiter:
 
     def finish(self, tid: int) -> bool:
         """A task of this rank ended; True if a local task became ready."""
-        h = self.position[tid]
         self.finished += 1
-        self.done_flags[h] = 1
-        if self.frees[h]:
+        self.done_flags[self.position[tid]] = True
+        if self._frees[tid]:
             self.in_flight -= 1
             self.reserved -= 1
-        return self._deliver(self.graph.local_consumers[tid])
+        offsets = self._local_offsets[tid // self._block_size]
+        return self._deliver(tid, offsets) if offsets else False
 
-    def _deliver(self, consumers) -> bool:
-        """Count an arrived input for each consumer (all on this rank)."""
+    def _deliver(self, producer: int, offsets) -> bool:
+        """Count ``producer``'s output as arrived for its consumers ``producer + d`` (all on this rank).
+
+        The consumers whose inputs have all arrived join the ready set.
+        """
         became_ready = False
         position, unmet = self.position, self.unmet
-        for consumer in consumers:
+        for offset in offsets:
+            consumer = producer + offset
             h = position[consumer]
             left = unmet[h] - 1
             unmet[h] = left
             if left == 0:
-                self.ready_count += 1
-                self._input_ready(h)
+                heappush(self._admissions if self._admits[consumer] else self._others, h)
                 became_ready = True
         return became_ready
 
@@ -341,7 +368,7 @@ class Arbiter:
 
     def ready_tasks(self) -> list[Task]:
         """Input-ready tasks not yet started, in hint order (for reports; O(n log n))."""
-        raise NotImplementedError
+        return [self.order[h] for h in sorted(self._others + self._admissions)]
 
     def waiting_on(self) -> list[tuple[Task, list[Task]]]:
         """Not-started tasks blocked on inputs, with the prerequisites not yet available (stall reports)."""
@@ -360,30 +387,22 @@ class Arbiter:
         return out
 
     # -- internals -------------------------------------------------------
-    def _input_ready(self, h: int) -> None:
-        raise NotImplementedError
-
     def _start(self, h: int) -> int:
-        self.started[h] = 1
-        self.ready_count -= 1
-        if self.forward[h]:
-            self.in_flight += 1
-            if self.in_flight > self.peak_in_flight:
-                self.peak_in_flight = self.in_flight
-            if self.admits[h]:
+        """Start the ready task of hint rank ``h``, already taken off its heap; returns its task id."""
+        self.started[h] = True
+        tid = self.tids[h]
+        if self._is_forward[tid]:
+            in_flight = self.in_flight = self.in_flight + 1
+            if in_flight > self.peak_in_flight:
+                self.peak_in_flight = in_flight
+            if self._admits[tid]:
                 self.reserved += self.chunks
-        if h == self.head:
-            started = self.started
-            head, end = h + 1, len(started)
-            while head < end and started[head]:
-                head += 1
-            self.head = head
-        return self.tids[h]
+        return tid
 
     def _record(self, now: float, h: int, ready_hs: Sequence[int], held_hs: Sequence[int],
                 deferred: int | None = None) -> None:
-        order = self.order
-        skipped = order[self.head] if self.head != h else None
+        order, head = self.order, self.head
+        skipped = order[head] if head != h else None
         self.decisions.append(
             Decision(
                 time=now,
@@ -393,7 +412,7 @@ class Arbiter:
                 head=skipped,
                 ready=tuple((order[x], x) for x in sorted(ready_hs)),
                 held_back=tuple(order[x] for x in sorted(held_hs)),
-                in_flight=self.in_flight + (1 if self.forward[h] else 0),
+                in_flight=self.in_flight + (1 if self._is_forward[self.tids[h]] else 0),
                 deferred=None if deferred is None else order[deferred],
             )
         )
@@ -402,58 +421,39 @@ class Arbiter:
 class FixedArbiter(Arbiter):
     """Only the head of the hint order may run."""
 
-    def _input_ready(self, h: int) -> None:
-        if self.decisions is not None:
-            self._ready_set.add(h)
-
-    def __init__(self, *args, **kwargs) -> None:
-        self._ready_set: set[int] = set()
-        super().__init__(*args, **kwargs)
-
     def choose(self, now: float = 0.0) -> int | None:
         h = self.head
         if h >= len(self.tids) or self.unmet[h]:
             return None
+        # The head is the lowest not-started hint rank, so when it is ready it tops its heap.
+        others, admissions = self._others, self._admissions
         if self.decisions is not None:
-            self._record(now, h, list(self._ready_set), ())
-            self._ready_set.discard(h)
-        return self._start(h)
-
-    def ready_tasks(self) -> list[Task]:
-        return [self.order[h] for h in range(self.head, len(self.tids))
-                if not self.started[h] and self.unmet[h] == 0]
+            self._record(now, h, others + admissions, ())
+        return self._start(heappop(admissions if self._admits[self.tids[h]] else others))
 
 
 class ReadyArbiter(Arbiter):
     """The ready task with the lowest hint rank, within the memory budget (the ``greedy`` rule)."""
 
     def __init__(self, *args, **kwargs) -> None:
-        self._others: list[int] = []  # heap of hint ranks: backwards and reserved forwards
-        self._admissions: list[int] = []  # heap of hint ranks: chunk-0 forwards (need v free slots)
         super().__init__(*args, **kwargs)
         if self.budget is None:
             raise ValueError("the ready policy needs a memory budget")
 
-    def _input_ready(self, h: int) -> None:
-        heapq.heappush(self._admissions if self.admits[h] else self._others, h)
-
     def choose(self, now: float = 0.0) -> int | None:
-        others = self._others
-        admissions = self._admissions
-        fits = bool(admissions) and self.reserved + self.chunks <= self.budget
-        if fits and not (others and others[0] < admissions[0]):
-            pick = admissions
+        others, admissions = self._others, self._admissions
+        if admissions and self.reserved + self.chunks <= self.budget:  # an admission fits
+            fits = True
+            pick = others if others and others[0] < admissions[0] else admissions
         elif others:
+            fits = False
             pick = others
         else:
             return None
         if self.decisions is not None:
             ready = others + admissions if fits else list(others)
             self._record(now, pick[0], ready, () if fits else admissions)
-        return self._start(heapq.heappop(pick))
-
-    def ready_tasks(self) -> list[Task]:
-        return [self.order[h] for h in sorted(self._others + self._admissions)]
+        return self._start(heappop(pick))
 
 
 class LookaheadArbiter(ReadyArbiter):
@@ -466,24 +466,23 @@ class LookaheadArbiter(ReadyArbiter):
     """
 
     def __init__(self, *args, **kwargs) -> None:
-        # hint rank of a forward not yet input-ready -> predicted arrival of its input
-        self._eta: dict[int, float] = {}  # its producer started
-        self._eta_relayed: dict[int, float] = {}  # its producer's own input is on its way
         self._wakeup: float | None = None
         super().__init__(*args, **kwargs)
         if self.estimates is None:
             raise ValueError("the lookahead rule needs duration estimates")
+        # Per hint rank of a forward not yet input-ready, the predicted arrival of its input (or None).
+        self._eta: list[float | None] = [None] * len(self.tids)  # its producer started
+        self._eta_relayed: list[float | None] = [None] * len(self.tids)  # its producer's own input is on its way
 
     def expect(self, producer: int, eta: float, started: bool = True) -> None:
-        position, forward, unmet, me = self.position, self.forward, self.unmet, self.rank
-        rank_of = self.graph.rank
-        for consumer in self.graph.remote_consumers[producer]:
-            if rank_of[consumer] == me:
-                h = position[consumer]
-                if forward[h] and unmet[h]:
+        for offset in self._remote_offsets[producer // self._block_size]:
+            consumer = producer + offset
+            if self._rank_of[consumer] == self.rank and self._is_forward[consumer]:
+                h = self.position[consumer]
+                if self.unmet[h]:
                     if started:
                         self._eta[h] = eta
-                    elif h not in self._eta:
+                    elif self._eta[h] is None:
                         self._eta_relayed[h] = eta
 
     def next_wakeup(self) -> float | None:
@@ -493,29 +492,31 @@ class LookaheadArbiter(ReadyArbiter):
         self._wakeup = None
         others, admissions = self._others, self._admissions
         budget_room = self.reserved + self.chunks <= self.budget
-        fits = bool(admissions) and budget_room
-        if fits and not (others and others[0] < admissions[0]):
-            pick = admissions
+        if admissions and budget_room:  # an admission fits
+            fits = True
+            pick = others if others and others[0] < admissions[0] else admissions
         elif others:
+            fits = False
             pick = others
         else:
             return None
         best = pick[0]
-        h = self.head
-        if best != h and not self.forward[best] and self.forward[h] and self.unmet[h] \
-                and (budget_room or not self.admits[h]):
-            eta, firm = self._eta.get(h), True
-            if eta is None:
-                eta, firm = self._eta_relayed.get(h), False
-            # A firm prediction holds until the input arrives; a relayed one only until its time.
-            if eta is not None and (firm or now < eta):
-                duration = self.estimates[self.tids[best]]
-                if duration is not None and now + duration > eta:
-                    return self._before(now, eta, best, fits, firm)
+        tids, is_forward = self.tids, self._is_forward
+        if not is_forward[tids[best]]:  # a backward: it may delay the head, a forward on its way
+            h = self.head
+            if best != h and is_forward[tids[h]] and self.unmet[h] and (budget_room or not self._admits[tids[h]]):
+                eta, firm = self._eta[h], True
+                if eta is None:
+                    eta, firm = self._eta_relayed[h], False
+                # A firm prediction holds until the input arrives; a relayed one only until its time.
+                if eta is not None and (firm or now < eta):
+                    duration = self.estimates[tids[best]]
+                    if duration is not None and now + duration > eta:
+                        return self._before(now, eta, best, fits, firm)
         if self.decisions is not None:
             ready = others + admissions if fits else list(others)
             self._record(now, best, ready, () if fits else admissions)
-        return self._start(heapq.heappop(pick))
+        return self._start(heappop(pick))
 
     def _before(self, now: float, eta: float, deferred: int, fits: bool, firm: bool) -> int | None:
         """The best-ranked runnable task that ends by ``eta``, started; or None: wait for the forward."""
@@ -527,9 +528,9 @@ class LookaheadArbiter(ReadyArbiter):
                 continue
             duration = estimates[tids[x]]
             if duration is not None and now + duration <= eta:
-                heap = admissions if self.admits[x] else others
+                heap = admissions if self._admits[tids[x]] else others
                 heap.remove(x)
-                heapq.heapify(heap)
+                heapify(heap)
                 if self.decisions is not None:
                     self._record(now, x, runnable, () if fits else admissions, deferred)
                 return self._start(x)

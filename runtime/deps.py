@@ -26,9 +26,10 @@ and logs use the task's canonical text).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import repeat
+from functools import cached_property
+from itertools import chain, repeat
 
-from hints.tasks import F, I, PipelineShape, Task, W
+from hints.tasks import F, I, Kind, PipelineShape, Task, W, cyclic_gc_paused
 
 
 def prerequisites(task: Task, shape: PipelineShape) -> tuple[Task, ...]:
@@ -56,27 +57,36 @@ class TaskGraph:
     whose end frees its activations.
 
     Task ids follow :meth:`PipelineShape.tasks` order, so :meth:`tid` is
-    arithmetic. Because no rule crosses microbatches, the graph is compiled
-    from the prerequisites of microbatch 0 of every (stage, kind) and repeated
-    for the others.
+    arithmetic: ids run in *blocks* of the ``m`` microbatches of one (stage,
+    kind), and ``blocks[b]`` is the (stage, kind) of ids ``b*m .. b*m+m-1``.
+    Because no rule crosses microbatches, the graph is compiled from the
+    prerequisites of microbatch 0 of every (stage, kind) and repeated for the
+    others: a block's tasks all feed the same blocks, so consumers are stored
+    per block as *offsets*, ``local_offsets[b]`` and ``remote_offsets[b]``:
+    task ``t`` of block ``b`` feeds ``t + d`` for each ``d``. The hot loops
+    use those (a few entries per block, always in cache, where per-task tuples
+    would be ``n`` objects to build and to read from memory);
+    ``local_consumers`` and ``remote_consumers`` per task id, like ``tasks``
+    (task id -> :class:`Task`), are built on first use.
     """
 
     shape: PipelineShape
-    tasks: list[Task]
+    blocks: list[tuple[int, Kind]]
     rank: list[int]
     prereq_count: list[int]
-    local_consumers: list[tuple[int, ...]]
-    remote_consumers: list[tuple[int, ...]]
+    local_offsets: list[tuple[int, ...]]
+    remote_offsets: list[tuple[int, ...]]
     admits: list[bool]
     frees: list[bool]
     is_forward: list[bool]
 
     @classmethod
+    @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
     def build(cls, shape: PipelineShape) -> "TaskGraph":
         m = shape.microbatches
         kind_slot = {kind: i for i, kind in enumerate(shape.kinds)}
         final = shape.final_backward
-        tasks: list[Task] = []
+        stage_kinds: list[tuple[int, Kind]] = []  # the graph's blocks
         rank: list[int] = []
         admits: list[bool] = []
         frees: list[bool] = []
@@ -85,12 +95,11 @@ class TaskGraph:
         # Consumers per block: a block is the m tasks of one (stage, kind), in task-id order.
         local_blocks: dict[int, list[int]] = {}
         remote_blocks: dict[int, list[int]] = {}
-        make_task = tuple.__new__  # Task(...) without NamedTuple's Python-level __new__
         for r in range(shape.ranks):
             for stage in shape.stages_of_rank(r):
                 for kind in shape.kinds:
-                    first = len(tasks)
-                    tasks.extend(map(make_task, repeat(Task, m), zip(repeat(stage), repeat(kind), range(m))))
+                    first = len(stage_kinds) * m
+                    stage_kinds.append((stage, kind))
                     rank.extend(repeat(r, m))
                     admits.extend(repeat(kind is F and stage < shape.ranks, m))
                     frees.extend(repeat(kind is final, m))
@@ -104,23 +113,40 @@ class TaskGraph:
                         blocks.setdefault(producer, []).append(first)
         return cls(
             shape=shape,
-            tasks=tasks,
+            blocks=stage_kinds,
             rank=rank,
             prereq_count=prereq_count,
-            local_consumers=cls._expand(local_blocks, len(tasks), m),
-            remote_consumers=cls._expand(remote_blocks, len(tasks), m),
+            local_offsets=cls._offsets(local_blocks, len(stage_kinds), m),
+            remote_offsets=cls._offsets(remote_blocks, len(stage_kinds), m),
             admits=admits,
             frees=frees,
             is_forward=is_forward,
         )
 
     @staticmethod
-    def _expand(blocks: dict[int, list[int]], n: int, m: int) -> list[tuple[int, ...]]:
-        """Per task id, the consumer ids: block ``producer..producer+m`` feeds ``first..first+m``."""
-        consumers: list[tuple[int, ...]] = [()] * n
+    def _offsets(blocks: dict[int, list[int]], count: int, m: int) -> list[tuple[int, ...]]:
+        """Per block, the consumer offsets: block ``producer..producer+m`` feeds ``first..first+m``."""
+        offsets: list[tuple[int, ...]] = [()] * count
         for producer, firsts in blocks.items():
-            consumers[producer:producer + m] = zip(*(range(first, first + m) for first in firsts))
-        return consumers
+            offsets[producer // m] = tuple(first - producer for first in firsts)
+        return offsets
+
+    @cached_property
+    def local_consumers(self) -> list[tuple[int, ...]]:
+        return self._consumers(self.local_offsets)
+
+    @cached_property
+    def remote_consumers(self) -> list[tuple[int, ...]]:
+        return self._consumers(self.remote_offsets)
+
+    @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
+    def _consumers(self, offsets: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
+        """Per task id, the consumer ids (from the per-block offsets)."""
+        m = self.shape.microbatches
+        return list(chain.from_iterable(
+            zip(*(range(first + d, first + d + m) for d in deltas)) if deltas else repeat((), m)
+            for first, deltas in zip(range(0, len(self), m), offsets)
+        ))
 
     @staticmethod
     def _tid(shape: PipelineShape, kind_slot: dict, stage: int, kind, mb: int) -> int:
@@ -128,8 +154,17 @@ class TaskGraph:
         return (stage % shape.ranks) * shape.chunks * per_chunk + (stage // shape.ranks) * per_chunk \
             + kind_slot[kind] * shape.microbatches + mb
 
+    @cached_property
+    @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
+    def tasks(self) -> list[Task]:
+        """Per task id, the task."""
+        m = self.shape.microbatches
+        make_task = tuple.__new__  # Task(...) without NamedTuple's Python-level __new__
+        return list(chain.from_iterable(map(make_task, repeat(Task, m), zip(repeat(stage), repeat(kind), range(m)))
+                                        for stage, kind in self.blocks))
+
     def __len__(self) -> int:
-        return len(self.tasks)
+        return len(self.rank)
 
     def tid(self, task: Task) -> int:
         """The id of ``task``; ``KeyError`` if the shape has no such task."""
@@ -142,18 +177,21 @@ class TaskGraph:
         return {kind: i for i, kind in enumerate(self.shape.kinds)}
 
     def ids(self, tasks) -> list[int]:
-        """Task ids of ``tasks`` (the arithmetic of :meth:`tid`, inlined: it runs once per task per run)."""
-        slot = self._kind_slot
-        p, m = self.shape.ranks, self.shape.microbatches
-        per_chunk = len(slot) * m
-        per_rank = self.shape.chunks * per_chunk
-        return [(stage % p) * per_rank + (stage // p) * per_chunk + slot[kind] * m + mb
-                for stage, kind, mb in tasks]
+        """Task ids of ``tasks`` (:meth:`tid` without its checks: it runs once per task per run)."""
+        first = self._first_ids
+        return [first[kind][stage] + mb for stage, kind, mb in tasks]
+
+    @cached_property
+    def _first_ids(self) -> dict:
+        """kind -> stage -> the id of that (stage, kind)'s microbatch 0 (each block's first id)."""
+        shape, slot = self.shape, self._kind_slot
+        return {kind: [self._tid(shape, slot, stage, kind, 0) for stage in range(shape.stages)] for kind in shape.kinds}
 
     def links(self) -> set[tuple[int, int]]:
         """Directed ``(producer rank, consumer rank)`` pairs that carry messages in this shape."""
-        rank = self.rank
-        return {(rank[t], rank[c]) for t, consumers in enumerate(self.remote_consumers) for c in consumers}
+        rank, m = self.rank, self.shape.microbatches
+        return {(rank[first], rank[first + d]) for first, offsets in zip(range(0, len(self), m), self.remote_offsets)
+                for d in offsets}
 
     def consumers(self, tid: int) -> tuple[int, ...]:
         return self.local_consumers[tid] + self.remote_consumers[tid]

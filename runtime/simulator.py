@@ -32,16 +32,28 @@ Deterministic: no randomness here (durations are sampled beforehand), ties
 broken by rank and event order. If no event is pending while tasks remain,
 the hint cannot complete under that policy and :class:`ScheduleDeadlock`
 explains where each rank is stuck.
+
+Cost: linear in the number of tasks. The event loop delivers a message
+without an event when nothing can tell the difference ([Note: early
+delivery]); a rule that runs the hint order exactly (``fixed``) needs no
+events at all unless decisions are recorded ([Note: exact order without
+events]); allocation-heavy work runs with the cyclic collector paused
+([Note: cyclic GC and task-sized lists] in :mod:`hints.tasks`).
 """
 
 from __future__ import annotations
 
-import heapq
+from bisect import bisect_right
+from collections import deque
 from dataclasses import dataclass
+from functools import reduce
+from itertools import accumulate
+from operator import add
 from typing import Sequence
 
 from hints.errors import UserError
 from hints.orders import HintOrder
+from hints.tasks import cyclic_gc_paused
 from hints.validate import format_grid
 from runtime.arbiter import ArbiterRule, Decision, MemoryBudget, Policy, as_rule, make_arbiter
 from runtime.deps import TaskGraph
@@ -59,7 +71,7 @@ class ScheduleDeadlock(UserError):
 Compute = Sequence[float]
 Transfer = Sequence[float]
 
-# Event kinds (the last field of an event; ties in time are broken by the sequence number before it).
+# Event kinds.
 ARRIVAL, END, WAKE = 0, 1, 2
 
 
@@ -112,6 +124,7 @@ class SimResult:
         }
 
 
+@cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
 def simulate(
     hint: HintOrder,
     durations: Durations | tuple[Compute, Transfer],
@@ -149,6 +162,14 @@ def simulate(
         raise ValueError("the lookahead rule needs estimates when durations are given as raw lists")
     expected_compute, expected_transfer = estimates if lookahead else (None, None)
     budgets = _budgets(rule, budget, shape)
+    if rule.exact_order and not record and min(compute, default=0.0) >= 0.0:
+        replayed = _replay_exact_order(graph, [graph.ids(order) for order in hint.orders], compute, transfer, overhead)
+        if replayed is not None:
+            start, end, executed, busy, peak_in_flight = replayed
+            return SimResult(hint=hint.name, rule=rule, graph=graph, budgets=budgets,
+                             makespan=max(end) if end else 0.0, busy=busy, start=start, end=end, executed=executed,
+                             peak_in_flight=peak_in_flight, decisions=None)
+        # Some rank is stuck: the event loop below finds where, for the report.
     positions = [0] * len(graph)  # shared by the arbiters: each fills in its own rank's tasks
     arbiters = [
         make_arbiter(rule, graph, r, hint.orders[r], None if budgets is None else budgets[r], record, positions,
@@ -159,97 +180,192 @@ def simulate(
     start = [0.0] * n
     end = [0.0] * n
     executed: list[list[int]] = [[] for _ in range(shape.ranks)]
-    busy = [0.0] * shape.ranks
     idle = [True] * shape.ranks
+    busy_until = [0.0] * shape.ranks  # the end of the rank's running task
     task_rank = graph.rank
-    remote_consumers = graph.remote_consumers
+    remote_offsets, block_size = graph.remote_offsets, shape.microbatches  # consumers of t: t + d
     is_forward = graph.is_forward
     finish = [a.finish for a in arbiters]
     deliver = [a.available for a in arbiters]
     choose = [a.choose for a in arbiters]
     expect = [a.expect for a in arbiters]
     wakeup = [a.next_wakeup for a in arbiters]
+    run = [tids.append for tids in executed]
 
-    # Event heap entries: (time, sequence, rank, task id, kind). A task end happens on the task's
-    # rank; an arrival delivers the task's output to `rank`; a wake-up asks `rank` again. Decisions
-    # of different ranks at one instant do not interact (a started task ends later, or at `now` as a
-    # new event), so ranks decide in the order they were touched; a rank touched twice just finds
-    # nothing new.
-    events: list[tuple[float, int, int, int, int]] = []
-    push, pop = heapq.heappush, heapq.heappop
-    sequence = 0
+    # Events: a task end happens on the task's rank; an arrival delivers the task's output to `rank`;
+    # a wake-up asks `rank` again. All events of one instant are applied, in the order they were
+    # scheduled, before the ranks they touched decide, in the order they were touched (a started task
+    # ends later, or at `now` as a new event); a rank touched twice is asked again. (Only the lookahead
+    # rule's predictions reach another rank within a decision round, but the order is kept for every
+    # rule.) Pending events are two lists sorted by time: inserting with bisect_right after the events
+    # of the same instant keeps the scheduling order, and costs less than a heap of tuples.
+    #
+    # [Note: early delivery] A message that arrives while its destination is running a task that ends
+    # strictly later is delivered when it is sent, without an arrival event. Nothing can tell the
+    # difference: the destination decides nothing before its task ends, delivery only counts an input
+    # (the ready set it builds does not depend on the order of deliveries), and the only thing another
+    # rank asks it meanwhile (a lookahead prediction, Arbiter.expect) concerns a consumer whose
+    # producer has not ended, so never this one. (When the task ends at the arrival instant, the
+    # event is kept: the arrival touches the rank again in that instant's deciders.)
+    times: list[float] = []  # pending events, sorted by time (ties: in the order they were scheduled)
+    events: list[tuple[int, int, int]] = []  # (kind, rank, task id) of each, in the same order
     now = 0.0
     deciders = list(range(shape.ranks))
-    remaining = n
     while True:
         for r in deciders:
             if idle[r]:
                 tid = choose[r](now)
                 if tid is not None:
                     idle[r] = False
-                    began = now + overhead
-                    start[tid] = began
-                    duration = compute[tid]
-                    end[tid] = began + duration
-                    busy[r] += duration
-                    executed[r].append(tid)
-                    sequence += 1
-                    push(events, (began + duration, sequence, r, tid, END))
+                    began = start[tid] = now + overhead
+                    finished = end[tid] = busy_until[r] = began + compute[tid]
+                    run[r](tid)
+                    at = bisect_right(times, finished)
+                    times.insert(at, finished)
+                    events.insert(at, (END, r, tid))
                     if lookahead and is_forward[tid]:
                         # Firm prediction to the consumer; relayed one hop further, as the runtime does.
                         eta = began + expected_compute[tid] + expected_transfer[tid]
-                        for consumer in remote_consumers[tid]:
+                        for offset in remote_offsets[tid // block_size]:
+                            consumer = tid + offset
                             expect[task_rank[consumer]](tid, eta)
                             relayed = eta + expected_compute[consumer] + expected_transfer[consumer]
-                            for further in remote_consumers[consumer]:
+                            for further_offset in remote_offsets[consumer // block_size]:
+                                further = consumer + further_offset
                                 if is_forward[further]:
                                     expect[task_rank[further]](consumer, relayed, False)
                 elif lookahead:
                     wake = wakeup[r]()
                     if wake is not None:
-                        sequence += 1
-                        push(events, (wake, sequence, r, -1, WAKE))
-        deciders = []
-        if not events:
+                        at = bisect_right(times, wake)
+                        times.insert(at, wake)
+                        events.insert(at, (WAKE, r, -1))
+        if not times:
             break
-        now = events[0][0]
-        while events and events[0][0] == now:
-            _, _, r, tid, kind = pop(events)
+        # Apply every event of the next instant, then let the ranks they touched decide.
+        now = times.pop(0)
+        kind, r, tid = events.pop(0)
+        deciders.clear()
+        while True:
             if kind == END:
-                remaining -= 1
                 finish[r](tid)
                 idle[r] = True
                 deciders.append(r)
-                for consumer in remote_consumers[tid]:
-                    dest = task_rank[consumer]
+                offsets = remote_offsets[tid // block_size]
+                if offsets:
                     latency = transfer[tid]
-                    if latency > 0.0:
-                        sequence += 1
-                        push(events, (now + latency, sequence, dest, tid, ARRIVAL))
-                    elif deliver[dest](tid) and idle[dest]:
-                        deciders.append(dest)
+                    for offset in offsets:
+                        dest = task_rank[tid + offset]
+                        if latency > 0.0:
+                            arrival = now + latency
+                            if not idle[dest] and busy_until[dest] > arrival:
+                                deliver[dest](tid)  # [Note: early delivery]
+                                continue
+                            at = bisect_right(times, arrival)
+                            times.insert(at, arrival)
+                            events.insert(at, (ARRIVAL, dest, tid))
+                        elif deliver[dest](tid) and idle[dest]:
+                            deciders.append(dest)
             elif kind == ARRIVAL:
                 if deliver[r](tid) and idle[r]:
                     deciders.append(r)
             elif idle[r]:  # WAKE
                 deciders.append(r)
+            if not times or times[0] != now:
+                break
+            del times[0]
+            kind, r, tid = events.pop(0)
 
-    if remaining:
+    if not all(a.done for a in arbiters):
         raise _deadlock(hint, rule, graph, arbiters, executed)
-    makespan = max(end) if n else 0.0
     return SimResult(
         hint=hint.name,
         rule=rule,
         graph=graph,
         budgets=budgets,
-        makespan=makespan,
-        busy=busy,
+        makespan=max(end) if n else 0.0,
+        busy=_busy(executed, compute),
         start=start,
         end=end,
         executed=executed,
         peak_in_flight=[a.peak_in_flight for a in arbiters],
         decisions=[d for a in arbiters for d in a.decisions] if record else None,
     )
+
+
+def _busy(executed: list[list[int]], compute: Compute) -> list[float]:
+    """Per rank, its tasks' durations added up in execution order (the event loop's running sum)."""
+    return [reduce(add, map(compute.__getitem__, tids), 0.0) for tids in executed]
+
+
+def _replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Compute, transfer: Transfer,
+                        overhead: float):
+    """The event loop's result for a rule that runs the hint order exactly, computed without events.
+
+    [Note: exact order without events] When every rank runs its order
+    exactly, the event loop reduces to arithmetic: a rank decides on its next
+    task when it becomes idle or when that task's last input arrives,
+    whichever is later, so the task starts at ``max(end of the rank's previous
+    task, arrival of each input) + overhead``, where an input arrives at its
+    producer's end, plus the message's latency when it crosses ranks. Treating
+    "the previous task in the rank's order" as one more input, tasks are
+    computed in any order that respects these inputs, each once. Every time
+    is the same float sum as in the event loop, so results are identical.
+    Returns ``(start, end, executed, busy, peak in flight)``, or ``None`` if
+    some task never runs (a deadlock: the event loop then reports it).
+    """
+    n = len(graph)
+    if sum(map(len, orders)) != n:
+        return None
+    unmet = [count + 1 for count in graph.prereq_count]  # + the previous task in the rank's order
+    following = [-1] * n  # the next task in the rank's order
+    for order in orders:
+        if order:
+            unmet[order[0]] -= 1
+            for before, after in zip(order, order[1:]):
+                following[before] = after
+    inputs_ready = [0.0] * n  # the latest input arrival seen so far (the previous task's end included)
+    start = [0.0] * n
+    end = [0.0] * n
+    local_offsets, remote_offsets, block_size = graph.local_offsets, graph.remote_offsets, graph.shape.microbatches
+    runnable = deque(order[0] for order in orders if order and not unmet[order[0]])
+    take, add_runnable = runnable.popleft, runnable.append
+    done = 0
+    while runnable:
+        tid = take()
+        done += 1
+        began = start[tid] = inputs_ready[tid] + overhead
+        finished = end[tid] = began + compute[tid]
+        block = tid // block_size
+        for offset in local_offsets[block]:  # later on this rank: its previous task's end covers this one's
+            consumer = tid + offset
+            unmet[consumer] -= 1
+            if not unmet[consumer]:
+                add_runnable(consumer)
+        offsets = remote_offsets[block]
+        if offsets:
+            latency = transfer[tid]
+            arrival = finished + latency if latency > 0.0 else finished
+            for offset in offsets:
+                consumer = tid + offset
+                if arrival > inputs_ready[consumer]:
+                    inputs_ready[consumer] = arrival
+                unmet[consumer] -= 1
+                if not unmet[consumer]:
+                    add_runnable(consumer)
+        after = following[tid]
+        if after >= 0:
+            if finished > inputs_ready[after]:
+                inputs_ready[after] = finished
+            unmet[after] -= 1
+            if not unmet[after]:
+                add_runnable(after)
+    if done < n:
+        return None
+    # In flight: +1 when a forward starts, -1 when the last backward of its (stage, microbatch) ends.
+    change = [forward - frees for forward, frees in zip(graph.is_forward, graph.frees)]
+    peak_in_flight = [max(0, max(accumulate(map(change.__getitem__, order)), default=0)) for order in orders]
+    return start, end, orders, _busy(orders, compute), peak_in_flight
 
 
 def _budgets(rule: ArbiterRule, budget: MemoryBudget | Sequence[int] | None, shape) -> list[int] | None:

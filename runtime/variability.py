@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field, fields
+from itertools import chain
 from typing import Callable
 
 from hints.errors import UserError
@@ -171,6 +172,32 @@ def stage_cost(model: VariabilityModel, spec: MicrobatchSpec, stage: int, stages
     return 1.0
 
 
+def _stage_cost_rows(
+    model: VariabilityModel, specs: list[MicrobatchSpec], stages: int
+) -> tuple[list[list[float]], list[int]]:
+    """:func:`stage_cost` of every (stage, microbatch), as distinct rows and each stage's row.
+
+    A stage's cost depends on the stage only through whether it runs the image
+    encoder, so each kind of stage is computed once: ``rows[row_of[k]][i]`` is
+    the cost of stage ``k`` on microbatch ``i``.
+    """
+    vision = model.vision_stage_count(stages)
+    rows: list[list[float]] = []
+    row_of_kind: dict[bool, int] = {}
+    row_of: list[int] = []
+    for k in range(stages):
+        if (k < vision) not in row_of_kind:
+            row_of_kind[k < vision] = len(rows)
+            rows.append([stage_cost(model, spec, k, stages) for spec in specs])
+        row_of.append(row_of_kind[k < vision])
+    return rows, row_of
+
+
+def _microbatch_costs(rows: list[list[float]], row_of: list[int]) -> list[float]:
+    """Per microbatch, its cost summed over the stages (in stage order)."""
+    return [sum(column) for column in zip(*(rows[r] for r in row_of))]
+
+
 @dataclass
 class Durations:
     """Sampled (or recorded) durations for a pipeline of ``stages`` model stages.
@@ -211,20 +238,30 @@ class Durations:
                 f"{shape.stages} x {shape.microbatches}",
                 self.source,
             )
-        compute = [0.0] * len(graph)
-        transfer = [0.0] * len(graph)
-        for tid, (stage, kind, mb) in enumerate(graph.tasks):
+        # Task ids run in blocks of the m microbatches of one (stage, kind) (TaskGraph.blocks), so each
+        # block is one row of the table.
+        m = self.microbatches
+        no_messages = [0.0] * m
+        compute_rows, transfer_rows = [], []
+        for stage, kind in graph.blocks:
             if kind is F:
-                compute[tid] = self.forward[stage][mb]
-                transfer[tid] = self.send_forward[stage][mb]
+                compute_rows.append(self.forward[stage])
+                transfer_rows.append(self.send_forward[stage])
             elif kind is B:
-                compute[tid] = self.backward[stage][mb]
-                transfer[tid] = self.send_backward[stage][mb]
+                compute_rows.append(self.backward[stage])
+                transfer_rows.append(self.send_backward[stage])
             elif kind is I:
-                compute[tid] = (self.input_grad[stage][mb] if self.input_grad else self.backward[stage][mb] / 2)
-                transfer[tid] = self.send_backward[stage][mb]
+                compute_rows.append(self.input_grad[stage] if self.input_grad
+                                    else [value / 2 for value in self.backward[stage]])
+                transfer_rows.append(self.send_backward[stage])
             else:
-                compute[tid] = (self.weight_grad[stage][mb] if self.weight_grad else self.backward[stage][mb] / 2)
+                compute_rows.append(self.weight_grad[stage] if self.weight_grad
+                                    else [value / 2 for value in self.backward[stage]])
+                transfer_rows.append(no_messages)
+        compute = list(chain.from_iterable(compute_rows))
+        transfer = list(chain.from_iterable(transfer_rows))
+        if len(compute) != len(graph) or len(transfer) != len(graph):
+            raise UserError(f"every row of the table must hold {m} microbatches", self.source)
         return compute, transfer
 
     def expected(self) -> "Durations":
@@ -278,11 +315,13 @@ def expected_durations(model: VariabilityModel, shape: PipelineShape, specs: lis
     """
     stages, m = shape.stages, shape.microbatches
     per_stage = model.forward_time / shape.chunks
-    costs = [[stage_cost(model, spec, k, stages) for spec in specs] for k in range(stages)]
+    rows, row_of = _stage_cost_rows(model, specs, stages)
     noise_mean = 1.0 + model.straggler_prob * (model.straggler_slowdown - 1.0)  # jitter is mean-one
-    forward = [[per_stage * costs[k][i] * noise_mean for i in range(m)] for k in range(stages)]
-    backward = [[model.backward_ratio * value for value in row] for row in forward]
-    estimated = [sum(costs[k][i] for k in range(stages)) for i in range(m)]
+    forward_rows = [[per_stage * cost * noise_mean for cost in row] for row in rows]
+    backward_rows = [[model.backward_ratio * value for value in row] for row in forward_rows]
+    forward = [list(forward_rows[r]) for r in row_of]
+    backward = [list(backward_rows[r]) for r in row_of]
+    estimated = _microbatch_costs(rows, row_of)
     return Durations(stages, m, forward, backward,
                      [[model.comm_latency if k < stages - 1 else 0.0] * m for k in range(stages)],
                      [[model.comm_latency if k > 0 else 0.0] * m for k in range(stages)],
@@ -296,27 +335,42 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
     noise = random.Random(f"{seed}:noise")
     comm = random.Random(f"{seed}:comm")
     per_stage = model.forward_time / shape.chunks
+    # [Note: sampling order] Every draw comes from `noise` (task durations: all forwards stage by
+    # stage, then all backwards; per task the jitter, then the straggler draw) or `comm` (latencies:
+    # all activations, then all gradients), in that order, so a seed always gives the same table.
+    # The rows are built whole, with lognormvariate(mu, s) written as exp(normalvariate(mu, s)), its
+    # definition: the same draws, without a Python call per task.
+    normal, uniform, exp = noise.normalvariate, noise.random, math.exp
 
-    def noisy(base: float) -> float:
-        if model.jitter > 0:
-            base *= noise.lognormvariate(-model.jitter * model.jitter / 2.0, model.jitter)
-        if model.straggler_prob > 0 and noise.random() < model.straggler_prob:
-            base *= model.straggler_slowdown
-        return base
+    def noisy(bases: list[float]) -> list[float]:
+        jitter, prob, slowdown = model.jitter, model.straggler_prob, model.straggler_slowdown
+        mu = -jitter * jitter / 2.0
+        if jitter > 0 and prob > 0:
+            return [value * slowdown if uniform() < prob else value
+                    for value in (base * exp(normal(mu, jitter)) for base in bases)]
+        if jitter > 0:
+            return [base * exp(normal(mu, jitter)) for base in bases]
+        if prob > 0:
+            return [base * slowdown if uniform() < prob else base for base in bases]
+        return list(bases)
 
-    def latency() -> float:
+    def latencies(count: int) -> list[float]:
         if model.comm_latency == 0:
-            return 0.0
+            return [0.0] * count
         if model.comm_jitter > 0:
-            return model.comm_latency * comm.lognormvariate(-model.comm_jitter ** 2 / 2.0, model.comm_jitter)
-        return model.comm_latency
+            mu, sigma, comm_normal = -model.comm_jitter ** 2 / 2.0, model.comm_jitter, comm.normalvariate
+            return [model.comm_latency * exp(comm_normal(mu, sigma)) for _ in range(count)]
+        return [model.comm_latency] * count
 
-    costs = [[stage_cost(model, spec, k, stages) for spec in specs] for k in range(stages)]
-    forward = [[noisy(per_stage * costs[k][i]) for i in range(m)] for k in range(stages)]
-    backward = [[noisy(model.backward_ratio * per_stage * costs[k][i]) for i in range(m)] for k in range(stages)]
-    send_forward = [[latency() if k < stages - 1 else 0.0 for _ in range(m)] for k in range(stages)]
-    send_backward = [[latency() if k > 0 else 0.0 for _ in range(m)] for k in range(stages)]
-    estimated = [sum(costs[k][i] for k in range(stages)) for i in range(m)]
+    rows, row_of = _stage_cost_rows(model, specs, stages)
+    forward_bases = [[per_stage * cost for cost in row] for row in rows]
+    backward_per_stage = model.backward_ratio * per_stage
+    backward_bases = [[backward_per_stage * cost for cost in row] for row in rows]
+    forward = [noisy(forward_bases[r]) for r in row_of]
+    backward = [noisy(backward_bases[r]) for r in row_of]
+    send_forward = [latencies(m) if k < stages - 1 else [0.0] * m for k in range(stages)]
+    send_backward = [latencies(m) if k > 0 else [0.0] * m for k in range(stages)]
+    estimated = _microbatch_costs(rows, row_of)
     return Durations(stages, m, forward, backward, send_forward, send_backward, estimated,
                      source=f"{model.workload} model, seed {seed}", specs=specs,
                      expectation=lambda: expected_durations(model, shape, specs,

@@ -162,3 +162,25 @@ def test_lookahead_never_deadlocks_and_keeps_the_budget(p, v, m, split, seed, la
     result = simulate(hint, (compute, transfer), "lookahead", budget, graph=graph,
                       estimates=unknown_as_zero((guess, expected_latency)))
     check_run(result, hint, compute, transfer, budget)
+
+
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
+       st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 0.3]))
+def test_fixed_without_events_equals_the_event_loop(p, v, m, split, seed, latency, overhead):
+    # [Note: exact order without events]: record=False takes the arithmetic path, record=True the event
+    # loop; every time, order and peak must be the same (and a deadlock is reported either way).
+    shape = PipelineShape(p, v, m, split)
+    builtins = [h for h in applicable_builtins(p, v, m).values() if h.shape.split_backward == split]
+    hint = builtins[seed % len(builtins)] if builtins and seed % 3 else random_order_hint(shape, seed)
+    graph = TaskGraph.build(hint.shape)
+    compute, transfer = random_durations(graph, seed, latency)
+    outcomes = []
+    for record in (False, True):
+        try:
+            result = simulate(hint, (compute, transfer), "fixed", graph=graph, record=record, overhead=overhead)
+        except ScheduleDeadlock as err:
+            outcomes.append(str(err))
+        else:
+            outcomes.append((result.makespan, result.start, result.end, result.executed, result.busy,
+                             result.peak_in_flight))
+    assert outcomes[0] == outcomes[1]
