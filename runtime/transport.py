@@ -24,6 +24,15 @@ send and one receive; larger ones (``inline == 0``) follow the frame as one
 send per tensor (zero-size tensors are never sent; the header has their
 shape).
 
+[Note: trimmed frames]
+    The receiver always posts a receive of ``FRAME_BYTES``; under gloo the
+    sender sends only the header and the inline payload, because gloo
+    receives a shorter message into a larger buffer (tested in
+    tests/test_transport.py) and the header says how much of it is meant. A
+    NOTICE is then a few hundred bytes instead of 33 KB, and a small
+    activation costs what it weighs. NCCL needs matching sizes, so under
+    NCCL every frame is full size.
+
 ``type`` is HELLO (sent once per link at start, so every link is set up and
 exercised before training), DATA, NOTICE or CLOSE (end of run). ``kind`` is
 the Unicode code point of the producing task's letter (``ord("F")``), so the
@@ -49,6 +58,7 @@ sender threads, so compute never waits for a send.
 from __future__ import annotations
 
 import queue
+import struct
 import threading
 import time
 from collections import deque
@@ -67,6 +77,7 @@ MAX_DIMS = 6
 FIXED_WORDS = 11
 HEADER_WORDS = FIXED_WORDS + MAX_TENSORS * (2 + MAX_DIMS)
 HEADER_BYTES = HEADER_WORDS * 8
+_HEADER = struct.Struct(f"={HEADER_WORDS}q")  # native order, as decode_frame reads it
 INLINE_BYTES = 32 * 1024
 FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
 HELLO, DATA, CLOSE, NOTICE = 1, 2, 3, 4
@@ -157,8 +168,12 @@ class Inbox:
 
 def encode_frame(kind_of_message: int, sequence: int, iteration: int = 0, producer: Task | None = None,
                  tensors: Sequence[torch.Tensor] = (), device: torch.device | str = "cpu",
-                 notice: tuple[int, bool] = (0, False)) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The frame of one message, and the tensors that must follow it (when they do not fit inline)."""
+                 notice: tuple[int, bool] = (0, False), trim: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The frame of one message, and the tensors that must follow it (when they do not fit inline).
+
+    ``trim``: the frame ends after its payload instead of filling ``FRAME_BYTES`` ([Note: trimmed
+    frames]); only for backends that receive a short message into a full-size buffer (gloo).
+    """
     if len(tensors) > MAX_TENSORS:
         raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {len(tensors)}")
     payload = sum(t.numel() * t.element_size() for t in tensors)
@@ -176,8 +191,12 @@ def encode_frame(kind_of_message: int, sequence: int, iteration: int = 0, produc
             raise TransportError(f"dtype {tensor.dtype} cannot be sent") from None
         words += [dtype, tensor.dim(), *tensor.shape, *[0] * (MAX_DIMS - tensor.dim())]
     words += [0] * (HEADER_WORDS - len(words))
-    frame = torch.zeros(FRAME_BYTES, dtype=torch.uint8, device=device)
-    frame[:HEADER_BYTES] = torch.tensor(words, dtype=torch.int64).view(torch.uint8).to(device)
+    header = torch.frombuffer(bytearray(_HEADER.pack(*words)), dtype=torch.uint8)  # one copy, no per-word ops
+    size = HEADER_BYTES + (payload if inline else 0) if trim else FRAME_BYTES
+    if size == HEADER_BYTES and torch.device(device).type == "cpu":  # nothing inline: the header is the frame
+        return header, ([] if inline else [t.contiguous() for t in tensors])
+    frame = torch.zeros(size, dtype=torch.uint8, device=device)
+    frame[:HEADER_BYTES] = header.to(device)
     if not inline:
         return frame, [t.contiguous() for t in tensors]
     offset = HEADER_BYTES
@@ -282,6 +301,7 @@ class Transport:
         self._unsent_cond = threading.Condition()
         # gloo moves CPU tensors (CUDA tensors are staged through host memory); NCCL moves CUDA tensors.
         self._wire_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+        self._trim = dist.get_backend() != "nccl"  # [Note: trimmed frames]
 
     # -- lifecycle -------------------------------------------------------
     def start(self, timeout: float) -> None:
@@ -358,7 +378,7 @@ class Transport:
                 wire = [] if kind_of_message == NOTICE else [self._to_wire(t) for t in payload]
                 started = time.monotonic_ns()
                 frame, follow = encode_frame(kind_of_message, sequence, iteration, producer, wire,
-                                             self._wire_device, notice)
+                                             self._wire_device, notice, trim=self._trim)
                 dist.send(frame, link.dst, group=link.group)
                 for tensor in follow:
                     if tensor.numel():
