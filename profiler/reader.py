@@ -10,7 +10,9 @@ warning says where the file was cut.
 Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 
 * ``tasks``: rank, iteration, task, stage, kind, microbatch, chunk, start_ns,
-  end_ns, duration_ns, units (tokens or samples), images (multimodal), wait_ns
+  end_ns, duration_ns, units (tokens or samples: the workload's throughput unit), tokens (text tokens
+  of the microbatch: samples x sequence length; null in traces older than it), images (multimodal),
+  wait_ns
 * ``decisions``: rank, iteration, waited_from_ns, time_ns, chosen, hint_rank,
   skipped, ready, held_back, in_flight, deferred
 * ``transfers``: src, dst, sequence, iteration, producer, bytes, queued_ns,
@@ -149,7 +151,7 @@ class _Reader:
         self.packets = 0
         self.tasks: dict[str, list] = {k: [] for k in (
             "rank", "iteration", "task", "stage", "kind", "microbatch", "chunk", "start_ns", "end_ns", "units",
-            "images", "wait_ns")}
+            "tokens", "images", "wait_ns")}
         self.decisions: dict[str, list] = {k: [] for k in (
             "rank", "iteration", "waited_from_ns", "time_ns", "chosen", "hint_rank", "skipped", "ready", "held_back",
             "deferred",
@@ -272,6 +274,7 @@ class _Reader:
             t["start_ns"].append(start)
             t["end_ns"].append(end)
             t["units"].append(_whole(values.get("units")))
+            t["tokens"].append(_whole(values.get("tokens")))
             t["images"].append(_whole(values.get("images")))
             t["wait_ns"].append(_whole(values.get("wait_ns")))
         elif kind == "decisions":
@@ -321,7 +324,7 @@ class _Reader:
         tasks = pl.DataFrame(self.tasks, schema={
             "rank": pl.Int64, "iteration": pl.Int64, "task": pl.Utf8, "stage": pl.Int64, "kind": pl.Utf8,
             "microbatch": pl.Int64, "chunk": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
-            "units": pl.Int64, "images": pl.Int64, "wait_ns": pl.Int64})
+            "units": pl.Int64, "tokens": pl.Int64, "images": pl.Int64, "wait_ns": pl.Int64})
         tasks = tasks.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
         decisions = pl.DataFrame(self.decisions, schema={
             "rank": pl.Int64, "iteration": pl.Int64, "waited_from_ns": pl.Int64, "time_ns": pl.Int64,

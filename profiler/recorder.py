@@ -303,7 +303,8 @@ class _PacketWriter:
         track = track_uuid(self.rank, "compute")
         values = {"iteration": span.iteration, "stage": task.stage, "kind": task.kind.value,
                   "microbatch": task.microbatch, "chunk": task.stage // setup.config.stages,
-                  "units": span.info.get("units"), "images": span.info.get("images"), "wait_ns": span.wait_ns}
+                  "units": span.info.get("units"), "tokens": span.info.get("tokens"),
+                  "images": span.info.get("images"), "wait_ns": span.wait_ns}
         if len(event) == 4:
             values["host_start_ns"] = span.start_ns + offset
         self._begin(track, start + offset, str(task), values)

@@ -12,7 +12,8 @@ track                  events
 ``compute``            one slice per task, named by its canonical text
                        (``2F0``); annotations ``stage``, ``kind``,
                        ``microbatch``, ``chunk``, ``iteration``, ``units``
-                       (tokens or samples), ``images`` (multimodal)
+                       (tokens or samples), ``tokens`` (the microbatch's text
+                       tokens), ``images`` (multimodal)
 ``decisions``          one slice per arbiter decision, from the moment the
                        rank became idle to the decision, named by the chosen
                        task; ``hint_rank``, ``skipped`` (the hint head it
