@@ -1,4 +1,4 @@
-"""Hint files: rrfp's versioned JSON (``rrfp-hint/1``) and torch's per-rank schedule CSV.
+"""Hint files: rrfp's versioned JSON (``rrfp-hint/1``, ``rrfp-hint/2``) and torch's per-rank schedule CSV.
 
 ``rrfp-hint/1`` (the public, versioned hint format)::
 
@@ -11,9 +11,17 @@
       "provenance": {"generator": "1f1b", ...}               # free-form, kept verbatim
     }
 
-Unknown keys are rejected (a typo must not be silently ignored). Loading
-validates fully (:func:`hints.validate.validate_orders`); every failure is a
-:class:`HintError` naming the file, the rank and the task.
+``rrfp-hint/2`` is ``rrfp-hint/1`` plus two keys, for cost-ranked hints
+([Note: cost-ranked hints] in :mod:`hints.orders`)::
+
+      "microbatches": "cost-ranked",      # or "index" (what /1 means)
+      "cost_model": {"features": ["tokens", "images"], "stages": 4,
+                     "coefficients": {"0F": [a, b, c], "0B": [...], ...}}   # optional, hints.costs
+
+Index hints are written as ``rrfp-hint/1`` so older rrfp reads them; this
+rrfp reads both. Unknown keys are rejected (a typo must not be silently
+ignored). Loading validates fully (:func:`hints.validate.validate_orders`);
+every failure is a :class:`HintError` naming the file, the rank and the task.
 
 torch CSV is what ``PipelineScheduleMulti._dump_csv`` / ``_load_csv`` read and
 write in their ``compute_only`` format: one row per rank, one action per cell
@@ -32,13 +40,16 @@ from pathlib import Path
 from typing import Any, Mapping, Sequence
 
 from hints.errors import HintError, UserError
-from hints.orders import BUILTIN_HINTS, HintOrder, builtin_hint
+from hints.costs import CostModel
+from hints.orders import BUILTIN_HINTS, MICROBATCH_ORDERS, HintOrder, builtin_hint
 from hints.tasks import PipelineShape, Task
 from hints.validate import validate_orders
 
 HINT_FORMAT = "rrfp-hint/1"
+HINT_FORMAT_2 = "rrfp-hint/2"
 TORCH_PREFIX = "torch:"
 _TOP_KEYS = {"format", "name", "shape", "placement", "orders", "provenance"}
+_TOP_KEYS_2 = _TOP_KEYS | {"microbatches", "cost_model"}
 _SHAPE_KEYS = {"ranks", "chunks", "microbatches", "split_backward"}
 
 # torch's action grammar (schedules._action_regex); non-compute actions are skipped.
@@ -52,14 +63,19 @@ _TORCH_COMPUTE = {"F", "B", "I", "W"}
 
 
 def hint_to_json(hint: HintOrder) -> dict[str, Any]:
-    return {
-        "format": HINT_FORMAT,
+    data = {
+        "format": HINT_FORMAT_2 if hint.cost_ranked else HINT_FORMAT,
         "name": hint.name,
         "shape": hint.shape.to_json(),
         "placement": "looping",
         "orders": hint.text_orders(),
         "provenance": dict(hint.provenance),
     }
+    if hint.cost_ranked:
+        data["microbatches"] = hint.microbatches
+        if hint.cost_model is not None:
+            data["cost_model"] = hint.cost_model.to_json()
+    return data
 
 
 def save_hint(hint: HintOrder, path: str | Path) -> None:
@@ -67,16 +83,21 @@ def save_hint(hint: HintOrder, path: str | Path) -> None:
 
 
 def hint_from_json(data: Any, where: str) -> HintOrder:
-    """Build and validate a hint from parsed ``rrfp-hint/1`` JSON."""
+    """Build and validate a hint from parsed ``rrfp-hint/1`` or ``rrfp-hint/2`` JSON."""
     if not isinstance(data, dict):
         raise HintError(f"expected a JSON object with format {HINT_FORMAT!r}", where)
-    if data.get("format") != HINT_FORMAT:
+    version = data.get("format")
+    if version not in (HINT_FORMAT, HINT_FORMAT_2):
         raise HintError(
-            f"format is {data.get('format')!r}; this rrfp reads {HINT_FORMAT!r}", where
+            f"format is {version!r}; this rrfp reads {HINT_FORMAT!r} and {HINT_FORMAT_2!r}", where
         )
-    unknown = sorted(set(data) - _TOP_KEYS)
+    allowed = _TOP_KEYS if version == HINT_FORMAT else _TOP_KEYS_2
+    unknown = sorted(set(data) - allowed)
     if unknown:
-        raise HintError(f"unknown key {unknown[0]!r} (allowed: {', '.join(sorted(_TOP_KEYS))})", where)
+        raise HintError(f"unknown key {unknown[0]!r} (allowed in {version}: {', '.join(sorted(allowed))})", where)
+    microbatches = data.get("microbatches", "index")
+    if microbatches not in MICROBATCH_ORDERS:
+        raise HintError(f"'microbatches' is {microbatches!r}; use one of {', '.join(MICROBATCH_ORDERS)}", where)
     for key in ("shape", "orders"):
         if key not in data:
             raise HintError(f"missing key {key!r}", where)
@@ -98,7 +119,15 @@ def hint_from_json(data: Any, where: str) -> HintOrder:
         raise HintError("'name' must be a string", where)
     if not isinstance(provenance, dict):
         raise HintError("'provenance' must be an object", where)
-    return HintOrder(shape, tuple(tuple(o) for o in parsed), name, provenance)
+    cost_model = None
+    if "cost_model" in data:
+        if microbatches != "cost-ranked":
+            raise HintError("'cost_model' only goes with \"microbatches\": \"cost-ranked\"", where)
+        cost_model = CostModel.from_json(data["cost_model"], where)
+        if cost_model.stages != shape.stages:
+            raise HintError(f"the cost model covers {cost_model.stages} model stages but the hint has "
+                            f"{shape.stages}", where)
+    return HintOrder(shape, tuple(tuple(o) for o in parsed), name, provenance, microbatches, cost_model)
 
 
 def _shape_from_json(data: Any, where: str) -> PipelineShape:

@@ -57,28 +57,58 @@ Built-ins (``BUILTIN_HINTS``):
     workload model (estimated per-microbatch compute summed over stages);
     without costs every microbatch weighs the same and ``bfw`` runs
     microbatches in index order in both passes.
+
+[Note: cost-ranked hints]
+    Microbatch contents change every iteration, so an order of microbatch
+    *indices* tuned on one iteration says nothing about the next. In a
+    *cost-ranked* hint a task's microbatch number is a *slot*: slot 0 is the
+    iteration's most expensive microbatch, slot ``m-1`` the cheapest (by
+    predicted cost, ties by index). :func:`resolve_cost_ranked` turns it into
+    an index hint for one iteration's costs; ``rrfp run`` does so every
+    iteration and ``rrfp simulate`` for the table it replays. ``bfw`` is the
+    simplest such order (breadth-first in slot order). The costs come from
+    the hint's ``cost_model`` (:mod:`hints.costs`) applied to what each
+    microbatch holds, or from the workload's expected costs when the hint
+    carries no model.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from typing import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from hints.errors import HintError
 from hints.tasks import B, F, I, PipelineShape, Task, W, cyclic_gc_paused
 
+if TYPE_CHECKING:
+    from hints.costs import CostModel
+
 RankOrders = list[Sequence[Task]]  # one order per rank (lists, or tuples when built whole)
+
+
+MICROBATCH_ORDERS = ("index", "cost-ranked")
 
 
 @dataclass(frozen=True)
 class HintOrder:
-    """Per-rank task orders for one shape, with a name and where it came from."""
+    """Per-rank task orders for one shape, with a name and where it came from.
+
+    ``microbatches`` says what a task's microbatch number means: ``index``
+    (the microbatch itself) or ``cost-ranked`` (a slot: [Note: cost-ranked
+    hints]); a cost-ranked hint may carry the ``cost_model`` that ranks them.
+    """
 
     shape: PipelineShape
     orders: tuple[tuple[Task, ...], ...]
     name: str
     provenance: Mapping[str, object] = field(default_factory=dict)
+    microbatches: str = "index"
+    cost_model: "CostModel | None" = None
+
+    @property
+    def cost_ranked(self) -> bool:
+        return self.microbatches == "cost-ranked"
 
     def hint_ranks(self, rank: int) -> dict[Task, int]:
         """Task -> position in ``rank``'s order (lower runs earlier)."""
@@ -86,6 +116,38 @@ class HintOrder:
 
     def text_orders(self) -> list[list[str]]:
         return [[str(task) for task in order] for order in self.orders]
+
+
+def heaviest_first(costs: Sequence[float]) -> list[int]:
+    """Microbatch indices by descending cost, ties by index: slot ``k`` -> the ``k``-th heaviest microbatch."""
+    return sorted(range(len(costs)), key=lambda mb: (-costs[mb], mb))
+
+
+def resolve_cost_ranked(hint: HintOrder, costs: Sequence[float]) -> HintOrder:
+    """The index hint a cost-ranked ``hint`` means for microbatches of ``costs`` ([Note: cost-ranked hints]).
+
+    An index hint is returned unchanged.
+    """
+    if not hint.cost_ranked:
+        return hint
+    if len(costs) != hint.shape.microbatches:
+        raise HintError(f"needs one cost per microbatch: got {len(costs)} for {hint.shape.microbatches}", hint.name)
+    microbatch = heaviest_first(costs)
+    orders = tuple(tuple(Task(t.stage, t.kind, microbatch[t.microbatch]) for t in order) for order in hint.orders)
+    provenance = {**hint.provenance, "resolved_from": "cost-ranked", "slot_to_microbatch": microbatch}
+    return HintOrder(hint.shape, orders, hint.name, provenance)
+
+
+def as_cost_ranked(hint: HintOrder, costs: Sequence[float], name: str | None = None,
+                   cost_model: "CostModel | None" = None) -> HintOrder:
+    """The cost-ranked hint that resolves to ``hint`` for ``costs`` (its microbatch numbers become slots).
+
+    A hint tuned on some iterations carries to others this way: it says "the heaviest microbatch first",
+    not "microbatch 7 first".
+    """
+    slot = {mb: k for k, mb in enumerate(heaviest_first(costs))}
+    orders = tuple(tuple(Task(t.stage, t.kind, slot[t.microbatch]) for t in order) for order in hint.orders)
+    return HintOrder(hint.shape, orders, name or hint.name, dict(hint.provenance), "cost-ranked", cost_model)
 
 
 # -- generators ----------------------------------------------------------
@@ -115,7 +177,7 @@ def breadth_first_weighted(
         costs = [1.0] * microbatches
     if len(costs) != microbatches:
         raise HintError(f"bfw needs one cost per microbatch: got {len(costs)} for {microbatches}")
-    heavy_first = sorted(range(microbatches), key=lambda mb: (-costs[mb], mb))
+    heavy_first = heaviest_first(costs)
     return _breadth_first(ranks, chunks, heavy_first, heavy_first)
 
 
@@ -256,6 +318,31 @@ def zero_bubble(ranks: int, chunks: int, microbatches: int) -> RankOrders:
     ]
 
 
+def one_f_one_b_family(ranks: int, chunks: int, microbatches: int, warmup_offset: int = 0,
+                       weight_lag: Callable[[int], int] | None = None) -> HintOrder:
+    """A member of the 1F1B family, for tuning: 1F1B (``interleaved-1f1b`` with chunks >= 2, ``zb``'s
+    warm-up when split) with every rank's warm-up changed by ``warmup_offset`` forwards, and with
+    ``weight_lag(rank)`` set, a split backward whose ``W`` trails its ``I`` by that many backward steps.
+
+    ``warmup_offset=0, weight_lag=lambda r: r`` is ``zb``; ``weight_lag=None`` with offset 0 is
+    ``1f1b``/``interleaved-1f1b``. More warm-up holds more microbatches in flight; less makes ranks
+    alternate sooner.
+    """
+    per_round = microbatches_per_round(ranks, microbatches) if chunks > 1 else microbatches
+    split = weight_lag is not None
+
+    def warmup(rank: int) -> int:
+        base = (chunks - 1) * per_round + (1 if split or chunks == 1 else 2) * (ranks - 1 - rank)
+        return max(0, base + warmup_offset)
+
+    orders = tuple(tuple(_one_f_one_b_rank(rank, ranks, chunks, microbatches, warmup(rank),
+                                           weight_lag(rank) if split else None)) for rank in range(ranks))
+    lag = "" if not split else f", W lag {[weight_lag(r) for r in range(min(ranks, 4))]}..."
+    name = f"{'zb' if split else '1f1b'}-family(warmup {warmup_offset:+d}{lag})"
+    return HintOrder(PipelineShape(ranks, chunks, microbatches, split), orders, name,
+                     {"generator": "one_f_one_b_family", "warmup_offset": warmup_offset})
+
+
 # -- registry ------------------------------------------------------------
 
 
@@ -372,6 +459,10 @@ __all__ = [
     "BUILTIN_HINTS",
     "BuiltinHint",
     "HintOrder",
+    "MICROBATCH_ORDERS",
+    "as_cost_ranked",
+    "heaviest_first",
+    "resolve_cost_ranked",
     "applicable_builtins",
     "baseline_hint_name",
     "breadth_first",
@@ -381,6 +472,7 @@ __all__ = [
     "gpipe",
     "interleaved_one_f_one_b",
     "microbatches_per_round",
+    "one_f_one_b_family",
     "one_f_one_b",
     "peak_in_flight",
     "zero_bubble",

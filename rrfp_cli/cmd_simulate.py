@@ -74,7 +74,7 @@ def simulate(
     from hints.tasks import PipelineShape
     from runtime.arbiter import MemoryBudget, rule_for
     from runtime.bounds import split_bound
-    from runtime.evaluate import builtin_candidates, durations_for, resolve
+    from runtime.evaluate import builtin_candidates, concrete, durations_for, resolve
     from runtime.simulator import simulate as run_simulation
 
     out = Output(json_mode)
@@ -104,7 +104,7 @@ def simulate(
 
     if not compare:
         rule = rule_for(policy.value, lookahead_flag(lookahead), hint_spec)
-        order = file_hint or resolve(hint_spec, stages, chunks, microbatches, table)
+        order = concrete(file_hint, table) if file_hint else resolve(hint_spec, stages, chunks, microbatches, table)
         began = time.perf_counter()
         result = run_simulation(order, table, rule, budget, overhead=task_overhead)
         elapsed = time.perf_counter() - began

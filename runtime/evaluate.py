@@ -33,7 +33,13 @@ from typing import Callable, Sequence
 
 from hints.errors import UserError
 from hints.hintfile import resolve_hint
-from hints.orders import BUILTIN_HINTS, HintOrder, applicable_builtins, baseline_hint_name
+from hints.orders import (
+    BUILTIN_HINTS,
+    HintOrder,
+    applicable_builtins,
+    baseline_hint_name,
+    resolve_cost_ranked,
+)
 from hints.tasks import PipelineShape
 from runtime.arbiter import RULES, ArbiterRule, MemoryBudget
 from runtime.bounds import LowerBound, split_bound
@@ -71,6 +77,26 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
         table = sample_durations(VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
     costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities)
     return resolve_hint(spec, ranks, chunks, microbatches, costs, priorities)
+
+
+def concrete(hint: HintOrder, table: Durations) -> HintOrder:
+    """``hint`` for the iteration ``table`` describes: a cost-ranked hint's slots become microbatches.
+
+    [Note: cost-ranked hints] in :mod:`hints.orders`: the microbatches are ranked by the hint's own cost
+    model applied to what each microbatch holds, when both are known; otherwise by the table's
+    expected costs. An index hint is returned unchanged.
+    """
+    if not hint.cost_ranked:
+        return hint
+    return resolve_cost_ranked(hint, ranking_costs(hint, table))
+
+
+def ranking_costs(hint: HintOrder, table: Durations) -> list[float]:
+    """The per-microbatch costs a cost-ranked ``hint`` ranks ``table``'s microbatches by."""
+    features = table.microbatch_features()
+    if hint.cost_model is not None and features is not None:
+        return hint.cost_model.microbatch_costs(features)
+    return list(table.expected().microbatch_costs)
 
 
 def builtin_candidates(shape: PipelineShape, table: Durations) -> dict[str, HintOrder]:
@@ -165,7 +191,7 @@ def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
         split = hint.shape.split_backward
         if split not in graphs:
             graphs[split] = TaskGraph.build(hint.shape)
-        result = simulate(hint, table, rule, budget, graph=graphs[split], overhead=overhead)
+        result = simulate(concrete(hint, table), table, rule, budget, graph=graphs[split], overhead=overhead)
         rows.append(_row(name, rule, result, slots))
         if advance:
             advance(1)
@@ -206,5 +232,5 @@ def median_rows(comparisons: Sequence[Comparison]) -> list[Row]:
     return out
 
 
-__all__ = ["Comparison", "DEFAULT_RULES", "Row", "builtin_candidates", "compare", "durations_for", "median_rows",
-           "resolve"]
+__all__ = ["Comparison", "DEFAULT_RULES", "Row", "builtin_candidates", "compare", "concrete", "durations_for",
+           "median_rows", "ranking_costs", "resolve"]

@@ -16,7 +16,7 @@ from __future__ import annotations
 from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name
 from hints.tasks import PipelineShape
 from runtime.arbiter import MemoryBudget
-from runtime.evaluate import resolve
+from runtime.evaluate import concrete, resolve
 
 
 def hint_spec(config) -> str:
@@ -42,6 +42,8 @@ class HintPlan:
             return resolve(self.spec, c.stages, c.chunks, c.microbatches, self.workload.expected(iteration))
         if self._static is None:
             self._static = resolve(self.spec, c.stages, c.chunks, c.microbatches)
+        if self._static.cost_ranked:  # [Note: cost-ranked hints]: slots -> this iteration's microbatches
+            return concrete(self._static, self.workload.expected(iteration))
         return self._static
 
 

@@ -128,6 +128,10 @@ class MicrobatchSpec:
     def image_count(self) -> int:
         return sum(self.images)
 
+    def features(self) -> dict[str, float]:
+        """What a cost model reads (:mod:`hints.costs`): the microbatch's text tokens and images."""
+        return {"tokens": float(self.samples * self.seq_len), "images": float(self.image_count)}
+
 
 def sample_microbatches(model: VariabilityModel, microbatches: int, seed: int) -> list[MicrobatchSpec]:
     """The per-microbatch contents for ``seed`` (independent of the noise streams)."""
@@ -220,6 +224,7 @@ class Durations:
     weight_grad: list[list[float]] | None = None
     source: str = "model"
     specs: list[MicrobatchSpec] = field(default_factory=list)
+    features: list[dict[str, float]] | None = None  # per microbatch, when recorded (else from specs)
     # See expected(): the expectation, a function computing it (sampled tables), or None (recorded).
     expectation: "Durations | Callable[[], Durations] | None" = field(default=None, repr=False)
 
@@ -264,6 +269,14 @@ class Durations:
             raise UserError(f"every row of the table must hold {m} microbatches", self.source)
         return compute, transfer
 
+    def microbatch_features(self) -> list[dict[str, float]] | None:
+        """Per microbatch, what it held (``tokens``, ``images``), or None when the table does not say."""
+        if self.features is not None:
+            return self.features
+        if len(self.specs) == self.microbatches:
+            return [spec.features() for spec in self.specs]
+        return None
+
     def expected(self) -> "Durations":
         """What a scheduler may know before the iteration runs: expected durations and latencies.
 
@@ -298,7 +311,7 @@ class Durations:
             flat(self.send_backward), [1.0] * m,
             input_grad=flat(self.input_grad) if self.input_grad else None,
             weight_grad=flat(self.weight_grad) if self.weight_grad else None,
-            source=f"mean per (stage, kind) of {self.source}",
+            source=f"mean per (stage, kind) of {self.source}", features=self.microbatch_features(),
         )
 
     def total_compute(self) -> float:

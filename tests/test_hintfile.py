@@ -275,8 +275,8 @@ def test_unknown_shape_key(tmp_path, one_f_one_b_json):
 
 
 def test_wrong_format(tmp_path, one_f_one_b_json):
-    path, message = _broken(tmp_path, one_f_one_b_json, lambda d: d.update(format="rrfp-hint/2"))
-    assert message == f"{path}: format is 'rrfp-hint/2'; this rrfp reads 'rrfp-hint/1'"
+    path, message = _broken(tmp_path, one_f_one_b_json, lambda d: d.update(format="rrfp-hint/3"))
+    assert message == f"{path}: format is 'rrfp-hint/3'; this rrfp reads 'rrfp-hint/1' and 'rrfp-hint/2'"
 
 
 def test_missing_format(tmp_path, one_f_one_b_json):
