@@ -306,13 +306,15 @@ class Durations:
 
         # Per-microbatch costs of a recorded table are recorded values too: without a model of what
         # each microbatch holds, every microbatch is expected to cost the same.
-        return Durations(
+        means = Durations(
             self.stages, m, flat(self.forward), flat(self.backward), flat(self.send_forward),
             flat(self.send_backward), [1.0] * m,
             input_grad=flat(self.input_grad) if self.input_grad else None,
             weight_grad=flat(self.weight_grad) if self.weight_grad else None,
             source=f"mean per (stage, kind) of {self.source}", features=self.microbatch_features(),
         )
+        means.expectation = means
+        return means
 
     def total_compute(self) -> float:
         return sum(map(sum, self.forward)) + sum(map(sum, self.backward))
@@ -335,10 +337,12 @@ def expected_durations(model: VariabilityModel, shape: PipelineShape, specs: lis
     forward = [list(forward_rows[r]) for r in row_of]
     backward = [list(backward_rows[r]) for r in row_of]
     estimated = _microbatch_costs(rows, row_of)
-    return Durations(stages, m, forward, backward,
-                     [[model.comm_latency if k < stages - 1 else 0.0] * m for k in range(stages)],
-                     [[model.comm_latency if k > 0 else 0.0] * m for k in range(stages)],
-                     estimated, source=source or f"expectation of the {model.workload} model", specs=specs)
+    expected = Durations(stages, m, forward, backward,
+                         [[model.comm_latency if k < stages - 1 else 0.0] * m for k in range(stages)],
+                         [[model.comm_latency if k > 0 else 0.0] * m for k in range(stages)],
+                         estimated, source=source or f"expectation of the {model.workload} model", specs=specs)
+    expected.expectation = expected  # what is known beforehand of an expectation is the expectation itself
+    return expected
 
 
 def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -> Durations:
