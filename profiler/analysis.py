@@ -350,7 +350,7 @@ class RealizedIteration:
 def realized_iterations(frames: TraceFrames, iterations: Sequence[int] | None = None) -> list[RealizedIteration]:
     """:class:`RealizedIteration` of each of ``iterations`` (default: every complete one), in that order."""
     shape = pipeline_shape(frames)
-    chosen = _complete_iterations(frames) if iterations is None else list(iterations)
+    chosen = complete_iterations(frames) if iterations is None else list(iterations)
     return [_realize(frames, shape, iteration) for iteration in chosen]
 
 
@@ -365,7 +365,7 @@ def _realize(frames: TraceFrames, shape: PipelineShape, iteration: int) -> Reali
     tasks = frames.tasks.filter(pl.col("iteration") == iteration)
     if tasks.height != shape.total_tasks:
         try:
-            advice = "pick a complete one: " + ", ".join(map(str, _complete_iterations(frames)))
+            advice = "pick a complete one: " + ", ".join(map(str, complete_iterations(frames)))
         except UserError:
             advice = "the trace holds no complete one"
         raise UserError(f"iteration {iteration} holds {tasks.height} of {shape.total_tasks} tasks "
@@ -443,7 +443,7 @@ def dispatch_overhead(frames: TraceFrames, iterations: Sequence[int] | None = No
     ``mean_s`` shows how heavy the tail is.
     """
     traced = set(traced_iterations(frames))
-    chosen = _complete_iterations(frames) if iterations is None else list(iterations)
+    chosen = complete_iterations(frames) if iterations is None else list(iterations)
     absent = [i for i in chosen if i not in traced]
     if absent:
         raise UserError(f"iteration {absent[0]} is not in the trace (traced: {sorted(traced)})", frames.path)
@@ -535,7 +535,7 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
 
     meta = next(iter(frames.meta.values()))
     budget = MemoryBudget.parse(meta.get("memory_budget", "1f1b"))
-    complete = _complete_iterations(frames)
+    complete = complete_iterations(frames)
     if iterations is None:
         iterations = complete[1:] if len(complete) > 1 else complete
     iterations = list(iterations)
@@ -565,7 +565,7 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
                        str(budget))
 
 
-def _complete_iterations(frames: TraceFrames) -> list[int]:
+def complete_iterations(frames: TraceFrames) -> list[int]:
     shape = pipeline_shape(frames)
     counts = frames.tasks.group_by("iteration").len()
     complete = sorted(i for i, n in counts.iter_rows() if n == shape.total_tasks)

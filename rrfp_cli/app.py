@@ -15,7 +15,7 @@ import sys
 import typer
 
 from hints.errors import UserError
-from rrfp_cli import cmd_hints, cmd_run, cmd_simulate, cmd_trace
+from rrfp_cli import cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_tune
 
 app = typer.Typer(
     name="rrfp",
@@ -28,6 +28,7 @@ app.add_typer(cmd_hints.app, name="hints")
 app.add_typer(cmd_trace.app, name="trace")
 app.command("simulate")(cmd_simulate.simulate)
 app.command("run")(cmd_run.run)
+app.command("tune-hint")(cmd_tune.tune_hint)
 
 
 def main(argv: list[str] | None = None) -> None:

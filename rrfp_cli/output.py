@@ -54,6 +54,27 @@ class Output:
             yield lambda n=1: bar.advance(task, n)
 
 
+    @contextmanager
+    def status_progress(self, description: str, total: int) -> Iterator[Callable[[int, str], None]]:
+        """Like :meth:`progress`, with a status text; yields ``update(completed, status)``."""
+        if self.json_mode:
+            yield lambda completed, status="": None
+            return
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TextColumn("{task.fields[status]}"),
+            TimeElapsedColumn(),
+            console=self.err,
+            transient=True,
+        ) as bar:
+            task = bar.add_task(description, total=max(1, total), status="")
+            yield lambda completed, status="": bar.update(task, completed=min(completed, total), status=status)
+
+
 def _jsonable(value: Any) -> Any:
     """NaN/inf are not JSON; they become null."""
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):

@@ -209,7 +209,11 @@ FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
-    """Read a config file into ``{field: value}``; keys are flag names (``memory-budget``)."""
+    """Read a config file into ``{field: value}``; keys are flag names (``memory-budget``).
+
+    A relative ``hint`` path that names a file beside the config file is taken from there, so a job
+    file and its hint can move together (``rrfp tune-hint --out DIR`` writes both).
+    """
     where = str(path)
     try:
         data = tomllib.loads(Path(path).read_text())
@@ -225,6 +229,11 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             hint = f"; did you mean {_flag(close[0])[2:]!r}?" if close else ""
             raise UserError(f"unknown key {key!r}{hint}", where)
         values[name] = value
+    hint = values.get("hint")
+    if isinstance(hint, str) and not Path(hint).is_absolute():
+        beside = Path(path).parent / hint  # a hint file named in a config file lives beside it (tune-hint's job.toml)
+        if beside.is_file():
+            values["hint"] = str(beside)
     return values
 
 

@@ -1,0 +1,391 @@
+"""``rrfp tune-hint``: search a hint (and rule, and budget) for the next run, from traces, tables or a model.
+
+    rrfp tune-hint RUN_DIR... | --durations FILE... | --workload NAME -p P -m M [-v V] --out DIR
+    rrfp tune-hint --check NEW_RUN_DIR --report DIR/report.json
+
+Writes DIR/hint.json, DIR/job.toml (``rrfp run --config DIR/job.toml``),
+DIR/report.json and DIR/report.md, into a temporary directory renamed into
+place at the end, so nothing is ever written half-way. Ctrl-C stops the
+search, keeps the best found and still writes the outputs (exit 130).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import re
+import shutil
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated, Any, Optional
+
+import typer
+
+from hints.errors import UserError
+from rrfp_cli.options import (
+    BackwardRatio,
+    Chunks,
+    CommLatency,
+    ForwardTime,
+    Jitter,
+    JsonFlag,
+    Microbatches,
+    PolicyChoice,
+    PolicyOpt,
+    Stages,
+    StragglerProb,
+    StragglerSlowdown,
+    WorkloadChoice,
+    variability_model,
+)
+from rrfp_cli.output import Output
+
+TUNE = "Tuning"
+SOURCE = "Scenarios (one source)"
+
+# RunConfig fields of a traced run that job.toml carries over (what makes the next run the same job).
+_CARRIED = ("workload", "emulate", "forward_time", "backward_ratio", "jitter", "straggler_prob", "straggler_slowdown",
+            "comm_latency", "comm_jitter", "samples", "hidden", "heads", "layers_per_stage", "vocab", "seq_len", "lr",
+            "seed", "iters", "device", "backend", "timeout")
+
+
+def tune_hint(
+    runs: Annotated[Optional[list[Path]], typer.Argument(help="Traced run directories to tune on.",
+                                                         metavar="[RUN_DIR]...", show_default=False)] = None,
+    durations: Annotated[Optional[list[Path]], typer.Option(
+        "--durations", help="Duration tables (rrfp trace export --durations) instead of traces (repeatable).",
+        rich_help_panel=SOURCE)] = None,
+    workload: Annotated[Optional[WorkloadChoice], typer.Option(
+        "--workload", help="Tune on a duration model instead (uniform, language, multimodal).",
+        rich_help_panel=SOURCE)] = None,
+    stages: Stages = None,
+    chunks: Chunks = None,
+    microbatches: Microbatches = None,
+    policy: PolicyOpt = PolicyChoice.ready,
+    memory_budget: Annotated[str, typer.Option(
+        "--memory-budget", help="1f1b, 2x, a slot count, or auto (a Pareto table of makespan vs memory; "
+        "job.toml takes the smallest budget within 1% of the best).")] = "1f1b",
+    objective: Annotated[str, typer.Option("--objective", help="mean, p90 (any pNN) or cvar:0.9 of the makespan.",
+                                           rich_help_panel=TUNE)] = "mean",
+    time_budget: Annotated[str, typer.Option(
+        "--time-budget", help="Search effort, e.g. 60s, 5m (converted to a number of simulations at a nominal "
+        "rate, so results do not depend on the machine's speed).", rich_help_panel=TUNE)] = "60s",
+    jobs: Annotated[int, typer.Option("--jobs", help="Worker processes (results are deterministic for a seed and "
+                                      "this count).", rich_help_panel=TUNE)] = 1,
+    holdout: Annotated[float, typer.Option("--holdout", help="Share of the recorded iterations (the last ones) "
+                                           "held out to judge the result.", rich_help_panel=TUNE)] = 0.3,
+    scenarios: Annotated[int, typer.Option("--scenarios", help="Tuning scenarios (bootstrapped or sampled); as "
+                                           "many again are held out.", rich_help_panel=TUNE)] = 32,
+    seed: Annotated[int, typer.Option("--seed", help="Seed of the scenarios and the search.",
+                                      rich_help_panel=TUNE)] = 0,
+    keep_first: Annotated[bool, typer.Option("--keep-first", help="Also tune on iteration 0 (start-up), dropped by "
+                                             "default.", rich_help_panel=SOURCE)] = False,
+    forward_time: ForwardTime = 0.010,
+    backward_ratio: BackwardRatio = 2.0,
+    jitter: Jitter = 0.0,
+    straggler_prob: StragglerProb = 0.0,
+    straggler_slowdown: StragglerSlowdown = 4.0,
+    comm_latency: CommLatency = 0.0,
+    out: Annotated[Optional[Path], typer.Option("--out", help="Directory to create (must not exist).")] = None,
+    check: Annotated[Optional[Path], typer.Option("--check", help="A run made with a tuned job.toml: did the "
+                                                  "predicted gain materialize? (needs --report)")] = None,
+    report_file: Annotated[Optional[Path], typer.Option("--report", help="The report.json of the tuning, for "
+                                                        "--check.")] = None,
+    json_mode: JsonFlag = False,
+) -> None:
+    """Tune a hint for the next run: search on scenarios from traces, tables or a model; judge on held-out ones."""
+    output = Output(json_mode)
+    if check is not None or report_file is not None:
+        if check is None or report_file is None:
+            raise UserError("--check NEW_RUN_DIR and --report DIR/report.json go together", "--check")
+        _check(check, report_file, output)
+        return
+
+    from runtime.tuning import Objective
+
+    sources = [name for name, given in (("RUN_DIR", runs), ("--durations", durations), ("--workload", workload))
+               if given]
+    if len(sources) != 1:
+        raise UserError("give one source of scenarios: RUN_DIR..., --durations FILE..., or --workload NAME "
+                        f"(got {', '.join(sources) or 'none'})", "rrfp tune-hint")
+    if out is None:
+        raise UserError("give --out DIR (a new directory for hint.json, job.toml and the report)", "--out")
+    target = _new_directory(out)
+    goal = Objective.parse(objective)
+    seconds = parse_duration(time_budget)
+    if jobs < 1:
+        raise UserError(f"must be at least 1, got {jobs}", "--jobs")
+    if not 0.0 < holdout < 1.0:
+        raise UserError(f"must be between 0 and 1 (exclusive), got {holdout}", "--holdout")
+    if scenarios < 2:
+        raise UserError(f"must be at least 2, got {scenarios}", "--scenarios")
+    if memory_budget != "auto":
+        from runtime.arbiter import MemoryBudget
+
+        MemoryBudget.parse(memory_budget)
+
+    source = _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, scenarios, seed, keep_first,
+                        variability_model(workload or WorkloadChoice.uniform, forward_time, backward_ratio, jitter,
+                                          straggler_prob, straggler_slowdown, comm_latency, 0.0))
+    if memory_budget != "auto":
+        MemoryBudget.parse(memory_budget).per_rank(source["set"].shape)
+
+    from runtime.tune import report, render_markdown, tune, work_budget
+
+    shape = source["set"].shape
+    work = work_budget(seconds, jobs, shape.total_tasks * 3 // 2)
+    with output.status_progress("tuning", work) as update:
+        def progress(spent: int, best: float, note: str) -> None:
+            update(spent, f"best {goal} {best * 1e3:.2f} ms ({note})")
+
+        # Ctrl-C inside the search keeps the best found (stopped == "interrupted"); anywhere else it ends the
+        # command with nothing written (app.main: "interrupted", exit 130).
+        outcome = tune(source["set"], policy.value, memory_budget, goal, seconds, jobs, seed,
+                       source["overhead"], source["cost_model"], source["traced"], progress)
+    interrupted = outcome.search.stopped == "interrupted"
+    commands = {"this tuning": "rrfp tune-hint " + " ".join(_quoted(sys.argv[2:] if len(sys.argv) > 2 else [])),
+                "run the tuned job": f"rrfp run --config {target}/job.toml",
+                "check that run": f"rrfp tune-hint --check RUN_DIR --report {target}/report.json"}
+    data = report(outcome, {"source": source["set"].source, "inputs": source["inputs"], "commands": commands,
+                            "replay": source.get("replay"), "cost_model": source["cost_model"].to_json()
+                            if source["cost_model"] is not None else None,
+                            "task_overhead_s": source["overhead"]})
+    written = _write(target, outcome, data, source, memory_budget)
+    data["written"] = written
+    for path in written.values():
+        data.setdefault("files", []).append(path)
+    summary = _summary_line(data)
+    output.result(data, lambda console: (console.print(render_markdown(data), markup=False, soft_wrap=True),
+                                         console.print(summary, markup=False)))
+    if interrupted:
+        sys.stderr.write(f"interrupted: wrote the best found so far to {target}\n")
+        raise typer.Exit(130)
+
+
+# -- inputs ------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> float:
+    """``60s``, ``5m``, ``1h`` or plain seconds; must be > 0."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*(s|m|h)?\s*", str(text))
+    if not match:
+        raise UserError(f"{text!r} is not a duration; use e.g. 60s, 5m or 90", "--time-budget")
+    seconds = float(match.group(1)) * {"s": 1, "m": 60, "h": 3600, None: 1}[match.group(2)]
+    if seconds <= 0:
+        raise UserError(f"{text!r}: the search needs some time", "--time-budget")
+    return seconds
+
+
+def _new_directory(out: Path) -> Path:
+    if out.exists():
+        raise UserError("already exists; tune-hint writes a new directory and never overwrites one", str(out))
+    parent = out.parent if str(out.parent) else Path(".")
+    if not parent.is_dir():
+        raise UserError(f"its parent {parent} is not a directory", str(out))
+    if not os.access(parent, os.W_OK):
+        raise UserError(f"cannot write in {parent}", str(out))
+    return out
+
+
+def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, count, seed, keep_first, model
+               ) -> dict[str, Any]:
+    from hints.tasks import PipelineShape
+    from runtime.scenarios import from_model
+
+    asked = None
+    if stages is not None and microbatches is not None:
+        asked = PipelineShape(stages, chunks or 1, microbatches)
+    if runs:
+        from profiler.tune_sources import from_runs
+
+        traced = from_runs(runs, asked, holdout, count, count, seed, keep_first)
+        return {"set": traced.scenarios, "overhead": traced.overhead, "cost_model": traced.cost_model,
+                "traced": _traced_candidate(traced), "replay": traced.replay, "config": traced.config,
+                "meta": traced.meta, "inputs": {"runs": [str(r) for r in runs]}}
+    if durations:
+        if asked is None:
+            raise UserError("a duration table does not know the rank count: give --stages and --microbatches "
+                            "(and --chunks)", "--durations")
+        return {"set": _from_tables(durations, asked, holdout, count, seed), "overhead": 0.0, "cost_model": None,
+                "traced": None, "config": None, "meta": None, "inputs": {"durations": [str(d) for d in durations]}}
+    if asked is None:
+        raise UserError("a workload model needs --stages and --microbatches", "--workload")
+    return {"set": from_model(model, asked, count, count, seed), "overhead": 0.0, "cost_model": None, "traced": None,
+            "config": None, "meta": None, "model": model,
+            "inputs": {"workload": model.workload, "model": model.__dict__}}
+
+
+def _from_tables(paths, shape, holdout, count, seed):
+    import polars as pl
+
+    from runtime.duration_tables import load_durations
+    from runtime.scenarios import from_recorded
+
+    recorded = []
+    for path in paths:
+        iterations = [None]
+        try:
+            frame = pl.read_parquet(path) if str(path).endswith((".parquet", ".pq")) else pl.read_csv(path)
+            if "iteration" in frame.columns:
+                iterations = sorted(frame.get_column("iteration").unique().to_list())
+        except Exception:
+            pass  # load_durations says what is wrong with the file
+        for iteration in iterations:
+            table = load_durations(path, shape.stages, shape.microbatches, iteration=iteration)
+            recorded.append((len(recorded), table, table.expected()))
+    return from_recorded(shape, recorded, holdout, count, count, seed,
+                         f"{len(recorded)} recorded iterations of {', '.join(map(str, paths))}")
+
+
+def _traced_candidate(traced):
+    from hints.orders import BUILTIN_HINTS
+    from runtime.evaluate import resolve
+    from runtime.tuning import Candidate
+
+    meta, shape = traced.meta, traced.scenarios.shape
+    name, rule = str(meta.get("hint")), str(meta.get("rule"))
+    builtin = BUILTIN_HINTS.get(name)
+    if builtin is not None and (builtin.takes_costs or builtin.takes_priorities):
+        return Candidate(f"{name} (traced)", "traced", rule, builtin=name)
+    if builtin is not None:
+        return Candidate(f"{name} (traced)", "traced", rule, resolve(name, shape.ranks, shape.chunks,
+                                                                      shape.microbatches))
+    return Candidate(f"{name} (traced)", "traced", rule, traced.traced_hint)
+
+
+# -- outputs -----------------------------------------------------------------------
+
+
+def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) -> dict[str, str]:
+    """hint.json, job.toml, report.json, report.md: written in a temporary directory, then renamed to ``target``."""
+    from hints.hintfile import save_hint
+    from runtime.arbiter import RULES
+    from runtime.tune import chosen_hint, render_markdown
+
+    candidate = outcome.verdict.chosen.candidate
+    rule = RULES[candidate.rule]
+    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else "."))
+    try:
+        hint = chosen_hint(outcome)
+        save_hint(hint, staging / "hint.json")
+        job = {}
+        config = source.get("config") or {}
+        for key in _CARRIED:
+            if config.get(key) is not None:
+                job[key] = config[key]
+        if source.get("model") is not None:
+            model = source["model"]
+            job.update(workload="emulated", emulate=model.workload, forward_time=model.forward_time,
+                       backward_ratio=model.backward_ratio, jitter=model.jitter)
+        shape = outcome.evaluator.shape
+        job.update(stages=shape.ranks, chunks=shape.chunks, microbatches=shape.microbatches,
+                   hint=candidate.builtin or "hint.json", policy=str(rule.policy), memory_budget=outcome.budget)
+        if rule.policy.value == "ready":
+            job["lookahead"] = rule.lookahead
+        _write_toml(staging / "job.toml", job, data, target)
+        (staging / "report.json").write_text(json.dumps(_jsonable(data), indent=1) + "\n")
+        (staging / "report.md").write_text(render_markdown(data))
+        os.rename(staging, target)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {name: str(target / name) for name in ("hint.json", "job.toml", "report.json", "report.md")}
+
+
+def _write_toml(path: Path, values: dict, data: dict, target: Path) -> None:
+    verdict = data["verdict"]
+    lines = [f"# Written by rrfp tune-hint: rrfp run --config {target}/job.toml", f"# {verdict['reason']}"]
+    for key, value in values.items():
+        name = key.replace("_", "-")
+        if isinstance(value, bool):
+            text = "true" if value else "false"
+        elif isinstance(value, (int, float)):
+            text = repr(value)
+        else:
+            text = json.dumps(str(value))
+        lines.append(f"{name} = {text}")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _quoted(args: list[str]) -> list[str]:
+    import shlex
+
+    return [shlex.quote(a) for a in args]
+
+
+def _jsonable(value):
+    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
+        return None
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return value
+
+
+def _summary_line(data: dict) -> str:
+    v, p = data["verdict"], data["prediction"]
+    line = f"wrote {data['written']['job.toml']}: {v['hint']} ({v['rule']})"
+    gain = p.get("gain_over_fixed_1f1b")
+    if gain:
+        line += f", predicted {gain['estimate']:+.1%} over fixed 1F1B on held-out scenarios"
+    return line + f"; check a run of it with: rrfp tune-hint --check RUN --report {data['written']['report.json']}"
+
+
+# -- --check ------------------------------------------------------------------------
+
+
+def _check(run: Path, report_path: Path, output: Output) -> None:
+    from profiler.analysis import complete_iterations, iteration_windows
+    from profiler.reader import read_trace
+
+    try:
+        data = json.loads(report_path.read_text())
+    except FileNotFoundError:
+        raise UserError("no such file", str(report_path)) from None
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"not a tune-hint report: {err}", str(report_path)) from None
+    if not isinstance(data, dict) or data.get("format") != "rrfp-tune-report/1":
+        raise UserError("not a tune-hint report (format rrfp-tune-report/1)", str(report_path))
+    frames = read_trace(run)
+    meta = next(iter(frames.meta.values()))
+    shape = data["shape"]
+    if (int(meta["stages"]), int(meta["chunks"]), int(meta["microbatches"])) != \
+            (shape["ranks"], shape["chunks"], shape["microbatches"]):
+        raise UserError(f"the run is of {meta['stages']} ranks x {meta['chunks']} chunks, {meta['microbatches']} "
+                        f"microbatches but the report tuned {shape['ranks']} x {shape['chunks']}, "
+                        f"{shape['microbatches']}", str(run))
+    complete = complete_iterations(frames)
+    steady = complete[1:] if len(complete) > 1 else complete
+    windows = {i: ns * 1e-9 for i, ns in iteration_windows(frames).select("iteration", "makespan_ns").iter_rows()}
+    measured = statistics.median(windows[i] for i in steady)
+    prediction = data["prediction"]
+    low, high = prediction["makespan_range"]
+    result: dict[str, Any] = {"run": str(run), "iterations": steady, "measured_makespan_s": measured,
+                              "predicted_range_s": [low, high], "predicted_mean_s": prediction["makespan"]["mean"],
+                              "within_predicted_range": low <= measured <= high}
+    replay = data.get("replay")
+    gain = prediction.get("gain_over_traced_hint")
+    if replay and gain and replay.get("measured_s"):
+        realized = (replay["measured_s"] - measured) / replay["measured_s"]
+        result.update(realized_gain_over_traced=realized, predicted_gain_range=[gain["p10"], gain["p90"]],
+                      gain_within_predicted_range=gain["p10"] <= realized <= gain["p90"])
+
+    def render(console) -> None:
+        verdict = "inside" if result["within_predicted_range"] else "OUTSIDE"
+        console.print(f"{run}: median makespan {measured * 1e3:.2f} ms over iterations {steady[0]}..{steady[-1]}; "
+                      f"predicted {prediction['makespan']['mean'] * 1e3:.2f} ms (p10..p90 {low * 1e3:.2f}.."
+                      f"{high * 1e3:.2f} ms): {verdict} the predicted range", markup=False)
+        if "realized_gain_over_traced" in result:
+            inside = "inside" if result["gain_within_predicted_range"] else "OUTSIDE"
+            console.print(f"gain over the traced run: {result['realized_gain_over_traced']:+.1%}; predicted "
+                          f"{gain['estimate']:+.1%} (per iteration p10..p90 {gain['p10']:+.1%}..{gain['p90']:+.1%}): "
+                          f"{inside}", markup=False)
+
+    output.result(result, render)
+
+
+__all__ = ["parse_duration", "tune_hint"]

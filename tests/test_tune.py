@@ -1,0 +1,334 @@
+"""rrfp tune-hint: objectives, cost-ranked hints, scenarios, the search and its verdict, the command end to end."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+from hints.costs import CostModel
+from hints.errors import HintError
+from hints.hintfile import hint_from_json, hint_to_json
+from hints.orders import as_cost_ranked, builtin_hint, heaviest_first, resolve_cost_ranked
+from hints.tasks import PipelineShape
+from runtime.arbiter import MemoryBudget
+from runtime.scenarios import bootstrap, from_model, from_recorded
+from runtime.tune import tune
+from runtime.tuning import Evaluator, Objective, paired_bootstrap
+from runtime.variability import VariabilityModel, sample_durations
+from tests.conftest import run_rrfp
+
+# -- objectives and intervals -----------------------------------------------------------------------
+
+
+def test_objectives():
+    values = [float(v) for v in range(1, 11)]
+    assert Objective.parse("mean")(values) == 5.5
+    assert Objective.parse("p90")(values) == pytest.approx(9.1)
+    assert Objective.parse("cvar:0.8")(values) == pytest.approx(9.5)  # mean of the worst 20%: 9 and 10
+    for bad in ("median", "p0", "p100", "cvar:1", "cvar:x"):
+        with pytest.raises(Exception, match="--objective"):
+            Objective.parse(bad)
+
+
+def test_paired_bootstrap_sees_a_sure_gain_and_no_gain():
+    rng = random.Random(0)
+    base = [1.0 + rng.random() for _ in range(40)]
+    better = [b * 0.95 for b in base]
+    interval = paired_bootstrap(base, better)
+    assert interval.above_zero() and interval.estimate == pytest.approx(0.05)
+    noisy = [b * (1 + rng.uniform(-0.05, 0.05)) for b in base]
+    assert not paired_bootstrap(base, noisy).above_zero() or paired_bootstrap(base, noisy).low < 0.01
+
+
+# -- cost-ranked hints ([Note: cost-ranked hints]) -------------------------------------------------------
+
+
+def test_cost_ranked_slots_become_this_iterations_microbatches():
+    gpipe = builtin_hint("gpipe", 2, 1, 4)
+    costs = [1.0, 5.0, 3.0, 5.0]
+    assert heaviest_first(costs) == [1, 3, 2, 0]
+    ranked = as_cost_ranked(gpipe, [4.0, 3.0, 2.0, 1.0])  # slot k = microbatch k of gpipe's order
+    assert ranked.cost_ranked and ranked.orders == gpipe.orders
+    resolved = resolve_cost_ranked(ranked, costs)
+    # gpipe in slot order is breadth-first with the heaviest microbatch first in both passes: bfw.
+    assert resolved.orders == builtin_hint("bfw", 2, 1, 4, costs=costs).orders
+    assert resolve_cost_ranked(gpipe, costs) is gpipe  # an index hint stays as it is
+
+
+def test_hint_file_v2_round_trip_and_v1_still_loads():
+    model = CostModel(2, {"0F": (0.001, 1e-5, 0.0), "0B": (0.002, 2e-5, 0.0), "1F": (0.001, 0.0, 1e-3),
+                          "1B": (0.002, 0.0, 2e-3)})
+    ranked = as_cost_ranked(builtin_hint("1f1b", 2, 1, 3), [3.0, 2.0, 1.0], "tuned", model)
+    data = hint_to_json(ranked)
+    assert data["format"] == "rrfp-hint/2" and data["microbatches"] == "cost-ranked"
+    back = hint_from_json(json.loads(json.dumps(data)), "t.json")
+    assert back.orders == ranked.orders and back.cost_ranked and back.cost_model == model
+    assert model.microbatch_costs([{"tokens": 100, "images": 1}]) == [pytest.approx(0.006 + 3e-3 + 3e-3)]
+    plain = hint_to_json(builtin_hint("1f1b", 2, 1, 3))
+    assert plain["format"] == "rrfp-hint/1" and "microbatches" not in plain
+    assert not hint_from_json(plain, "p.json").cost_ranked
+
+
+@pytest.mark.parametrize("change,message", [
+    ({"microbatches": "random"}, "'microbatches' is 'random'"),
+    ({"cost_model": {"stages": 2, "coefficients": {"0F": [1, 2, 3]}}}, "only goes with"),
+    ({"microbatches": "cost-ranked", "cost_model": {"stages": 3, "coefficients": {"0F": [1, 2, 3], "1F": [1, 2, 3],
+                                                                                  "2F": [1, 2, 3]}}},
+     "covers 3 model stages"),
+    ({"microbatches": "cost-ranked", "cost_model": {"stages": 2, "coefficients": {"0F": [1, 2]}}},
+     "three finite numbers"),
+])
+def test_hint_file_v2_errors(change, message):
+    data = {**hint_to_json(builtin_hint("1f1b", 2, 1, 3)), "format": "rrfp-hint/2", **change}
+    with pytest.raises(HintError, match=message):
+        hint_from_json(data, "bad.json")
+    with pytest.raises(HintError, match="unknown key 'microbatches'"):  # /1 files cannot use /2 keys
+        hint_from_json({**hint_to_json(builtin_hint("1f1b", 2, 1, 3)), "microbatches": "index"}, "old.json")
+
+
+# -- scenarios ([Note: scenario bootstrap]) -------------------------------------------------------------------
+
+
+def test_bootstrap_resamples_whole_microbatches_and_latencies_per_stage():
+    shape = PipelineShape(3, 1, 6)
+    model = VariabilityModel(workload="multimodal", jitter=0.3, comm_latency=0.001, comm_jitter=0.5)
+    pool = [(t, t.expected()) for t in (sample_durations(model, shape, s) for s in range(3))]
+    table, expected = bootstrap(shape, pool, random.Random(1))
+    columns = {tuple(t.forward[k][i] for k in range(3)) + tuple(t.backward[k][i] for k in range(3))
+               for t, _ in pool for i in range(6)}
+    for i in range(6):  # every new microbatch is one recorded microbatch, on every stage together
+        assert tuple(table.forward[k][i] for k in range(3)) + tuple(table.backward[k][i] for k in range(3)) in columns
+    for k in range(3):
+        recorded = {t.send_forward[k][i] for t, _ in pool for i in range(6)}
+        assert set(table.send_forward[k]) <= recorded
+    assert table.expected() is expected and table.microbatch_features() is not None
+
+
+def test_holdout_takes_the_last_iterations():
+    shape = PipelineShape(2, 1, 4)
+    tables = [sample_durations(VariabilityModel(workload="language"), shape, s) for s in range(10)]
+    recorded = [(i, t, t.expected()) for i, t in enumerate(tables)]
+    scenarios = from_recorded(shape, recorded, 0.3, 5, 5, seed=0, source="test")
+    assert scenarios.recorded == list(range(7)) and scenarios.recorded_holdout == [7, 8, 9]
+    model_set = from_model(VariabilityModel(), shape, 3, 2, seed=4)
+    names = [s.name for s in model_set.tuning + model_set.holdout]
+    assert len(set(names)) == 5  # tuning and held-out seeds never overlap
+
+
+# -- the search and the verdict -----------------------------------------------------------------------------
+
+
+def _slow_rank_scenarios(shape: PipelineShape, slow_rank: int, factor: float, count: int) -> object:
+    """Sequences of variable length (the language model) on a pipeline whose rank ``slow_rank`` runs its
+    forwards ``factor`` times slower (say, an older GPU, or a stage that recomputes)."""
+    model = VariabilityModel(workload="language", jitter=0.05)
+    recorded = []
+    for seed in range(count):
+        table = sample_durations(model, shape, seed)
+        for stage in shape.stages_of_rank(slow_rank):
+            table.forward[stage] = [value * factor for value in table.forward[stage]]
+        recorded.append((seed, table, table.expected()))
+    return from_recorded(shape, recorded, 0.3, 12, 12, seed=0, source="slow rank")
+
+
+def _builtin_values(outcome) -> dict[str, float]:
+    return {s.candidate.label: s.value for s in outcome.search.scored if s.candidate.family == "built-in"}
+
+
+def test_uniform_durations_leave_nothing_to_tune():
+    # No variability at all: the textbook orders are as good as it gets and tune-hint keeps a built-in.
+    shape = PipelineShape(4, 1, 8)
+    scenarios = from_model(VariabilityModel(), shape, 6, 6, seed=0)
+    outcome = tune(scenarios, "ready", "1f1b", Objective.parse("mean"), time_budget=2.0)
+    assert not outcome.verdict.tuned_kept
+    assert outcome.verdict.chosen.candidate.family in ("built-in", "baseline")
+    best_builtin = min(_builtin_values(outcome).values())
+    assert outcome.verdict.chosen.value == pytest.approx(best_builtin)
+
+
+def test_a_slow_rank_is_tuned_around_better_than_every_builtin():
+    shape = PipelineShape(4, 1, 8)
+    outcome = tune(_slow_rank_scenarios(shape, slow_rank=0, factor=2.0, count=14), "ready", "1f1b",
+                   Objective.parse("mean"), time_budget=4.0, seed=0)
+    best = outcome.search.best
+    assert best.candidate.family not in ("built-in", "baseline")
+    assert best.value < min(_builtin_values(outcome).values()) * 0.99  # measured: 3.6% better
+
+
+def test_heavy_first_stage_multimodal_is_tuned_better_than_every_builtin():
+    shape = PipelineShape(4, 1, 8)
+    model = VariabilityModel(workload="multimodal", vision_stages=1, images_mean=3.0, jitter=0.05)
+    outcome = tune(from_model(model, shape, 16, 16, seed=0), "ready", "1f1b", Objective.parse("mean"),
+                   time_budget=4.0, seed=0)
+    assert outcome.search.best.candidate.family not in ("built-in", "baseline")
+    assert outcome.search.best.value < min(_builtin_values(outcome).values()) * 0.99  # measured: 5.4% better
+
+
+def test_never_slower_than_fixed_1f1b_on_held_out_scenarios_at_the_1f1b_budget():
+    shape = PipelineShape(4, 1, 8)
+    for workload in ("language", "multimodal"):
+        outcome = tune(from_model(VariabilityModel(workload=workload, jitter=0.1), shape, 8, 8, seed=3), "ready",
+                       "1f1b", Objective.parse("mean"), time_budget=2.0)
+        held = outcome.verdict.holdout
+        assert Objective.parse("mean")(held["chosen"]) <= Objective.parse("mean")(held["fixed 1F1B"]) + 1e-12
+
+
+def test_same_seed_same_result_and_jobs_are_deterministic():
+    shape = PipelineShape(4, 1, 8)
+    scenarios = from_model(VariabilityModel(workload="multimodal", jitter=0.1), shape, 8, 8, seed=1)
+
+    def run(jobs):
+        outcome = tune(scenarios, "ready", "1f1b", Objective.parse("p90"), time_budget=2.0, jobs=jobs, seed=5)
+        best = outcome.search.best
+        return best.candidate.name, best.value, (best.candidate.hint.orders if best.candidate.hint else None), \
+            outcome.search.simulations
+
+    assert run(1) == run(1)
+    assert run(2) == run(2)
+
+
+def test_memory_auto_gives_a_pareto_table():
+    shape = PipelineShape(4, 1, 8)
+    scenarios = from_model(VariabilityModel(workload="language", jitter=0.1), shape, 6, 6, seed=0)
+    outcome = tune(scenarios, "ready", "auto", Objective.parse("mean"), time_budget=1.0)
+    budgets = [row["budget"] for row in outcome.pareto]
+    assert budgets[0] == "1f1b" and len(budgets) >= 4
+    chosen = [row for row in outcome.pareto if row["chosen"]]
+    assert len(chosen) == 1 and outcome.budget == chosen[0]["budget"]
+    best = min(row["objective"] for row in outcome.pareto)
+    assert chosen[0]["objective"] <= best * 1.01  # the smallest budget within 1% of the best
+    smaller = [row for row in outcome.pareto if row["max_slots"] < chosen[0]["max_slots"]]
+    assert all(row["objective"] > best * 1.01 for row in smaller)
+
+
+def test_evaluator_scores_cost_ranked_candidates_per_scenario():
+    from runtime.tuning import Candidate
+
+    shape = PipelineShape(2, 1, 4)
+    scenarios = from_model(VariabilityModel(workload="multimodal"), shape, 3, 1, seed=0)
+    evaluator = Evaluator(scenarios, MemoryBudget.parse("1f1b"))
+    ranked = as_cost_ranked(builtin_hint("bf", 2, 1, 4), [4.0, 3.0, 2.0, 1.0], "bf heaviest first")
+    candidate = Candidate(ranked.name, "cost classes", "greedy", ranked)
+    for index, scenario in enumerate(scenarios.tuning):
+        hint = evaluator.hint_for(candidate, "tuning", index)
+        costs = scenario.expected.microbatch_costs
+        assert [t.microbatch for t in hint.orders[0][:4]] == heaviest_first(costs)
+
+
+# -- the command -----------------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def traced_run(tmp_path_factory):
+    root = tmp_path_factory.mktemp("tune")
+    result = run_rrfp(root, "run", "--workload", "emulated", "--emulate", "multimodal", "--stages", "3",
+                      "--microbatches", "6", "--iters", "5", "--forward-time", "0.004", "--jitter", "0.1",
+                      "--hint", "1f1b", "--out", "r", "--json")
+    assert result.returncode == 0, result.stderr
+    return root, root / "r"
+
+
+def one_error(result) -> str:
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
+    return lines[0]
+
+
+def test_tune_hint_from_a_run_writes_everything_and_checks(traced_run):
+    root, run = traced_run
+    result = run_rrfp(root, "tune-hint", str(run), "--out", "tuned", "--time-budget", "3s", "--scenarios", "8",
+                      "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    out = root / "tuned"
+    assert sorted(p.name for p in out.iterdir()) == ["hint.json", "job.toml", "report.json", "report.md"]
+    assert not [p for p in root.iterdir() if p.name.startswith(".tuned.")]  # no staging left behind
+    assert data["replay"]["errors"] and abs(data["replay"]["median_error"]) < 0.15
+    assert data["scenarios"]["tuning"] == 8 and data["verdict"]["reason"]
+    report = (out / "report.md").read_text()
+    assert "## Verdict" in report and "## Candidates" in report
+    # job.toml is a config rrfp run takes as it is (the hint file beside it is found)
+    from runtime.config import build_config, load_toml
+
+    config = build_config(load_toml(out / "job.toml"), {})
+    assert (config.stages, config.microbatches, config.workload) == (3, 6, "emulated")
+    rerun = run_rrfp(root, "run", "--config", str(out / "job.toml"), "--iters", "3", "--out", "again", "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    checked = run_rrfp(root, "tune-hint", "--check", "again", "--report", str(out / "report.json"), "--json")
+    assert checked.returncode == 0, checked.stderr
+    verdict = json.loads(checked.stdout)
+    assert "within_predicted_range" in verdict and verdict["measured_makespan_s"] > 0
+
+
+def test_tune_hint_bad_input(traced_run, tmp_path):
+    root, run = traced_run
+    cases = [
+        (["tune-hint", str(run), "--out", "x", "-p", "4", "-m", "6"], "was asked"),
+        (["tune-hint", str(run), "--out", "x", "--time-budget", "0"], "--time-budget"),
+        (["tune-hint", str(run), "--out", str(run)], "already exists"),
+        (["tune-hint", "--out", "x"], "give one source"),
+        (["tune-hint", str(run), "--workload", "uniform", "-p", "3", "-m", "6", "--out", "x"], "give one source"),
+        (["tune-hint", "--durations", "d.csv", "--out", "x"], "--stages and --microbatches"),
+        (["tune-hint", "--check", str(run)], "go together"),
+    ]
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    cases.append((["tune-hint", str(empty), "--out", "x"], "holds no trace"))
+    for args, message in cases:
+        line = one_error(run_rrfp(tmp_path, *args))
+        assert message in line, line
+        assert not (tmp_path / "x").exists()
+
+
+def test_tune_hint_needs_a_traced_iteration_after_the_first(tmp_path):
+    result = run_rrfp(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters",
+                      "1", "--forward-time", "0.002", "--out", "one", "--json")
+    assert result.returncode == 0, result.stderr
+    line = one_error(run_rrfp(tmp_path, "tune-hint", "one", "--out", "x"))
+    assert "no complete traced iteration after dropping iteration 0" in line
+    assert not (tmp_path / "x").exists()
+
+
+def test_tune_hint_on_a_workload_model(tmp_path):
+    result = run_rrfp(tmp_path, "tune-hint", "--workload", "multimodal", "-p", "4", "-m", "8", "--jitter", "0.1",
+                      "--out", "m", "--time-budget", "2s", "--scenarios", "6", "--memory-budget", "2x", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    toml = (tmp_path / "m" / "job.toml").read_text()
+    assert 'workload = "emulated"' in toml and 'emulate = "multimodal"' in toml and 'memory-budget = "2x"' in toml
+    assert data["memory_budget"] == "2x"
+    chosen = data["rows"][0]
+    assert chosen["row"] == "written out" and chosen["holdout"]["mean"] > 0
+
+
+def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path):
+    import torch
+
+    from hints.hintfile import save_hint
+    from runtime.config import RunConfig
+    from runtime.plan import HintPlan, run_shape
+    from runtime.workloads import make_workload
+
+    ranked = as_cost_ranked(builtin_hint("gpipe", 2, 1, 6), [6.0, 5.0, 4.0, 3.0, 2.0, 1.0], "gpipe by cost")
+    save_hint(ranked, tmp_path / "ranked.json")
+    config = RunConfig(workload="emulated", emulate="multimodal", stages=2, microbatches=6,
+                       hint=str(tmp_path / "ranked.json"))
+    workload = make_workload(config, run_shape(config), torch.device("cpu"))
+    plan = HintPlan(config, workload)
+    bfw_plan = HintPlan(RunConfig(workload="emulated", emulate="multimodal", stages=2, microbatches=6, hint="bfw"),
+                        workload)
+    for iteration in range(3):
+        costs = workload.expected(iteration).microbatch_costs
+        assert len(set(costs)) > 1  # the multimodal model's microbatches differ
+        assert plan.for_iteration(iteration).orders == builtin_hint("bfw", 2, 1, 6, costs=costs).orders
+        assert bfw_plan.for_iteration(iteration).orders == builtin_hint("bfw", 2, 1, 6, costs=costs).orders
+    data = json.loads(run_rrfp(tmp_path, "simulate", "--hint", "ranked.json", "--workload", "multimodal",
+                               "--policy", "fixed", "--json").stdout)
+    table = sample_durations(VariabilityModel(workload="multimodal"), PipelineShape(2, 1, 6), 0)
+    from runtime.simulator import simulate
+
+    bfw = builtin_hint("bfw", 2, 1, 6, costs=table.expected().microbatch_costs)
+    assert data["makespan"] == pytest.approx(simulate(bfw, table, "fixed").makespan)
