@@ -100,7 +100,17 @@ def part_two(args) -> None:
         print(f"| {workload} | {stages} | {seed} | {g1:.3f}x | {l1:.3f}x | {g2:.3f}x | {l2:.3f}x | {kept:.1%} |")
     print(f"\nWorst ready+la @1f1b: {worst_tight:.3f}x of fixed 1F1B (target >= 0.995x); worst share of the greedy "
           f"gain kept at 2x: {worst_kept:.1%} (target >= 98%).")
-    print("\n#### Lookahead over greedy, per hint, same grid (makespan greedy / makespan lookahead)\n")
+    # The same ratio with 2 chunks per rank (interleaved-1f1b only exists there), 8 and 16 ranks.
+    for workload, stages, seed in [(w, p, s) for w in ("language", "multimodal") for p in (8, 16) for s in (0, 1, 2)]:
+        result = comparisons(workload, stages, 2, seed, 0.1)
+        for budget in BUDGETS:
+            for row in result[budget].rows:
+                if row.rule == "lookahead":
+                    greedy = result[budget].row(row.hint, "greedy")
+                    per_hint.setdefault((f"{row.hint} (v=2)", budget), []).append(greedy.makespan / row.makespan)
+    print("\n#### Lookahead over greedy, per hint (makespan greedy / makespan lookahead; > 1: lookahead is faster)\n")
+    print("One chunk: the grid above (18 cases). v=2: 2 chunks per rank, both workloads x 8/16 ranks x 3 seeds "
+          "(12 cases).\n")
     print("| hint | median @1f1b | min @1f1b | max @1f1b | median @2x | min @2x | max @2x |")
     print("|---|---|---|---|---|---|---|")
     hints = dict.fromkeys(h for h, _ in per_hint)
