@@ -77,9 +77,9 @@ Rules (:data:`RULES`, the one table every other module derives from):
       this one is only a hope: the rule holds ``c`` until ``eta`` at most
       (:meth:`next_wakeup` asks to be woken then) and stands aside after.
 
-    Without the relayed kind most of the remaining losses stay (measured in
-    BENCHMARKS.md: the skipped backward starts a few milliseconds before
-    ``h``'s producer does). With no estimate for a task (the runtime's first
+    Firm predictions alone leave most of the loss in place: the backward that
+    delays ``h`` usually starts a few milliseconds before ``h``'s producer
+    itself starts, when no firm prediction exists yet. With no estimate for a task (the runtime's first
     tasks), the rule does not apply to it. Estimates are expectations, never
     the realized duration: the model's expected cost in the simulator, the
     running mean per (stage, kind) in the runtime.
@@ -490,6 +490,8 @@ class LookaheadArbiter(ReadyArbiter):
 
     def choose(self, now: float = 0.0) -> int | None:
         self._wakeup = None
+        # The selection repeats ReadyArbiter.choose's first lines: inlined, because choose is the
+        # simulator's hot path (a shared helper costs a call per decision).
         others, admissions = self._others, self._admissions
         budget_room = self.reserved + self.chunks <= self.budget
         if admissions and budget_room:  # an admission fits

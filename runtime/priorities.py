@@ -30,6 +30,18 @@ from runtime.variability import Durations
 
 def cp_priorities(shape: PipelineShape, expected: Durations) -> dict[Task, tuple[float, int]]:
     """Every task of ``shape`` (split backward) -> ``(bottom level, -topological position)``; higher first."""
+    return list_priorities(shape, expected)["longest remaining path"]
+
+
+def list_priorities(shape: PipelineShape, expected: Durations) -> dict[str, dict[Task, tuple[float, int]]]:
+    """Per-task priorities (higher first) of three list-scheduling rules, on the split-backward graph.
+
+    ``longest remaining path`` (the bottom level, ``cp``), ``most remaining work`` (the task's work plus
+    all its descendants'), ``longest task first`` (a task weighs its longest descendant, so it never
+    ranks below one). Each is non-increasing along every edge and ties go by topological position, so
+    every order made from them is consistent with one topological order of the graph (it completes in
+    fixed order too).
+    """
     split = PipelineShape(shape.ranks, shape.chunks, shape.microbatches, split_backward=True)
     graph = TaskGraph.build(split)
     compute, transfer = expected.for_graph(graph)
@@ -37,8 +49,27 @@ def cp_priorities(shape: PipelineShape, expected: Durations) -> dict[Task, tuple
     position = [0] * len(graph)
     for index, tid in enumerate(order):
         position[tid] = index
+    # Remaining work counts every descendant once: summing over consumers would count shared ones twice,
+    # so walk the descendants (a microbatch's subgraph is small).
+    remaining = [0.0] * len(graph)
+    longest = [0.0] * len(graph)
+    for tid in reversed(order):
+        seen, stack, total = {tid}, [tid], 0.0
+        while stack:
+            t = stack.pop()
+            total += compute[t]
+            for consumer in graph.consumers(t):
+                if consumer not in seen:
+                    seen.add(consumer)
+                    stack.append(consumer)
+        remaining[tid] = total
+        longest[tid] = max([compute[tid], *(longest[c] for c in graph.consumers(tid))])
     tasks = graph.tasks
-    return {tasks[t]: (compute[t] + tail[t], -position[t]) for t in range(len(graph))}
+    return {
+        "longest remaining path": {tasks[t]: (compute[t] + tail[t], -position[t]) for t in range(len(graph))},
+        "most remaining work": {tasks[t]: (remaining[t], -position[t]) for t in range(len(graph))},
+        "longest task first": {tasks[t]: (longest[t], -position[t]) for t in range(len(graph))},
+    }
 
 
-__all__ = ["cp_priorities"]
+__all__ = ["cp_priorities", "list_priorities"]

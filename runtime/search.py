@@ -50,8 +50,8 @@ from hints.orders import (
 )
 from hints.tasks import PipelineShape, Task
 from hints.validate import validate_orders
-from runtime.bounds import longest_paths
 from runtime.evaluate import resolve
+from runtime.priorities import list_priorities
 from runtime.tuning import Candidate, Evaluator, Objective
 from runtime.variability import Durations
 
@@ -133,49 +133,6 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
         add(heavy.name, "cost classes", heavy)
         add(light.name, "cost classes", light)
     return candidates
-
-
-def list_priorities(shape: PipelineShape, mean: Durations) -> dict[str, dict[Task, tuple]]:
-    """Per-task priorities (higher first) of three list-scheduling rules on the mean expected durations.
-
-    Longest remaining path (``cp`` on the mean), most remaining work (the task's work plus all its
-    descendants'), longest task first (a task weighs its longest descendant, so it never ranks below
-    one). Each is non-increasing along every edge and ties go by topological position, so each order is
-    consistent with one topological order of the graph (it completes in fixed order too).
-    """
-    from runtime.deps import TaskGraph
-
-    split = PipelineShape(shape.ranks, shape.chunks, shape.microbatches, True)
-    graph = TaskGraph.build(split)
-    compute, transfer = mean.for_graph(graph)
-    order, _, tail = longest_paths(graph, compute, transfer)
-    position = [0] * len(graph)
-    for index, tid in enumerate(order):
-        position[tid] = index
-    # Remaining work: in a pipeline every task's descendants are those of its microbatch downstream,
-    # so summing over consumers (which would count shared descendants twice) is replaced by the exact
-    # set walk per microbatch, cheap because each microbatch's subgraph is small.
-    remaining = [0.0] * len(graph)
-    for tid in reversed(order):
-        seen, stack, total = {tid}, [tid], 0.0
-        while stack:
-            t = stack.pop()
-            total += compute[t]
-            for c in graph.consumers(t):
-                if c not in seen:
-                    seen.add(c)
-                    stack.append(c)
-        remaining[tid] = total
-    # Longest task first, but never ahead of a predecessor: a task weighs its longest descendant.
-    longest = [0.0] * len(graph)
-    for tid in reversed(order):
-        longest[tid] = max([compute[tid], *(longest[c] for c in graph.consumers(tid))])
-    tasks = graph.tasks
-    return {
-        "longest remaining path": {tasks[t]: (compute[t] + tail[t], -position[t]) for t in range(len(graph))},
-        "most remaining work": {tasks[t]: (remaining[t], -position[t]) for t in range(len(graph))},
-        "longest task first": {tasks[t]: (longest[t], -position[t]) for t in range(len(graph))},
-    }
 
 
 # -- moves -----------------------------------------------------------------------
@@ -374,5 +331,4 @@ class Search:
         return SearchResult(scored, self.spent, stopped, self.trace)
 
 
-__all__ = ["Scored", "Search", "SearchConfig", "SearchResult", "apply_move", "list_priorities", "portfolio",
-           "ready_pairs"]
+__all__ = ["Scored", "Search", "SearchConfig", "SearchResult", "apply_move", "portfolio", "ready_pairs"]
