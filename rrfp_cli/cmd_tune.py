@@ -12,7 +12,6 @@ search, keeps the best found and still writes the outputs (exit 130).
 from __future__ import annotations
 
 import json
-import math
 import os
 import re
 import shutil
@@ -41,7 +40,7 @@ from rrfp_cli.options import (
     WorkloadChoice,
     variability_model,
 )
-from rrfp_cli.output import Output
+from rrfp_cli.output import Output, jsonable
 
 TUNE = "Tuning"
 SOURCE = "Scenarios (one source)"
@@ -286,7 +285,7 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
         if rule.policy.value == "ready":
             job["lookahead"] = rule.lookahead
         _write_toml(staging / "job.toml", job, data, target)
-        (staging / "report.json").write_text(json.dumps(_jsonable(data), indent=1) + "\n")
+        (staging / "report.json").write_text(json.dumps(jsonable(data), indent=1) + "\n")
         (staging / "report.md").write_text(render_markdown(data))
         os.rename(staging, target)
     except BaseException:
@@ -314,16 +313,6 @@ def _quoted(args: list[str]) -> list[str]:
     import shlex
 
     return [shlex.quote(a) for a in args]
-
-
-def _jsonable(value):
-    if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
-        return None
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    return value
 
 
 def _summary_line(data: dict) -> str:

@@ -25,7 +25,7 @@ class Output:
     def result(self, data: Any, render: Callable[[Console], None]) -> None:
         """Emit the command's result: ``data`` as JSON, or ``render`` for people."""
         if self.json_mode:
-            sys.stdout.write(json.dumps(_jsonable(data), indent=1) + "\n")
+            sys.stdout.write(json.dumps(jsonable(data), indent=1) + "\n")
         else:
             render(self.console)
 
@@ -75,14 +75,14 @@ class Output:
             yield lambda completed, status="": bar.update(task, completed=min(completed, total), status=status)
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """NaN/inf are not JSON; they become null."""
     if isinstance(value, float) and (math.isnan(value) or math.isinf(value)):
         return None
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     return value
 
 

@@ -332,3 +332,26 @@ def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path
 
     bfw = builtin_hint("bfw", 2, 1, 6, costs=table.expected().microbatch_costs)
     assert data["makespan"] == pytest.approx(simulate(bfw, table, "fixed").makespan)
+
+
+def test_ctrl_c_keeps_the_best_found_and_writes_it(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import REPO
+
+    env = {**{k: v for k, v in os.environ.items() if k not in ("RRFP_DEBUG",)}, "PYTHONPATH": str(REPO)}
+    process = subprocess.Popen([sys.executable, "-m", "rrfp_cli", "tune-hint", "--workload", "multimodal", "-p", "4",
+                                "-m", "8", "--time-budget", "600s", "--scenarios", "6", "--out", "cut"],
+                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)  # well into the search
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=120)
+    assert process.returncode == 130, stderr
+    assert "interrupted: wrote the best found so far" in stderr and "Traceback" not in stderr
+    report = json.loads((tmp_path / "cut" / "report.json").read_text())
+    assert report["search"]["stopped"] == "interrupted"
+    assert (tmp_path / "cut" / "job.toml").exists() and (tmp_path / "cut" / "hint.json").exists()
