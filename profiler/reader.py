@@ -4,8 +4,15 @@ The trace processor of the ``perfetto`` package needs a binary that cannot be
 downloaded here, so we walk the packets ourselves: a ``.pftrace`` file is a
 ``Trace`` message, i.e. a sequence of length-delimited ``packet`` fields
 (field 1), which we frame by hand and parse one ``TracePacket`` at a time.
-That also makes truncated files readable: every complete packet is kept and a
-warning says where the file was cut.
+That also makes damaged files readable: every complete packet of a truncated
+file is kept and a warning says where the file was cut, and a packet that does
+not parse although its framing is intact is skipped and counted.
+
+[Note: reading fast]
+    An intact file is parsed in one ``Trace.FromString`` call (protobuf's C
+    parser); only when that fails (truncated or corrupt) is it walked packet
+    by packet. A slice is decoded once, at its end, from the begin event kept
+    on its track's stack; rows are appended as tuples, one per slice.
 
 Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 
@@ -20,6 +27,8 @@ Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
   a side missing from the trace is null)
 * ``counters``: rank, counter, time_ns, value
 * ``iterations``: rank, iteration, start_ns, end_ns, hint
+* ``steps``: rank, iteration, start_ns, barrier_ns, end_ns (the optimizer step, then the barrier that ends
+  the iteration; empty in traces older than it)
 
 Any input that is not a readable rrfp trace raises :class:`TraceError` (a
 one-line ``UserError``): never a raw protobuf or index error.
@@ -34,24 +43,52 @@ from typing import Any
 import polars as pl
 
 from hints.errors import UserError
-from profiler.schema import SCHEMA, decode_track_uuid, rank_trace_files
+from profiler.schema import (PACKET_FIELD, SCHEMA, FramingError, decode_track_uuid, next_field,
+                            rank_trace_files)
 
 
 _META_TYPES = {"schema": str, "rank": int, "world": int, "stages": int, "chunks": int, "microbatches": int,
                "policy": str, "hint": str, "memory_budget": str, "clock_offset_ns": int, "clock_error_ns": int}
 
 
-_REQUIRED = {  # annotation types a slice must carry to be kept
-    "compute": {"iteration": int, "stage": int, "kind": str, "microbatch": int, "chunk": int},
-    "decisions": {"iteration": int, "hint_rank": int, "in_flight": int},
-    "iterations": {"iteration": int, "hint": str},
-    "send": {"iteration": int, "sequence": int, "bytes": int},
-    "recv": {"iteration": int, "sequence": int, "bytes": int},
+_REQUIRED = {  # annotation types a slice must carry to be kept (exact types: a bool is no int here)
+    "compute": (("iteration", int), ("stage", int), ("kind", str), ("microbatch", int), ("chunk", int)),
+    "decisions": (("iteration", int), ("hint_rank", int), ("in_flight", int)),
+    "iterations": (("iteration", int), ("hint", str)),
+    "step": (("iteration", int), ("barrier_ns", int)),
+    "send": (("iteration", int), ("sequence", int), ("bytes", int)),
+    "recv": (("iteration", int), ("sequence", int), ("bytes", int)),
 }
+
+
+FRAME_NAMES = ("tasks", "decisions", "transfers", "counters", "iterations", "steps")
 
 
 class TraceError(UserError):
     """The input is not a readable rrfp trace."""
+
+
+I64, STR = pl.Int64, pl.Utf8
+TASK_SCHEMA = {"rank": I64, "iteration": I64, "task": STR, "stage": I64, "kind": STR, "microbatch": I64,
+               "chunk": I64, "start_ns": I64, "end_ns": I64, "units": I64, "tokens": I64, "images": I64,
+               "wait_ns": I64}
+DECISION_SCHEMA = {"rank": I64, "iteration": I64, "waited_from_ns": I64, "time_ns": I64, "chosen": STR,
+                   "hint_rank": I64, "skipped": STR, "ready": STR, "held_back": STR, "deferred": STR,
+                   "in_flight": I64}
+ITERATION_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "end_ns": I64, "hint": STR}
+STEP_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "barrier_ns": I64, "end_ns": I64}
+COUNTER_SCHEMA = {"rank": I64, "counter": STR, "time_ns": I64, "value": pl.Float64}
+TRANSFER_SCHEMA = {"src": I64, "dst": I64, "sequence": I64, "iteration": I64, "producer": STR, "bytes": I64,
+                   "queued_ns": I64, "send_start_ns": I64, "send_end_ns": I64, "recv_start_ns": I64,
+                   "recv_end_ns": I64}
+
+
+def _empty(schema: dict) -> pl.DataFrame:
+    return pl.DataFrame(schema=schema)
+
+
+def _frame(rows: list[tuple], schema: dict) -> pl.DataFrame:
+    return pl.DataFrame(rows, schema=schema, orient="row") if rows else _empty(schema)
 
 
 @dataclass
@@ -63,6 +100,7 @@ class TraceFrames:
     counters: pl.DataFrame
     iterations: pl.DataFrame
     meta: dict[int, dict[str, Any]]
+    steps: pl.DataFrame = field(default_factory=lambda: _empty(STEP_SCHEMA))
     warnings: list[str] = field(default_factory=list)
     packets: int = 0
 
@@ -71,8 +109,7 @@ class TraceFrames:
         return len(self.meta)
 
     def frames(self) -> dict[str, pl.DataFrame]:
-        return {"tasks": self.tasks, "decisions": self.decisions, "transfers": self.transfers,
-                "counters": self.counters, "iterations": self.iterations}
+        return {name: getattr(self, name) for name in FRAME_NAMES}
 
 
 def locate_trace(path: str | Path) -> tuple[list[Path], str | None]:
@@ -116,254 +153,264 @@ def read_trace(path: str | Path) -> TraceFrames:
 
 def _text(value: Any) -> str | None:
     """A string annotation, or None when a corrupt trace put something else there."""
-    return value if isinstance(value, str) else None
+    return value if type(value) is str else None
 
 
 def _whole(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _varint(data: bytes, pos: int) -> tuple[int, int]:
-    """Decode a protobuf varint at ``pos``; returns (value, next position); raises IndexError at the end."""
-    result = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        result |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return result, pos
-        shift += 7
-        if shift > 63:
-            raise ValueError("varint too long")
+    return value if type(value) is int else None
 
 
 class _Reader:
-    def __init__(self, name: str) -> None:
-        from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket
+    """Packets -> rows. ``feed`` one file at a time, then ``finish`` (see [Note: reading fast])."""
 
-        self.TracePacket = TracePacket
+    def __init__(self, name: str) -> None:
+        from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace, TracePacket
+
+        self.Trace, self.TracePacket = Trace, TracePacket
         self.name = name
         self.warnings: list[str] = []
         self.names: dict[int, dict[int, str]] = {}
         self.keys: dict[int, dict[int, str]] = {}
         self.open: dict[int, list] = {}
+        self.tracks: dict[int, tuple[int, str, int] | None] = {}
         self.meta: dict[int, dict[str, Any]] = {}
         self.packets = 0
-        self.tasks: dict[str, list] = {k: [] for k in (
-            "rank", "iteration", "task", "stage", "kind", "microbatch", "chunk", "start_ns", "end_ns", "units",
-            "tokens", "images", "wait_ns")}
-        self.decisions: dict[str, list] = {k: [] for k in (
-            "rank", "iteration", "waited_from_ns", "time_ns", "chosen", "hint_rank", "skipped", "ready", "held_back",
-            "deferred",
-            "in_flight")}
-        self.iterations: dict[str, list] = {k: [] for k in ("rank", "iteration", "start_ns", "end_ns", "hint")}
-        self.counters: dict[str, list] = {k: [] for k in ("rank", "counter", "time_ns", "value")}
+        self.corrupt = 0
+        self.malformed = 0
+        self.cut: str | None = None  # where the first truncated file was cut, for errors
+        self.rows: dict[str, list[tuple]] = {kind: [] for kind in ("compute", "decisions", "iterations", "step",
+                                                                   "counters")}
         self.sends: dict[int, tuple] = {}
         self.recvs: dict[int, tuple] = {}
-        self.malformed = 0
+        self.slice_handlers = {"compute": self._compute, "decisions": self._decision, "iterations": self._iteration,
+                               "step": self._step, "send": self._send, "recv": self._recv}
 
     # -- framing -----------------------------------------------------------
     def feed(self, data: bytes, where: str) -> None:
         if not data:
             raise TraceError("empty file", where)
-        pos, end = 0, len(data)
-        parse = self.TracePacket.FromString
-        while pos < end:
-            start = pos
-            try:
-                tag, pos = _varint(data, pos)
-                field_number, wire_type = tag >> 3, tag & 7
-                if wire_type != 2:
-                    if self.packets == 0:
-                        raise TraceError(f"not a Perfetto trace (byte {start}: unexpected field tag {tag})", where)
-                    self.warnings.append(f"{where}: stopped at byte {start} (unexpected field tag {tag}); "
-                                         f"kept {self.packets} packets")
-                    return
-                length, pos = _varint(data, pos)
-            except (IndexError, ValueError):
-                self._truncated(where, start)
-                return
-            if pos + length > end:
-                self._truncated(where, start)
-                return
-            if field_number == 1:
-                try:
-                    packet = parse(data[pos:pos + length])
-                except Exception:  # protobuf's DecodeError (and friends) for bytes that are not a packet
-                    if self.packets == 0:
-                        raise TraceError(f"not a Perfetto trace (byte {start}: not a TracePacket)", where) from None
-                    self.warnings.append(f"{where}: packet at byte {start} is corrupt; kept {self.packets} packets")
-                    return
-                self.packets += 1
-                self._packet(packet)
-            pos += length
+        try:
+            packets = self.Trace.FromString(data).packet
+        except Exception:  # protobuf's DecodeError: truncated or corrupt; walk it packet by packet
+            packets = None
+        if packets:
+            self._consume(packets)
+            self.packets += len(packets)
+            return
+        self._feed_framed(data, where)
 
-    def _truncated(self, where: str, at: int) -> None:
-        if self.packets == 0:
-            raise TraceError(f"not a Perfetto trace (nothing complete before byte {at})", where)
-        self.warnings.append(f"{where}: truncated at byte {at}; kept the {self.packets} complete packets")
+    def _feed_framed(self, data: bytes, where: str) -> None:
+        pos, kept, parse = 0, 0, self.TracePacket.FromString
+        while pos < len(data):
+            try:
+                field, following = next_field(data, pos)
+            except FramingError as err:
+                self._stopped(where, err, kept)
+                return
+            if field.number == PACKET_FIELD and field.wire == 2:
+                try:
+                    packet = parse(data[field.start:field.end])
+                except Exception:  # DecodeError: bytes that are not a packet, framed correctly
+                    self.corrupt += 1
+                else:
+                    kept += 1
+                    self.packets += 1
+                    self._consume((packet,))
+            pos = following
+
+    def _stopped(self, where: str, err: FramingError, kept: int) -> None:
+        if err.truncated:
+            message = f"truncated at byte {err.at}; {kept} complete packets kept"
+            if not self.packets:
+                raise TraceError(message, where)
+            self.cut = self.cut or f"{where}: {message}"
+            self.warnings.append(f"{where}: {message}")
+        elif not self.packets:
+            raise TraceError(f"not a Perfetto trace (byte {err.at}: {err.reason})", where)
+        else:
+            self.warnings.append(f"{where}: stopped at byte {err.at} ({err.reason}); {kept} packets kept")
 
     # -- packets -------------------------------------------------------------
-    def _packet(self, packet) -> None:
-        sequence = packet.trusted_packet_sequence_id
-        if packet.sequence_flags & 1:  # SEQ_INCREMENTAL_STATE_CLEARED
-            self.names[sequence] = {}
-            self.keys[sequence] = {}
-        if packet.HasField("interned_data"):
-            interned = packet.interned_data
-            names = self.names.setdefault(sequence, {})
-            for entry in interned.event_names:
-                names[entry.iid] = entry.name
-            keys = self.keys.setdefault(sequence, {})
-            for entry in interned.debug_annotation_names:
-                keys[entry.iid] = entry.name
-        if not packet.HasField("track_event"):
-            return
-        event = packet.track_event
-        track = decode_track_uuid(event.track_uuid)
-        if track is None:
-            return
-        kind = event.type
-        if kind == 1:  # TYPE_SLICE_BEGIN
-            name = event.name or self.names.get(sequence, {}).get(event.name_iid, "")
-            self.open.setdefault(event.track_uuid, []).append(
-                (packet.timestamp, name, self._annotations(event, sequence), tuple(event.flow_ids),
-                 tuple(event.terminating_flow_ids)))
-        elif kind == 2:  # TYPE_SLICE_END
-            stack = self.open.get(event.track_uuid)
-            if stack:
-                self._slice(track, stack.pop(), packet.timestamp)
-        elif kind == 4:  # TYPE_COUNTER
-            rank, name, _ = track
-            self.counters["rank"].append(rank)
-            self.counters["counter"].append(name)
-            self.counters["time_ns"].append(packet.timestamp)
-            self.counters["value"].append(event.counter_value or event.double_counter_value)
-        elif kind == 3:  # TYPE_INSTANT
-            name = event.name or self.names.get(sequence, {}).get(event.name_iid, "")
-            if name == SCHEMA:
+    def _consume(self, packets) -> None:
+        """The hot loop ([Note: reading fast]): every packet once, locals bound, slices decoded at their end."""
+        names, keys, tracks, stacks = self.names, self.keys, self.tracks, self.open
+        counters, decode, close = self.rows["counters"], decode_track_uuid, self._slice
+        for packet in packets:
+            sequence = packet.trusted_packet_sequence_id
+            if packet.sequence_flags & 1:  # SEQ_INCREMENTAL_STATE_CLEARED
+                names[sequence] = {}
+                keys[sequence] = {}
+            if packet.HasField("interned_data"):
+                self._intern(packet.interned_data, sequence)
+            event = packet.track_event
+            kind = event.type
+            if not kind:
+                continue
+            uuid = event.track_uuid
+            track = tracks.get(uuid, 0)
+            if track == 0:
+                track = tracks[uuid] = decode(uuid)
+            if track is None:
+                continue
+            if kind == 2:  # TYPE_SLICE_END
+                stack = stacks.get(uuid)
+                if stack:
+                    close(track, stack.pop(), packet.timestamp)
+            elif kind == 1:  # TYPE_SLICE_BEGIN: decoded at its end
+                stack = stacks.get(uuid)
+                if stack is None:
+                    stack = stacks[uuid] = []
+                stack.append((packet.timestamp, event, sequence))
+            elif kind == 4:  # TYPE_COUNTER
+                counters.append((track[0], track[1], packet.timestamp,
+                                 event.counter_value or event.double_counter_value))
+            elif kind == 3 and self._name(event, sequence) == SCHEMA:  # TYPE_INSTANT: the metadata
                 self.meta[track[0]] = self._annotations(event, sequence)
 
+    def _intern(self, interned, sequence: int) -> None:
+        names = self.names.setdefault(sequence, {})
+        for entry in interned.event_names:
+            names[entry.iid] = entry.name
+        keys = self.keys.setdefault(sequence, {})
+        for entry in interned.debug_annotation_names:
+            keys[entry.iid] = entry.name
+
+    def _name(self, event, sequence: int) -> str:
+        iid = event.name_iid
+        return (self.names.get(sequence) or {}).get(iid, "") if iid else event.name
+
     def _annotations(self, event, sequence: int) -> dict[str, Any]:
-        keys = self.keys.get(sequence, {})
+        keys = self.keys.get(sequence) or {}
         values = {}
         for annotation in event.debug_annotations:
-            key = annotation.name or keys.get(annotation.name_iid, f"#{annotation.name_iid}")
             which = annotation.WhichOneof("value")
-            values[key] = getattr(annotation, which) if which else None
+            values[keys.get(annotation.name_iid) or annotation.name or "#"] = \
+                getattr(annotation, which) if which else None
         return values
 
     def _slice(self, track: tuple[int, str, int], begun: tuple, end: int) -> None:
-        rank, kind, peer = track
-        start, name, values, flows, ends = begun
-        name = _text(name)
-        required = _REQUIRED.get(kind, {})
-        if any(not isinstance(values.get(key), typ) or isinstance(values.get(key), bool)
-               for key, typ in required.items()) or end < start:
+        handler = self.slice_handlers.get(track[1])
+        if handler is None:
+            return
+        if end < begun[0]:
             self.malformed += 1
             return
-        if kind == "compute":
-            t = self.tasks
-            t["rank"].append(rank)
-            t["iteration"].append(values.get("iteration"))
-            t["task"].append(name)
-            t["stage"].append(values.get("stage"))
-            t["kind"].append(values.get("kind"))
-            t["microbatch"].append(values.get("microbatch"))
-            t["chunk"].append(values.get("chunk"))
-            t["start_ns"].append(start)
-            t["end_ns"].append(end)
-            t["units"].append(_whole(values.get("units")))
-            t["tokens"].append(_whole(values.get("tokens")))
-            t["images"].append(_whole(values.get("images")))
-            t["wait_ns"].append(_whole(values.get("wait_ns")))
-        elif kind == "decisions":
-            d = self.decisions
-            d["rank"].append(rank)
-            d["iteration"].append(values.get("iteration"))
-            d["waited_from_ns"].append(start)
-            d["time_ns"].append(end)
-            d["chosen"].append(name)
-            d["hint_rank"].append(values.get("hint_rank"))
-            d["skipped"].append(_text(values.get("skipped")))
-            d["ready"].append(_text(values.get("ready", "")) or "")
-            d["held_back"].append(_text(values.get("held_back")))
-            d["deferred"].append(_text(values.get("deferred")))
-            d["in_flight"].append(values.get("in_flight"))
-        elif kind == "iterations":
-            i = self.iterations
-            i["rank"].append(rank)
-            i["iteration"].append(values.get("iteration"))
-            i["start_ns"].append(start)
-            i["end_ns"].append(end)
-            i["hint"].append(values.get("hint", ""))
-        elif kind == "send":
-            for flow in flows:
-                self.sends[flow] = (rank, peer, values, name, start, end)
-        elif kind == "recv":
-            for flow in ends:
-                self.recvs[flow] = (peer, rank, values, name, start, end)
+        handler(track, begun, end)
+
+    def _values(self, kind: str, event, sequence: int) -> dict[str, Any] | None:
+        """The slice's annotations, or None (counted as malformed) when a required one is missing or mistyped."""
+        values = self._annotations(event, sequence)
+        for key, typ in _REQUIRED[kind]:
+            if type(values.get(key)) is not typ:
+                self.malformed += 1
+                return None
+        return values
+
+    # -- one handler per slice track: (rank, kind, peer), (start, begin event, sequence), end ----------------
+    def _compute(self, track, begun, end) -> None:
+        start, event, sequence = begun
+        v = self._values("compute", event, sequence)
+        if v is not None:
+            self.rows["compute"].append((
+                track[0], v["iteration"], _text(self._name(event, sequence)), v["stage"], v["kind"], v["microbatch"],
+                v["chunk"], start, end, _whole(v.get("units")), _whole(v.get("tokens")), _whole(v.get("images")),
+                _whole(v.get("wait_ns"))))
+
+    def _decision(self, track, begun, end) -> None:
+        start, event, sequence = begun
+        v = self._values("decisions", event, sequence)
+        if v is not None:
+            self.rows["decisions"].append((
+                track[0], v["iteration"], start, end, _text(self._name(event, sequence)), v["hint_rank"],
+                _text(v.get("skipped")), _text(v.get("ready", "")) or "", _text(v.get("held_back")),
+                _text(v.get("deferred")), v["in_flight"]))
+
+    def _iteration(self, track, begun, end) -> None:
+        start, event, sequence = begun
+        v = self._values("iterations", event, sequence)
+        if v is not None:
+            self.rows["iterations"].append((track[0], v["iteration"], start, end, v["hint"]))
+
+    def _step(self, track, begun, end) -> None:
+        start, event, sequence = begun
+        v = self._values("step", event, sequence)
+        if v is not None:
+            self.rows["step"].append((track[0], v["iteration"], start, min(max(v["barrier_ns"], start), end), end))
+
+    def _send(self, track, begun, end) -> None:
+        start, event, sequence = begun
+        v = self._values("send", event, sequence)
+        if v is not None:
+            name = _text(self._name(event, sequence))
+            for flow in event.flow_ids:
+                self.sends[flow] = (track[0], track[2], v, name, start, end)
+
+    def _recv(self, track, begun, end) -> None:
+        """Kept raw: decoded only for a message whose send slice is missing (most have one)."""
+        for flow in begun[1].terminating_flow_ids:
+            self.recvs[flow] = (track, begun, end)
+
+    def _lone_recv(self, recv: tuple) -> tuple | None:
+        """A receive slice without its send, as the send's ``(src, dst, values, name, start, end)``; None if malformed."""
+        (dst, _, src), (start, event, sequence), end = recv
+        v = self._values("recv", event, sequence)
+        return None if v is None else (src, dst, v, _text(self._name(event, sequence)), start, end)
 
     # -- frames --------------------------------------------------------------
     def finish(self) -> TraceFrames:
-        if not self.packets:
-            raise TraceError("holds no complete trace packet (no traced iteration finished?)", self.name)
-        if self.packets and not self.meta:
-            raise TraceError(f"not written by rrfp (no {SCHEMA} metadata in {self.packets} packets)", self.name)
-        for rank, meta in self.meta.items():
-            for key, kind in _META_TYPES.items():
-                if not isinstance(meta.get(key), kind) or isinstance(meta.get(key), bool):
-                    raise TraceError(f"rank {rank}'s metadata has no valid {key!r} (corrupt trace?)", self.name)
-            if min(meta["stages"], meta["chunks"], meta["microbatches"]) < 1:
-                raise TraceError(f"rank {rank}'s metadata has an impossible shape (corrupt trace?)", self.name)
+        self._check_found()
+        self._check_meta()
         unfinished = sum(len(stack) for stack in self.open.values())
         if unfinished:
             self.warnings.append(f"{unfinished} slices were begun but never ended (dropped)")
+        if self.corrupt:
+            self.warnings.append(f"{self.corrupt} corrupt packets (framed correctly, not a TracePacket) skipped")
         if self.malformed:
             self.warnings.append(f"{self.malformed} events with missing or mistyped fields (dropped)")
-        tasks = pl.DataFrame(self.tasks, schema={
-            "rank": pl.Int64, "iteration": pl.Int64, "task": pl.Utf8, "stage": pl.Int64, "kind": pl.Utf8,
-            "microbatch": pl.Int64, "chunk": pl.Int64, "start_ns": pl.Int64, "end_ns": pl.Int64,
-            "units": pl.Int64, "tokens": pl.Int64, "images": pl.Int64, "wait_ns": pl.Int64})
+        tasks = _frame(self.rows["compute"], TASK_SCHEMA)
         tasks = tasks.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
-        decisions = pl.DataFrame(self.decisions, schema={
-            "rank": pl.Int64, "iteration": pl.Int64, "waited_from_ns": pl.Int64, "time_ns": pl.Int64,
-            "chosen": pl.Utf8, "hint_rank": pl.Int64, "skipped": pl.Utf8, "ready": pl.Utf8, "held_back": pl.Utf8,
-            "deferred": pl.Utf8,
-            "in_flight": pl.Int64})
         return TraceFrames(
             path=self.name,
             tasks=tasks.sort("rank", "start_ns"),
-            decisions=decisions.sort("rank", "time_ns"),
+            decisions=_frame(self.rows["decisions"], DECISION_SCHEMA).sort("rank", "time_ns"),
             transfers=self._transfers(),
-            counters=pl.DataFrame(self.counters, schema={"rank": pl.Int64, "counter": pl.Utf8, "time_ns": pl.Int64,
-                                                         "value": pl.Float64}),
-            iterations=pl.DataFrame(self.iterations, schema={"rank": pl.Int64, "iteration": pl.Int64,
-                                                             "start_ns": pl.Int64, "end_ns": pl.Int64,
-                                                             "hint": pl.Utf8}).sort("iteration", "rank"),
+            counters=_frame(self.rows["counters"], COUNTER_SCHEMA),
+            iterations=_frame(self.rows["iterations"], ITERATION_SCHEMA).sort("iteration", "rank"),
+            steps=_frame(self.rows["step"], STEP_SCHEMA).sort("iteration", "rank"),
             meta=dict(sorted(self.meta.items())),
             warnings=self.warnings,
             packets=self.packets,
         )
 
+    def _check_found(self) -> None:
+        if not self.packets and self.corrupt:
+            raise TraceError(f"not a Perfetto trace (no packet parses; {self.corrupt} corrupt)", self.name)
+        if not self.packets:
+            raise TraceError("holds no complete trace packet (no traced iteration finished?)", self.name)
+        if not self.meta:
+            if self.cut:
+                raise TraceError(f"{self.cut}, none with the {SCHEMA} metadata", self.name)
+            raise TraceError(f"not written by rrfp (no {SCHEMA} metadata in {self.packets} packets)", self.name)
+
+    def _check_meta(self) -> None:
+        for rank, meta in self.meta.items():
+            for key, kind in _META_TYPES.items():
+                if type(meta.get(key)) is not kind:
+                    raise TraceError(f"rank {rank}'s metadata has no valid {key!r} (corrupt trace?)", self.name)
+            if min(meta["stages"], meta["chunks"], meta["microbatches"]) < 1:
+                raise TraceError(f"rank {rank}'s metadata has an impossible shape (corrupt trace?)", self.name)
+
     def _transfers(self) -> pl.DataFrame:
-        columns: dict[str, list] = {k: [] for k in (
-            "src", "dst", "sequence", "iteration", "producer", "bytes", "queued_ns", "send_start_ns", "send_end_ns",
-            "recv_start_ns", "recv_end_ns")}
-        for flow in set(self.sends) | set(self.recvs):
+        rows = []
+        for flow in self.sends.keys() | self.recvs.keys():
             send = self.sends.get(flow)
             recv = self.recvs.get(flow)
-            src, dst, values, name, _, _ = send or recv
-            columns["src"].append(src)
-            columns["dst"].append(dst)
-            columns["sequence"].append(values.get("sequence"))
-            columns["iteration"].append(values.get("iteration"))
-            columns["producer"].append(name)
-            columns["bytes"].append(values.get("bytes"))
-            columns["queued_ns"].append(_whole(send[2].get("queued_ns")) if send else None)
-            columns["send_start_ns"].append(send[4] if send else None)
-            columns["send_end_ns"].append(send[5] if send else None)
-            columns["recv_start_ns"].append(recv[4] if recv else None)
-            columns["recv_end_ns"].append(recv[5] if recv else None)
-        frame = pl.DataFrame(columns, schema={k: (pl.Utf8 if k == "producer" else pl.Int64) for k in columns})
-        return frame.sort("src", "dst", "sequence")
+            known = send or self._lone_recv(recv)
+            if known is None:
+                continue
+            src, dst, values, name, _, _ = known
+            received = (recv[1][0], recv[2]) if recv else (None, None)
+            rows.append((src, dst, values["sequence"], values["iteration"], name, values["bytes"],
+                         _whole(send[2].get("queued_ns")) if send else None,
+                         send[4] if send else None, send[5] if send else None, *received))
+        return _frame(rows, TRANSFER_SCHEMA).sort("src", "dst", "sequence")

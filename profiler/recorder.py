@@ -9,6 +9,11 @@ writer thread, which builds native Perfetto ``TracePacket``s with the
 readable trace of the finished iterations. The per-rank files concatenate into
 one trace (``rrfp trace merge``; ``rrfp run`` does it at the end).
 
+Besides the ``runtime.recording.Recorder`` protocol, :meth:`TraceRecorder.optimizer_step`
+records what follows the executor's iteration on the rank (the optimizer step,
+then the barrier that closes the iteration) as a slice on the ``step`` track;
+the worker calls it after the barrier, with host-clock times.
+
 [Note: CUDA timestamps]
     On CUDA the compute slices come from a pair of
     ``torch.cuda.Event(enable_timing=True)`` recorded around each task on the
@@ -27,11 +32,13 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hints.tasks import Task
-from profiler.schema import COUNTERS, SCHEMA, flow_id, rank_trace_files, track_name, track_uuid
+from profiler.schema import (COUNTERS, SCHEMA, complete_packets, flow_id, rank_trace_files, track_name, track_uuid,
+                            write_atomically)
 
 _SENTINEL = object()
 
@@ -114,6 +121,12 @@ class TraceRecorder:
         self._queue.put(self.events)
         self.events = None
 
+    def optimizer_step(self, iteration: int, start_ns: int, barrier_ns: int, end_ns: int) -> None:
+        """The end of an iteration on this rank, after ``end_iteration``: the optimizer step from ``start_ns``
+        to ``barrier_ns``, then the barrier (all-gather of the timings) to ``end_ns``; host clock."""
+        if self.config.traces(iteration):
+            self._queue.put([("step", iteration, start_ns, barrier_ns, end_ns)])
+
     def close(self) -> None:
         self._queue.put(_SENTINEL)
         self._thread.join(timeout=60)
@@ -187,6 +200,8 @@ class _PacketWriter:
                 _, now, values = event
                 for key, value in values.items():
                     self._counter(COUNTERS[key], now + offset, value)
+            elif tag == "step":
+                self._step(event, offset)
             elif tag == "sends":
                 for sent in event[1]:
                     if self.setup.config.traces(sent.iteration):
@@ -321,6 +336,12 @@ class _PacketWriter:
         self._begin(track, waited_from + offset, str(d.chosen), values)
         self._end(track, now + offset)
 
+    def _step(self, event: tuple, offset: int) -> None:
+        _, iteration, start, barrier, end = event
+        track = self._track("step", 0, start + offset)
+        self._begin(track, start + offset, "optimizer step", {"iteration": iteration, "barrier_ns": barrier + offset})
+        self._end(track, end + offset)
+
     def _arrival(self, arrival, offset: int) -> None:
         track = self._track("recv", arrival.src, arrival.frame_ns + offset)
         nbytes = sum(t.numel() * t.element_size() for t in arrival.tensors)
@@ -338,15 +359,41 @@ class _PacketWriter:
         self._end(track, sent.finished_ns + offset)
 
 
-def merge_traces(paths: list[Path], out: Path) -> Path:
-    """Concatenate per-rank traces (sequence ids and track uuids are unique per rank)."""
-    with open(out, "wb") as merged:
-        for path in paths:
-            merged.write(Path(path).read_bytes())
-    return out
+@dataclass
+class Merged:
+    """What :func:`merge_traces` wrote: the file, the packets kept, and a warning per damaged rank file."""
+
+    out: Path
+    packets: int
+    warnings: list[str] = field(default_factory=list)
 
 
-def merge_run_traces(run: Path) -> Path | None:
+def merge_traces(paths: list[Path], out: Path) -> Merged:
+    """Concatenate per-rank traces packet by packet (sequence ids and track uuids are unique per rank).
+
+    A rank file that ends in a partial packet (its rank crashed while writing)
+    keeps its complete packets; the files after it are merged whole. The
+    merged file is written atomically.
+    """
+    parts, warnings, packets = [], [], 0
+    for path in paths:
+        data = Path(path).read_bytes()
+        length, count, stopped = complete_packets(data)
+        parts.append(data[:length])
+        packets += count
+        if stopped is not None:
+            what = "truncated" if stopped.truncated else f"stopped ({stopped.reason})"
+            warnings.append(f"{path}: {what} at byte {stopped.at}; {count} complete packets kept")
+
+    def write(temporary: Path) -> None:
+        with open(temporary, "wb") as merged:
+            for part in parts:
+                merged.write(part)
+
+    return Merged(write_atomically(out, write), packets, warnings)
+
+
+def merge_run_traces(run: Path) -> Merged | None:
     """``<run>/trace/rank*.pftrace`` -> ``<run>/trace.pftrace`` (what ``rrfp run`` does at the end)."""
     files = rank_trace_files(run)
     return merge_traces(files, Path(run) / "trace.pftrace") if files else None

@@ -33,9 +33,17 @@ def build_run(
     orders: dict[int, list[str]] | None = None,
     iterations: int = 1,
     period_us: float = 0.0,
+    held_back: dict[str, tuple[str, ...]] | None = None,
+    steps: dict[int, tuple[float, float, float]] | None = None,
+    memory_budget: str = "1f1b",
 ) -> Path:
-    """Write ``root/trace.pftrace``. Iteration k repeats the spans shifted by ``k * period_us``."""
-    config = RunConfig(workload="gpt", stages=ranks, microbatches=microbatches, hint=hint, policy=policy)
+    """Write ``root/trace.pftrace``. Iteration k repeats the spans shifted by ``k * period_us``.
+
+    ``held_back``: per task, the admissions the budget held back at the decision that chose it; ``steps``: per
+    rank, its optimizer step's (start, barrier, end) after each iteration.
+    """
+    config = RunConfig(workload="gpt", stages=ranks, microbatches=microbatches, hint=hint, policy=policy,
+                       memory_budget=memory_budget)
     base = builtin_hint(hint, ranks, 1, microbatches)
     for rank in range(ranks):
         setup = RecorderSetup(rank, ranks, str(root), "hand-made", config, torch.device("cpu"), 0, 0, None)
@@ -50,7 +58,8 @@ def build_run(
                 task = Task.parse(text)
                 start_ns, end_ns = shift + int(start * US), shift + int(end * US)
                 h = order.index(task)
-                recorder.decision(iteration, Decision(start_ns / 1e9, rank, task, h, None, ((task, h),), (), 1),
+                held = tuple(Task.parse(t) for t in (held_back or {}).get(text, ()))
+                recorder.decision(iteration, Decision(start_ns / 1e9, rank, task, h, None, ((task, h),), held, 1),
                                   start_ns - idle_since)
                 recorder.task_finished(TaskSpan(iteration, task, start_ns, end_ns, start_ns - idle_since,
                                                 {"units": 8}))
@@ -65,6 +74,8 @@ def build_run(
                     sends.append(Sent(dst, sequence, iteration, Task.parse(producer), 8, shift + int(send_start * US),
                                       shift + int(send_start * US), shift + int(send_end * US)))
             recorder.end_iteration(iteration, shift + int(max(e for _, _, e in spans) * US), sends)
+            if steps and rank in steps:
+                recorder.optimizer_step(iteration, *(shift + int(t * US) for t in steps[rank]))
         recorder.close()
     merge_run_traces(root)
     return root
@@ -88,3 +99,51 @@ MISALIGNED = dict(
                ("1B1", 1, 0, 92, 93, 95)],
     orders={0: ["0F0", "0B0", "0F1", "0B1"], 1: ["1F0", "1B0", "1F1", "1B1"]},
 )
+
+
+def packet_bounds(data: bytes) -> list[tuple[int, int]]:
+    """``(start, end)`` of each top-level packet of a trace file (its header included)."""
+    from profiler.schema import next_field
+
+    bounds, pos = [], 0
+    while pos < len(data):
+        _, following = next_field(data, pos)
+        bounds.append((pos, following))
+        pos = following
+    return bounds
+
+
+def corrupt_packet(data: bytes, index: int) -> bytes:
+    """``data`` with packet ``index``'s body replaced by bytes that are no TracePacket; the framing stays intact."""
+    from profiler.schema import next_field
+
+    start, end = packet_bounds(data)[index]
+    field, _ = next_field(data, start)
+    return data[:field.start] + b"\xff" * (field.end - field.start) + data[end:]
+
+
+def drop_last_packet(data: bytes, matches) -> bytes:
+    """``data`` without the last packet for which ``matches(TracePacket)`` holds."""
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket
+
+    from profiler.schema import next_field
+
+    bounds = packet_bounds(data)
+    for start, end in reversed(bounds):
+        field, _ = next_field(data, start)
+        if matches(TracePacket.FromString(data[field.start:field.end])):
+            return data[:start] + data[end:]
+    raise ValueError("no packet matches")
+
+
+def build_taskless_run(root: Path, ranks: int = 2) -> Path:
+    """A run whose ranks traced an iteration without running a task (metadata, iteration slices, no compute)."""
+    config = RunConfig(workload="gpt", stages=ranks, microbatches=2)
+    for rank in range(ranks):
+        setup = RecorderSetup(rank, ranks, str(root), "hand-made", config, torch.device("cpu"), 0, 0, None)
+        recorder = TraceRecorder(setup)
+        recorder.begin_iteration(0, 1000, ())
+        recorder.end_iteration(0, 2000, [])
+        recorder.close()
+    merge_run_traces(root)
+    return root
