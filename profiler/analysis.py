@@ -10,23 +10,34 @@ Conventions
   dependency model. ``F(0, i)`` is ready when its rank's iteration begins.
 
 [Note: bubble categories]
-    Every idle nanosecond of a rank inside the window falls in exactly one
-    category:
+    Every nanosecond of a rank inside the iteration window (first task start
+    to last task end over all ranks; when the trace records the optimizer
+    step, to the last rank's step end) that it spends outside a task falls in
+    exactly one category:
 
     * ``fill``: before the rank's first task;
-    * ``drain``: after its last task;
-    * ``misalignment``: idle while some task *other than the one it ran
-      next* was ready: blocked on the fixed head, or on the memory budget.
-      This is the time readiness-first would have recovered;
-    * ``overhead``: idle while the next task was ready and nothing else was:
-      the runtime's own latency (wake-up, dispatch);
-    * ``dependency``: idle while nothing was ready.
+    * ``step``: its optimizer step, after its last task (the ``step`` track);
+    * ``drain``: the rest of the time after its last task (waiting for the
+      other ranks, the barrier that ends the iteration included).
+
+    An idle gap between two tasks, the rank having run ``next`` at its end,
+    splits along a timeline. Until anything was ready (``next`` or a later
+    task of the rank) it is ``dependency``. The end of the gap is
+    ``dispatch``: the rank's own latency, the longer of the time since
+    ``next`` was ready and the calibrated per-dispatch overhead (the median of
+    :func:`dispatch_overhead`'s gaps): a rank needs that much to start any
+    task, whichever rule it follows. In between, another task was ready but
+    not ``next``: ``budget_held`` while every such task was an admission the
+    memory budget held back (the decision's ``held_back``), else
+    ``misalignment``. So misalignment is what readiness-first could still
+    recover at the same budget: idle time beyond the dispatch cost while a
+    task the budget allowed was ready.
 """
 
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import polars as pl
@@ -49,6 +60,52 @@ def pipeline_shape(frames: TraceFrames) -> PipelineShape:
 
 def traced_iterations(frames: TraceFrames) -> list[int]:
     return sorted(frames.tasks.get_column("iteration").unique().drop_nulls().to_list())
+
+
+def ranges(values: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``1..3, 7``."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)
+
+
+def chosen_iterations(iterations: Sequence[int], window: tuple[int, int | None] | None) -> list[int]:
+    """[Note: iteration 0] The iterations of ``iterations`` an analysis looks at: those in ``window`` (``(A, B)``:
+    ``A..B-1``, ``B`` None for no end), by default every one but iteration 0 unless it is the only one."""
+    if window is None:
+        return [i for i in iterations if i != 0] or list(iterations)
+    start, stop = window
+    return [i for i in iterations if i >= start and (stop is None or i < stop)]
+
+
+def select_iterations(frames: TraceFrames, window: tuple[int, int | None] | None = None,
+                      flag: str = "--iterations") -> tuple[TraceFrames, list[str]]:
+    """``frames`` cut to :func:`chosen_iterations` of its traced ones, and notes for the user.
+
+    [Note: iteration 0]
+        Iteration 0 pays one-off start-up costs (allocations, first
+        communications, lazy initialisation), so every trace analysis leaves
+        it out by default, as ``rrfp run``'s medians do; a trace of iteration
+        0 alone is analysed whole, with a note. ``--iterations A:B`` (or
+        ``-i N``) chooses. Counters are not cut.
+    """
+    traced = traced_iterations(frames)
+    if not traced:
+        return frames, []
+    chosen = chosen_iterations(traced, window)
+    if not chosen:
+        start, stop = window
+        raise UserError(f"no traced iteration in {start}:{'' if stop is None else stop} (traced: {ranges(traced)})",
+                        flag)
+    notes = ["only iteration 0 is traced; it includes start-up costs"] if window is None and chosen == [0] else []
+    keep = pl.col("iteration").is_in(chosen)
+    return replace(frames, tasks=frames.tasks.filter(keep), decisions=frames.decisions.filter(keep),
+                   transfers=frames.transfers.filter(keep), iterations=frames.iterations.filter(keep),
+                   steps=frames.steps.filter(keep)), notes
 
 
 def iteration_windows(frames: TraceFrames) -> pl.DataFrame:
@@ -87,52 +144,111 @@ def ready_times(frames: TraceFrames) -> pl.DataFrame:
 
 # -- bubbles -------------------------------------------------------------------
 
-BUBBLE_COLUMNS = ("fill_ns", "drain_ns", "dependency_ns", "misalignment_ns", "overhead_ns")
+BUBBLE_COLUMNS = ("fill_ns", "drain_ns", "step_ns", "dependency_ns", "budget_held_ns", "dispatch_ns",
+                  "misalignment_ns")
+_NEVER = float("inf")
 
 
-def bubbles(frames: TraceFrames) -> pl.DataFrame:
-    """Per rank and iteration: busy time and idle time split by [Note: bubble categories]."""
+def bubbles(frames: TraceFrames, dispatch_s: float | None = None) -> pl.DataFrame:
+    """Per rank and iteration: busy time and the rest split by [Note: bubble categories].
+
+    ``dispatch_s`` is the per-dispatch overhead (default: calibrated from ``frames``).
+    """
     tasks = ready_times(frames)
-    windows = {row[0]: (row[1], row[2]) for row in iteration_windows(frames).select(
-        "iteration", "start_ns", "end_ns").iter_rows()}
-    rows = []
-    for (rank, iteration), group in tasks.sort("start_ns").group_by(["rank", "iteration"], maintain_order=True):
-        starts = group.get_column("start_ns").to_list()
-        ends = group.get_column("end_ns").to_list()
-        ready = group.get_column("ready_ns").to_list()
-        begin, finish = windows[iteration]
-        split = _split_gaps(starts, ends, ready)
-        rows.append({
-            "rank": rank, "iteration": iteration, "makespan_ns": finish - begin,
-            "busy_ns": sum(e - s for s, e in zip(starts, ends)),
-            "fill_ns": starts[0] - begin, "drain_ns": finish - ends[-1], **split,
-        })
-    if not rows:
+    if tasks.height == 0:
         raise UserError("the trace holds no tasks", frames.path)
+    dispatch_ns = _calibrated(tasks) if dispatch_s is None else dispatch_s * 1e9
+    windows = _bubble_windows(frames)
+    steps = {(r, i): end - start for r, i, start, end in frames.steps.select(
+        "rank", "iteration", "start_ns", "barrier_ns").iter_rows()}
+    gaps = _gaps(tasks, _held_back(frames), dispatch_ns)
+    rows = []
+    for (rank, iteration), group in tasks.group_by(["rank", "iteration"], maintain_order=True):
+        begin, finish = windows[iteration]
+        first, last = group.get_column("start_ns").min(), group.get_column("end_ns").max()
+        step = min(steps.get((rank, iteration), 0), finish - last)
+        split = gaps.get((rank, iteration), {})
+        rows.append({"rank": rank, "iteration": iteration, "makespan_ns": finish - begin,
+                     "busy_ns": int(group.get_column("duration_ns").sum()), "fill_ns": first - begin,
+                     "drain_ns": finish - last - step, "step_ns": step,
+                     **{name: int(split.get(name, 0)) for name in _GAP_COLUMNS}})
     frame = pl.DataFrame(rows).sort("iteration", "rank")
     return frame.with_columns((pl.col("busy_ns") / pl.col("makespan_ns")).alias("utilization"))
 
 
-def _split_gaps(starts: list[int], ends: list[int], ready: list[int | None]) -> dict[str, int]:
-    """Idle time between consecutive tasks, by [Note: bubble categories]."""
-    n = len(starts)
-    never = float("inf")
-    later_min = [never] * (n + 1)  # min ready time of the tasks that start after position k
-    for k in range(n - 1, -1, -1):
-        later_min[k] = min(later_min[k + 1], never if ready[k] is None else ready[k])
-    dependency = misalignment = overhead = 0
-    for k in range(1, n):
-        a, b = ends[k - 1], starts[k]
-        if b <= a:
-            continue
-        other = later_min[k + 1]
-        mine = never if ready[k] is None else ready[k]
-        misaligned = max(0, b - max(a, other))
-        either = max(0, b - max(a, min(mine, other)))  # some task (next or other) was ready
-        misalignment += misaligned
-        overhead += either - misaligned
-        dependency += (b - a) - either
-    return {"dependency_ns": int(dependency), "misalignment_ns": int(misalignment), "overhead_ns": int(overhead)}
+def _bubble_windows(frames: TraceFrames) -> dict[int, tuple[int, int]]:
+    """Per iteration, the task window, its end extended to the last optimizer step's end when recorded."""
+    ends = dict(frames.steps.group_by("iteration").agg(pl.col("end_ns").max()).iter_rows())
+    return {i: (start, max(end, ends.get(i, end))) for i, start, end in iteration_windows(frames).select(
+        "iteration", "start_ns", "end_ns").iter_rows()}
+
+
+_GAP_COLUMNS = ("dependency_ns", "budget_held_ns", "dispatch_ns", "misalignment_ns")
+
+
+def split_gap(a: float, b: float, next_ready: float, free_ready: float, held_ready: float,
+              dispatch: float) -> dict[str, float]:
+    """The idle gap ``a..b`` before a task ready at ``next_ready``, by [Note: bubble categories].
+
+    ``free_ready`` and ``held_ready``: when the first later task of the rank that the budget allowed (held back)
+    was ready; ``inf`` for never (or unknown).
+    """
+    anything = max(a, min(next_ready, free_ready, held_ready))
+    if anything >= b:
+        return {"dependency_ns": b - a, "budget_held_ns": 0, "dispatch_ns": 0, "misalignment_ns": 0,
+                "misaligned_from_ns": b}
+    dispatch = min(b - anything, max(b - max(a, next_ready), dispatch))
+    waiting_end = b - dispatch  # before it, something other than `next` was ready
+    misaligned = max(0, waiting_end - max(anything, free_ready))
+    return {"dependency_ns": anything - a, "budget_held_ns": waiting_end - anything - misaligned,
+            "dispatch_ns": dispatch, "misalignment_ns": misaligned, "misaligned_from_ns": waiting_end - misaligned}
+
+
+def _held_back(frames: TraceFrames) -> dict[tuple[int, int, str], frozenset[str]]:
+    """``(rank, iteration, chosen task) -> the admissions the budget held back`` at the decision that chose it."""
+    held = frames.decisions.filter(pl.col("held_back").is_not_null())
+    return {(r, i, chosen): frozenset(text.split()) for r, i, chosen, text in held.select(
+        "rank", "iteration", "chosen", "held_back").iter_rows()}
+
+
+def _gaps(tasks: pl.DataFrame, held_back: dict, dispatch: float, keep: bool = False):
+    """Per ``(rank, iteration)``: the idle gaps between tasks summed by category; with ``keep``, a list of every
+    gap (its categories, ``ran_next``, the free and held tasks ready before it ended) instead."""
+    out: dict = {}
+    for (rank, iteration), group in tasks.sort("start_ns").group_by(["rank", "iteration"], maintain_order=True):
+        names = group.get_column("task").to_list()
+        starts, ends = group.get_column("start_ns").to_list(), group.get_column("end_ns").to_list()
+        ready = [_NEVER if r is None else r for r in group.get_column("ready_ns").to_list()]
+        later = _suffix_min(ready)
+        for k in range(1, len(names)):
+            a, b = ends[k - 1], starts[k]
+            if b <= a:
+                continue
+            held = held_back.get((rank, iteration, names[k]), frozenset())
+            free_ready, held_ready = later[k + 1], _NEVER
+            if held:
+                free_ready = min((ready[j] for j in range(k + 1, len(names)) if names[j] not in held), default=_NEVER)
+                held_ready = min((ready[j] for j in range(k + 1, len(names)) if names[j] in held), default=_NEVER)
+            split = split_gap(a, b, ready[k], free_ready, held_ready, dispatch)
+            if keep:
+                others = sorted((ready[j], names[j]) for j in range(k + 1, len(names)) if ready[j] < b)
+                out.setdefault((rank, iteration), []).append({
+                    **split, "gap_start_ns": a, "gap_end_ns": b, "ran_next": names[k],
+                    "ready": " ".join(n for _, n in others if n not in held),
+                    "held": " ".join(n for _, n in others if n in held)})
+            else:
+                totals = out.setdefault((rank, iteration), dict.fromkeys(_GAP_COLUMNS, 0))
+                for name in _GAP_COLUMNS:
+                    totals[name] += split[name]
+    return out
+
+
+def _suffix_min(values: list[float]) -> list[float]:
+    """``out[k] = min(values[k:])`` (``inf`` past the end)."""
+    out = [_NEVER] * (len(values) + 1)
+    for k in range(len(values) - 1, -1, -1):
+        out[k] = min(out[k + 1], values[k])
+    return out
 
 
 def bubble_totals(frame: pl.DataFrame) -> pl.DataFrame:
@@ -144,35 +260,28 @@ def bubble_totals(frame: pl.DataFrame) -> pl.DataFrame:
     return out.with_columns((pl.col("busy_ns") / pl.col("makespan_ns")).alias("utilization"))
 
 
-def misalignment_gaps(frames: TraceFrames, limit: int | None = None) -> pl.DataFrame:
-    """Every idle gap with misalignment: which task the rank waited for, and what was ready meanwhile.
+def misalignment_gaps(frames: TraceFrames, limit: int | None = None, dispatch_s: float | None = None) -> pl.DataFrame:
+    """Every idle gap with misalignment ([Note: bubble categories]), longest misaligned time first.
 
-    Sorted by misaligned time, longest first. ``ready`` lists the other tasks
-    of the rank that were ready before the gap ended (what readiness-first
-    could have run instead).
+    ``ran_next`` is the task the rank ran at the gap's end; ``ready`` the other tasks of the rank the budget
+    allowed that were ready before it (what readiness-first could have run instead), ``held`` those it held
+    back. The misaligned time is ``misaligned_from_ns .. misaligned_from_ns + misaligned_ns``.
     """
     tasks = ready_times(frames)
-    rows = []
-    for (rank, iteration), group in tasks.sort("start_ns").group_by(["rank", "iteration"], maintain_order=True):
-        names = group.get_column("task").to_list()
-        starts = group.get_column("start_ns").to_list()
-        ends = group.get_column("end_ns").to_list()
-        ready = group.get_column("ready_ns").to_list()
-        for k in range(1, len(names)):
-            a, b = ends[k - 1], starts[k]
-            if b <= a:
-                continue
-            others = [(ready[j], names[j]) for j in range(k + 1, len(names)) if ready[j] is not None and ready[j] < b]
-            if not others:
-                continue
-            misaligned = b - max(a, min(t for t, _ in others))
-            rows.append({"rank": rank, "iteration": iteration, "gap_start_ns": a, "gap_end_ns": b,
-                         "misaligned_ns": misaligned, "ran_next": names[k],
-                         "ready": " ".join(name for _, name in sorted(others)[:8])})
-    frame = pl.DataFrame(rows, schema={"rank": pl.Int64, "iteration": pl.Int64, "gap_start_ns": pl.Int64,
-                                       "gap_end_ns": pl.Int64, "misaligned_ns": pl.Int64, "ran_next": pl.Utf8,
-                                       "ready": pl.Utf8}).sort("misaligned_ns", descending=True)
+    dispatch_ns = (_calibrated(tasks) if dispatch_s is None else dispatch_s * 1e9) if tasks.height else 0.0
+    rows = [{"rank": rank, "iteration": iteration, "misaligned_ns": gap["misalignment_ns"], **gap}
+            for (rank, iteration), gaps in _gaps(tasks, _held_back(frames), dispatch_ns, keep=True).items()
+            for gap in gaps if gap["misalignment_ns"] > 0]
+    columns = {"rank": pl.Int64, "iteration": pl.Int64, "gap_start_ns": pl.Int64, "gap_end_ns": pl.Int64,
+               "misaligned_from_ns": pl.Int64, "misaligned_ns": pl.Int64, "budget_held_ns": pl.Int64,
+               "dispatch_ns": pl.Int64, "ran_next": pl.Utf8, "ready": pl.Utf8, "held": pl.Utf8}
+    frame = pl.DataFrame([{k: _integral(row[k]) for k in columns} for row in rows], schema=columns)
+    frame = frame.sort("misaligned_ns", descending=True)
     return frame.head(limit) if limit else frame
+
+
+def _integral(value):
+    return int(value) if isinstance(value, float) else value
 
 
 # -- hint conformance ------------------------------------------------------------
@@ -447,18 +556,29 @@ def dispatch_overhead(frames: TraceFrames, iterations: Sequence[int] | None = No
     absent = [i for i in chosen if i not in traced]
     if absent:
         raise UserError(f"iteration {absent[0]} is not in the trace (traced: {sorted(traced)})", frames.path)
-    tasks = ready_times(frames).filter(pl.col("iteration").is_in(chosen)).sort("rank", "iteration", "start_ns")
+    gaps = _dispatch_gaps(ready_times(frames).filter(pl.col("iteration").is_in(chosen)))
+    if not gaps:
+        return OverheadEstimate(0.0, 0.0, 0)
+    return OverheadEstimate(statistics.median(gaps) * 1e-9, statistics.fmean(gaps) * 1e-9, len(gaps))
+
+
+def _dispatch_gaps(tasks: pl.DataFrame) -> list[int]:
+    """For each task with a known ready time but a rank's first of an iteration: start - max(previous end, ready)."""
     gaps = []
-    for _, group in tasks.group_by(["rank", "iteration"], maintain_order=True):
+    for _, group in tasks.sort("rank", "iteration", "start_ns").group_by(["rank", "iteration"], maintain_order=True):
         starts = group.get_column("start_ns").to_list()
         ends = group.get_column("end_ns").to_list()
         ready = group.get_column("ready_ns").to_list()
         for k in range(1, len(starts)):
             if ready[k] is not None:
                 gaps.append(max(0, starts[k] - max(ends[k - 1], ready[k])))
-    if not gaps:
-        return OverheadEstimate(0.0, 0.0, 0)
-    return OverheadEstimate(statistics.median(gaps) * 1e-9, statistics.fmean(gaps) * 1e-9, len(gaps))
+    return gaps
+
+
+def _calibrated(tasks: pl.DataFrame) -> float:
+    """The median dispatch gap (ns) of ``tasks`` (with ready times), 0 when none is known."""
+    gaps = _dispatch_gaps(tasks)
+    return float(statistics.median(gaps)) if gaps else 0.0
 
 
 # -- hint sensitivity -------------------------------------------------------------
@@ -468,7 +588,11 @@ def trace_hint(frames: TraceFrames, iteration: int) -> HintOrder:
     shape = pipeline_shape(frames)
     hints = {rank: hint for rank, hint in frames.iterations.filter(pl.col("iteration") == iteration).select(
         "rank", "hint").iter_rows()}
-    orders = tuple(tuple(Task.parse(t) for t in hints.get(rank, "").split()) for rank in range(shape.ranks))
+    missing = [rank for rank in range(shape.ranks) if not hints.get(rank)]
+    if missing:
+        raise UserError(f"iteration {iteration}: rank {missing[0]}'s iteration record (its hint order) is missing "
+                        f"from the trace (cut short?); replay other iterations with --iterations", frames.path)
+    orders = tuple(tuple(Task.parse(t) for t in hints[rank].split()) for rank in range(shape.ranks))
     name = next(iter(frames.meta.values())).get("hint", "trace")
     return HintOrder(shape, orders, f"{name} (traced)")
 
@@ -527,8 +651,8 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     seconds per dispatched task; by default it is calibrated from the trace
     itself (:func:`dispatch_overhead`), which is what lets the traced hint's
     replay reproduce each measured iteration. Figures are medians over
-    ``iterations`` (default: the complete ones after the first, which pays
-    for start-up, when there are several).
+    ``iterations`` (default: every complete iteration whose hint every rank
+    recorded; the CLI has left iteration 0 out by then, [Note: iteration 0]).
     """
     from runtime.arbiter import MemoryBudget
     from runtime.evaluate import builtin_candidates, compare, median_rows
@@ -537,7 +661,7 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     budget = MemoryBudget.parse(meta.get("memory_budget", "1f1b"))
     complete = complete_iterations(frames)
     if iterations is None:
-        iterations = complete[1:] if len(complete) > 1 else complete
+        iterations = replayable_iterations(frames, complete)
     iterations = list(iterations)
     incomplete = [i for i in iterations if i not in complete]
     if incomplete:
@@ -563,6 +687,16 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     replayed = {it: c.row(own_name, rule).makespan - overhead for it, c in zip(iterations, comparisons)}
     return Sensitivity(iterations, overhead, calibration, {i: measured[i] for i in iterations}, replayed, rows,
                        str(budget))
+
+
+def replayable_iterations(frames: TraceFrames, complete: Sequence[int]) -> list[int]:
+    """Those of ``complete`` whose hint order every rank recorded (its iteration slice ended)."""
+    ranks = pipeline_shape(frames).ranks
+    recorded = dict(frames.iterations.group_by("iteration").agg(pl.col("rank").n_unique()).iter_rows())
+    replayable = [i for i in complete if recorded.get(i, 0) == ranks]
+    if not replayable:
+        trace_hint(frames, complete[0])  # says which rank's record is missing
+    return replayable
 
 
 def complete_iterations(frames: TraceFrames) -> list[int]:
@@ -595,6 +729,7 @@ def summary(frames: TraceFrames) -> dict:
         "timing": meta.get("timing"),
         "ranks": frames.ranks,
         "iterations": len(makespans),
+        "iteration_numbers": traced_iterations(frames),
         "median_makespan_s": statistics.median(makespans) * 1e-9 if makespans else None,
         "utilization": totals["utilization"],
         "idle_share": {name.removesuffix("_ns"): (totals[name] / idle if idle else 0.0) for name in BUBBLE_COLUMNS},
@@ -612,7 +747,8 @@ def compare(a: TraceFrames, b: TraceFrames) -> pl.DataFrame:
         totals = bubble_totals(bubbles(frames)).filter(pl.col("rank") == "all").row(0, named=True)
         iterations = len(traced_iterations(frames))
         ranks = frames.ranks
-        row = {"run": label, "trace": frames.path, "median_makespan_s": summary(frames)["median_makespan_s"],
+        row = {"run": label, "trace": frames.path, "iterations": ranges(traced_iterations(frames)),
+               "median_makespan_s": summary(frames)["median_makespan_s"],
                "utilization": totals["utilization"]}
         for name in BUBBLE_COLUMNS:
             row[name.replace("_ns", "_s")] = totals[name] * 1e-9 / max(1, iterations * ranks)

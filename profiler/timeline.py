@@ -3,9 +3,11 @@
 One row per rank, time to the right. Each task is a box coloured by its
 microbatch: forwards light, backwards (``B``, ``I``) dark, weight gradients
 (``W``) medium; the canonical task text is written in boxes wide enough.
-Idle time stays white, and the part of it that was *misalignment* (some other
-task was ready; see :mod:`profiler.analysis`) is underlined in red, so the
-bubbles readiness-first can recover stand out. Drawn with Pillow.
+Idle time stays white, and the part of it that was *misalignment* (a task the
+budget allowed was ready, beyond the dispatch cost; see [Note: bubble
+categories] in :mod:`profiler.analysis`) is underlined in red, so the bubbles
+readiness-first can recover stand out. The optimizer step, when the trace
+records it, is a grey box after the rank's last task. Drawn with Pillow.
 """
 
 from __future__ import annotations
@@ -14,12 +16,15 @@ from pathlib import Path
 
 import polars as pl
 
+from hints.errors import UserError
 from profiler.analysis import misalignment_gaps, traced_iterations
 from profiler.reader import TraceFrames
+from profiler.schema import write_atomically
 
 PALETTE = ((66, 133, 244), (52, 168, 83), (251, 188, 5), (234, 67, 53), (171, 71, 188), (0, 172, 193),
            (255, 112, 67), (158, 157, 36), (92, 107, 192), (240, 98, 146), (38, 166, 154), (141, 110, 99))
 SHADE = {"F": 0.45, "B": 1.0, "I": 1.0, "W": 0.7}
+STEP = (200, 200, 200)
 
 
 def _colour(microbatch: int, kind: str) -> tuple[int, int, int]:
@@ -32,9 +37,14 @@ def render_timeline(frames: TraceFrames, iteration: int | None = None, width: in
     from PIL import Image, ImageDraw, ImageFont
 
     iterations = traced_iterations(frames)
+    if not iterations:
+        raise UserError("the trace holds no tasks to draw", frames.path)
     if iteration is None:
         iteration = iterations[-1]
+    if iteration not in iterations:
+        raise UserError(f"iteration {iteration} is not in the trace (traced: {iterations})", "--iteration")
     tasks = frames.tasks.filter(pl.col("iteration") == iteration)
+    steps = frames.steps.filter(pl.col("iteration") == iteration)
     ranks = frames.ranks
     font = ImageFont.load_default()
     left, right, top, row, gap = 70, 20, 44, 30, 8
@@ -42,7 +52,7 @@ def render_timeline(frames: TraceFrames, iteration: int | None = None, width: in
     image = Image.new("RGB", (width, height), "white")
     draw = ImageDraw.Draw(image)
     begin = tasks.get_column("start_ns").min()
-    end = tasks.get_column("end_ns").max()
+    end = max(tasks.get_column("end_ns").max(), steps.get_column("end_ns").max() or 0)
     span = max(1, end - begin)
     scale = (width - left - right) / span
 
@@ -65,10 +75,13 @@ def render_timeline(frames: TraceFrames, iteration: int | None = None, width: in
         label_width = draw.textlength(text, font=font)
         if box[2] - box[0] > label_width + 4:
             draw.text(((box[0] + box[2] - label_width) / 2, y + row / 2 - 6), text, fill="black", font=font)
+    for rank, start, stop in steps.select("rank", "start_ns", "barrier_ns").iter_rows():
+        y = top + rank * (row + gap)
+        draw.rectangle([x(start), y, max(x(start) + 1, x(stop)), y + row], fill=STEP, outline="white")
     gaps = misalignment_gaps(frames).filter(pl.col("iteration") == iteration)
-    for rank, gap_end, misaligned in gaps.select("rank", "gap_end_ns", "misaligned_ns").iter_rows():
+    for rank, start, misaligned in gaps.select("rank", "misaligned_from_ns", "misaligned_ns").iter_rows():
         y = top + rank * (row + gap) + row + 2
-        draw.rectangle([x(gap_end - misaligned), y, x(gap_end), y + 3], fill=(220, 40, 40))
+        draw.rectangle([x(start), y, x(start + misaligned), y + 3], fill=(220, 40, 40))
     axis = top + ranks * (row + gap) + 6
     step = _tick(span)
     tick = 0
@@ -77,7 +90,7 @@ def render_timeline(frames: TraceFrames, iteration: int | None = None, width: in
         draw.text((x(begin + tick) - 10, axis + 6), f"{tick / 1e6:g} ms", fill="black", font=font)
         tick += step
     draw.text((left, height - 16), "colour = microbatch; light = F, dark = B/I, medium = W; "
-              "red underline = misalignment (idle while another task was ready)", fill=(90, 90, 90), font=font)
+              "grey = optimizer step; red underline = misalignment (idle while another allowed task was ready)", fill=(90, 90, 90), font=font)
     return image
 
 
@@ -93,5 +106,4 @@ def _tick(span_ns: int) -> int:
 
 def save_timeline(frames: TraceFrames, path: str | Path, iteration: int | None = None, width: int = 1600) -> Path:
     image = render_timeline(frames, iteration, width)
-    image.save(path, format="PNG")
-    return Path(path)
+    return write_atomically(path, lambda temporary: image.save(temporary, format="PNG"))

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rrfp_cli.output import Output
+from rrfp_cli.output import Output, check_new_directory, check_new_file
 
 if TYPE_CHECKING:  # polars is imported by the commands, so `rrfp --help` stays fast
     import polars as pl
@@ -22,15 +22,43 @@ RunArg = Annotated[Path, typer.Argument(help="Run directory or .pftrace file.", 
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 Iteration = Annotated[Optional[int], typer.Option("--iteration", "-i", min=0,
                                                   help="One iteration (default: see each command).")]
+Iterations = Annotated[Optional[str], typer.Option(
+    "--iterations", help="A:B: only iterations A..B-1 (either side may be left out). Default: every traced "
+    "iteration but 0, which pays for start-up (unless it is the only one).")]
+Force = Annotated[bool, typer.Option("--force", help="Overwrite output files that exist.")]
 
 
-def _load(run: Path, out: Output):
+def _load(run: Path, out: Output, iteration: int | None = None, iterations: str | None = None, select: bool = True):
+    """Read the trace, warn, and keep the chosen iterations ([Note: iteration 0] in profiler.analysis)."""
+    from profiler.analysis import select_iterations
     from profiler.reader import read_trace
 
+    window, flag = _window(iteration, iterations)
     frames = read_trace(run)
     for warning in frames.warnings:
-        out.note(f"[yellow]warning:[/] {warning}")
+        out.warn(warning)
+    if not select:
+        return frames
+    frames, notes = select_iterations(frames, window, flag)
+    for note in notes:
+        out.warn(note)
     return frames
+
+
+def _window(iteration: int | None, iterations: str | None) -> tuple[tuple[int, int | None] | None, str]:
+    """``-i N`` or ``--iterations A:B`` as a window and the flag to blame; None for the default."""
+    from hints.errors import UserError
+
+    if iteration is not None and iterations is not None:
+        raise UserError("give --iteration or --iterations, not both", "--iterations")
+    if iteration is not None:
+        return (iteration, iteration + 1), "--iteration"
+    return (None if iterations is None else _iteration_window(iterations)), "--iterations"
+
+
+def _emit(out: Output, data: dict, render) -> None:
+    """The command's result; its JSON carries every warning the reader and the selection gave."""
+    out.result({**data, "warnings": out.warnings}, render)
 
 
 def _table(console: Console, frame: pl.DataFrame, title: str, formats: dict[str, str] | None = None) -> None:
@@ -65,61 +93,65 @@ def _ms(frame: pl.DataFrame, columns) -> pl.DataFrame:
 
 
 @app.command("summary")
-def summary_command(run: RunArg, json_mode: JsonFlag = False) -> None:
+def summary_command(run: RunArg, iterations: Iterations = None, json_mode: JsonFlag = False) -> None:
     """What ran, how long an iteration took, and where idle time went."""
     from profiler.analysis import summary
 
     out = Output(json_mode)
-    data = summary(_load(run, out))
+    data = summary(_load(run, out, iterations=iterations))
 
     def render(console: Console) -> None:
         table = Table(title=f"trace {data['trace']}", title_justify="left", show_header=False)
         table.add_column(style="bold")
         table.add_column()
-        for key in ("job", "workload", "shape", "policy", "hint", "memory_budget", "timing", "iterations"):
+        for key in ("job", "workload", "shape", "policy", "hint", "memory_budget", "timing"):
             table.add_row(key, str(data[key]))
-        table.add_row("median makespan", f"{data['median_makespan_s'] * 1e3:.2f} ms")
-        table.add_row("utilization", f"{data['utilization']:.1%}")
+        table.add_row("iterations", f"{data['iterations']} ({_ranges(data['iteration_numbers'])})")
+        table.add_row("median makespan", _cell(data["median_makespan_s"] and data["median_makespan_s"] * 1e3, ".2f")
+                      + " ms")
+        table.add_row("utilization", _cell(data["utilization"], ".1%"))
         table.add_row("idle time", ", ".join(f"{k} {v:.0%}" for k, v in data["idle_share"].items()))
-        table.add_row("hint skips", f"{data['skips']} (mean Kendall tau {data['mean_kendall_tau']:.3f})")
+        table.add_row("hint skips", f"{data['skips']} (mean Kendall tau {_cell(data['mean_kendall_tau'], '.3f')})")
         table.add_row("clock alignment", f"within {data['max_clock_error_ns'] / 1e3:.1f} us")
         console.print(table)
 
-    out.result(data, render)
+    _emit(out, data, render)
 
 
 @app.command("bubbles")
 def bubbles_command(
     run: RunArg,
     per_iteration: Annotated[bool, typer.Option("--per-iteration", help="One row per rank and iteration.")] = False,
+    iterations: Iterations = None,
     json_mode: JsonFlag = False,
 ) -> None:
-    """Per rank: utilization and idle time split into fill, drain, dependency wait, misalignment, overhead."""
+    """Per rank: utilization and idle time split into fill, drain, optimizer step, dependency wait, budget-held,
+    dispatch and misalignment."""
     from profiler.analysis import BUBBLE_COLUMNS, bubble_totals, bubbles
 
     out = Output(json_mode)
-    frame = bubbles(_load(run, out))
+    frame = bubbles(_load(run, out, iterations=iterations))
     shown = frame if per_iteration else bubble_totals(frame)
     columns = ["makespan_ns", "busy_ns", *BUBBLE_COLUMNS]
-    out.result(shown.to_dicts(), lambda console: _table(
-        console, _ms(shown, columns), "time per rank (ms, summed over traced iterations); "
-        "misalignment = idle while another task was ready", {"utilization": ".1%"}))
+    _emit(out, {"rows": shown.to_dicts()}, lambda console: _table(
+        console, _ms(shown, columns), "time per rank (ms, summed over the iterations); misalignment = idle "
+        "beyond the dispatch cost while a task the budget allowed was ready", {"utilization": ".1%"}))
 
 
 @app.command("misalign")
 def misalign_command(
     run: RunArg,
     limit: Annotated[int, typer.Option("--limit", min=1, help="Show the longest N gaps.")] = 20,
+    iterations: Iterations = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """The idle gaps where a rank waited although another of its tasks was ready (longest first)."""
     import polars as pl
 
-    from profiler.analysis import misalignment_gaps
+    from profiler.analysis import iteration_windows, misalignment_gaps
 
     out = Output(json_mode)
-    frames = _load(run, out)
-    from profiler.analysis import iteration_windows
+    frames = _load(run, out, iterations=iterations)
 
     gaps = misalignment_gaps(frames)
     per_rank = gaps.group_by("rank").agg(pl.col("misaligned_ns").sum(), pl.len().alias("gaps")).sort("rank")
@@ -134,16 +166,17 @@ def misalign_command(
         _table(console, shown, f"longest {len(top)} misaligned gaps: at `at_ms` into the iteration the rank ran "
                                f"`ran_next` after idling while `ready` could have run")
 
-    out.result({"per_rank": per_rank.to_dicts(), "gaps": top.to_dicts()}, render)
+    _emit(out, {"per_rank": per_rank.to_dicts(), "gaps": top.to_dicts()}, render)
 
 
 @app.command("critical-path")
-def critical_path_command(run: RunArg, iteration: Iteration = None, json_mode: JsonFlag = False) -> None:
+def critical_path_command(run: RunArg, iteration: Iteration = None, iterations: Iterations = None,
+                          json_mode: JsonFlag = False) -> None:
     """The chain of compute, transfers and waits that set an iteration's makespan (default: the last)."""
     from profiler.analysis import critical_path
 
     out = Output(json_mode)
-    path = critical_path(_load(run, out), iteration)
+    path = critical_path(_load(run, out, iteration, iterations))
     shares = path.shares()
     data = {"iteration": path.iteration, "makespan_ns": path.makespan_ns, "shares": shares,
             "segments": path.segments.to_dicts()}
@@ -153,16 +186,14 @@ def critical_path_command(run: RunArg, iteration: Iteration = None, json_mode: J
                f"critical path of iteration {path.iteration} ({path.makespan_ns / 1e6:.2f} ms)")
         console.print("share of the makespan: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()))
 
-    out.result(data, render)
+    _emit(out, data, render)
 
 
 @app.command("sensitivity")
 def sensitivity_command(
     run: RunArg,
     iteration: Iteration = None,
-    iterations: Annotated[Optional[str], typer.Option(
-        "--iterations", help="A:B: replay iterations A..B-1 (default: every complete one after the first, "
-        "which pays for start-up).")] = None,
+    iterations: Iterations = None,
     task_overhead: Annotated[Optional[float], typer.Option(
         "--task-overhead", help="Seconds of dispatch cost per task in every replay (default: calibrated from "
         "this trace).")] = None,
@@ -172,20 +203,12 @@ def sensitivity_command(
     from hints.errors import UserError
     from profiler.analysis import sensitivity, traced_iterations
 
-    if iteration is not None and iterations is not None:
-        raise UserError("give --iteration or --iterations, not both", "--iterations")
     if task_overhead is not None and not task_overhead >= 0:
         raise UserError(f"must be a number >= 0, got {task_overhead}", "--task-overhead")
     out = Output(json_mode)
-    frames = _load(run, out)
-    chosen = None
-    if iteration is not None:
-        chosen = [iteration]
-    elif iterations is not None:
-        start, stop = _iteration_window(iterations)
-        chosen = [i for i in traced_iterations(frames) if i >= start and (stop is None or i < stop)]
-        if not chosen:
-            raise UserError(f"no traced iteration in {iterations}", "--iterations")
+    frames = _load(run, out, iteration, iterations)
+    # Chosen iterations must all replay; by default the complete ones with every rank's hint do.
+    chosen = None if iteration is None and iterations is None else traced_iterations(frames)
     result = sensitivity(frames, chosen, task_overhead)
     data = result.to_json()
 
@@ -207,7 +230,7 @@ def sensitivity_command(
                       f"with {result.overhead_s * 1e6:.0f} us dispatch overhead per task ({source}) is off by "
                       f"{min(errors):+.1%} .. {max(errors):+.1%} per iteration")
 
-    out.result(data, render)
+    _emit(out, data, render)
 
 
 @app.command("decisions")
@@ -215,6 +238,7 @@ def decisions_command(
     run: RunArg,
     rank: Annotated[Optional[int], typer.Option("--rank", min=0, help="Only this rank.")] = None,
     iteration: Iteration = None,
+    iterations: Iterations = None,
     skipped: Annotated[bool, typer.Option("--skipped", help="Only decisions that passed over the hint head.")] = False,
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most N rows.")] = 50,
     json_mode: JsonFlag = False,
@@ -223,11 +247,9 @@ def decisions_command(
     import polars as pl
 
     out = Output(json_mode)
-    frame = _load(run, out).decisions
+    frame = _load(run, out, iteration, iterations).decisions
     if rank is not None:
         frame = frame.filter(pl.col("rank") == rank)
-    if iteration is not None:
-        frame = frame.filter(pl.col("iteration") == iteration)
     if skipped:
         frame = frame.filter(pl.col("skipped").is_not_null())
     total = frame.height
@@ -238,26 +260,27 @@ def decisions_command(
         pl.col("ready").str.split(" ").list.len().alias("ready_n"),
         pl.col("ready").str.split(" ").list.head(4).list.join(" ").alias("ready_first4"),
         "held_back")
-    out.result({"total": total, "decisions": frame.to_dicts()},
-               lambda console: _table(console, shown, f"{len(frame)} of {total} decisions"))
+    _emit(out, {"total": total, "decisions": frame.to_dicts()},
+          lambda console: _table(console, shown, f"{len(frame)} of {total} decisions"))
 
 
 @app.command("compare")
 def compare_command(
     a: Annotated[Path, typer.Argument(help="Run directory or trace (the baseline).", metavar="A")],
     b: Annotated[Path, typer.Argument(help="Run directory or trace.", metavar="B")],
+    iterations: Iterations = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """Two runs side by side: makespan, utilization, idle time per rank and iteration by category."""
+    import polars as pl
+
     from profiler.analysis import compare
 
     out = Output(json_mode)
-    import polars as pl
-
-    frame = compare(_load(a, out), _load(b, out))
+    frame = compare(_load(a, out, iterations=iterations), _load(b, out, iterations=iterations))
     seconds = [c for c in frame.columns if c.endswith("_s")]
     shown = frame.drop("trace").with_columns([(pl.col(c) * 1e3).alias(c[:-2] + "_ms") for c in seconds]).drop(seconds)
-    out.result(frame.to_dicts(), lambda console: _table(
+    _emit(out, {"rows": frame.to_dicts()}, lambda console: _table(
         console, shown, f"A = {a}, B = {b} (idle columns: ms per rank and iteration)",
         {"utilization": ".1%", "speedup_vs_A": ".3f"}))
 
@@ -273,34 +296,35 @@ def export_command(
         "iterations as a duration table (.csv, .parquet or .pq) that `rrfp simulate --durations` replays.")] = None,
     iterations: Annotated[Optional[str], typer.Option(
         "--iterations", help="A:B: only iterations A..B-1 into --durations (either side may be left out; "
-        "default all complete ones). Iteration 0 includes start-up: --iterations 1: leaves it out.")] = None,
+        "default every complete one but iteration 0, which pays for start-up, unless it is the only one).")] = None,
+    force: Force = False,
     json_mode: JsonFlag = False,
 ) -> None:
     """Write the trace's frames as Parquet (--parquet), its realized durations as a table (--durations), or both."""
     from hints.errors import UserError
+    from profiler.reader import FRAME_NAMES
 
     if parquet is None and durations is None:
         raise UserError("give --parquet DIR, --durations FILE, or both", "rrfp trace export")
     if iterations is not None and durations is None:
         raise UserError("applies to --durations only", "--iterations")
-    window = _iteration_window(iterations)
-    if durations is not None:
+    window = None if iterations is None else _iteration_window(iterations)
+    files = [f"{name}.parquet" for name in FRAME_NAMES] + ["meta.json"]
+    if durations is not None:  # before reading the trace: a bad path fails fast
         from runtime.duration_tables import check_destination
 
-        check_destination(durations)  # before reading the trace: a bad path fails fast
-    out = Output(json_mode)
-    frames = _load(run, out)
-    data: dict = {"written": []}
+        check_destination(durations)
+        check_new_file(durations, force, "--durations")
     if parquet is not None:
-        parquet.mkdir(parents=True, exist_ok=True)
-        for name, frame in frames.frames().items():
-            frame.write_parquet(parquet / f"{name}.parquet")
-            data["written"].append(str(parquet / f"{name}.parquet"))
-        (parquet / "meta.json").write_text(json.dumps(frames.meta, indent=1))
-        data["written"].append(str(parquet / "meta.json"))
+        check_new_directory(parquet, files, force, "--parquet")
+    out = Output(json_mode)
+    frames = _load(run, out, select=False)  # the frames are exported whole
+    data: dict = {"written": []}
     if durations is not None:
         data["durations"] = _export_durations(frames, durations, window)
         data["written"].append(str(durations))
+    if parquet is not None:
+        data["written"] += _export_parquet(frames, parquet)
 
     def render(console: Console) -> None:
         frame_files = [w for w in data["written"] if w != str(durations)]
@@ -315,7 +339,19 @@ def export_command(
                           markup=False)
             console.print(f"replay one: {table['replay']}", markup=False, soft_wrap=True)  # one line to copy
 
-    out.result(data, render)
+    _emit(out, data, render)
+
+
+def _export_parquet(frames, directory: Path) -> list[str]:
+    """Every frame as ``<name>.parquet`` and the metadata as ``meta.json``, each file written atomically."""
+    from profiler.schema import write_atomically
+
+    directory.mkdir(exist_ok=True)
+    written = [write_atomically(directory / f"{name}.parquet", frame.write_parquet)
+               for name, frame in frames.frames().items()]
+    written.append(write_atomically(directory / "meta.json",
+                                    lambda temporary: temporary.write_text(json.dumps(frames.meta, indent=1))))
+    return [str(path) for path in written]
 
 
 def _iteration_window(spec: str | None) -> tuple[int, int | None]:
@@ -325,17 +361,18 @@ def _iteration_window(spec: str | None) -> tuple[int, int | None]:
     return parse_window(spec, "--iterations")
 
 
-def _export_durations(frames, path: Path, window: tuple[int, int | None]) -> dict:
+def _export_durations(frames, path: Path, window: tuple[int, int | None] | None) -> dict:
     import shlex
 
     from hints.errors import UserError
-    from profiler.analysis import pipeline_shape, realized_iterations
+    from profiler.analysis import chosen_iterations, pipeline_shape, realized_iterations
     from runtime.duration_tables import write_durations
 
-    start, stop = window
     complete = realized_iterations(frames)  # every complete iteration; the window picks among them
-    realized = [r for r in complete if r.iteration >= start and (stop is None or r.iteration < stop)]
+    chosen = chosen_iterations([r.iteration for r in complete], window)
+    realized = [r for r in complete if r.iteration in chosen]
     if not realized:
+        start, stop = window
         raise UserError(f"no complete iteration in {start}:{'' if stop is None else stop} "
                         f"(complete: {_ranges([r.iteration for r in complete])})", "--iterations")
     rows = write_durations(path, [(r.iteration, r.durations) for r in realized])
@@ -355,14 +392,9 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None]) -> dic
 
 
 def _ranges(values: list[int]) -> str:
-    """``[1, 2, 3, 7]`` as ``1..3, 7``."""
-    runs: list[list[int]] = []
-    for value in values:
-        if runs and value == runs[-1][-1] + 1:
-            runs[-1].append(value)
-        else:
-            runs.append([value])
-    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)
+    from profiler.analysis import ranges
+
+    return ranges(values)
 
 
 @app.command("timeline")
@@ -370,24 +402,28 @@ def timeline_command(
     run: RunArg,
     png: Annotated[Path, typer.Option("--png", help="Where to write the picture.")],
     iteration: Iteration = None,
+    iterations: Iterations = None,
     width: Annotated[int, typer.Option("--width", min=400, help="Width in pixels.")] = 1600,
+    force: Force = False,
     json_mode: JsonFlag = False,
 ) -> None:
     """A static PNG of one iteration (default: the last): ranks as rows, tasks coloured by microbatch."""
     from profiler.timeline import save_timeline
 
+    check_new_file(png, force, "--png")
     out = Output(json_mode)
-    path = save_timeline(_load(run, out), png, iteration, width)
-    out.result({"png": str(path)}, lambda console: console.print(f"wrote {path}"))
+    path = save_timeline(_load(run, out, iteration, iterations), png, None, width)
+    _emit(out, {"png": str(path)}, lambda console: console.print(f"wrote {path}"))
 
 
 @app.command("merge")
 def merge_command(
     run: Annotated[Path, typer.Argument(help="Run directory with trace/rank*.pftrace.", metavar="RUN")],
     out_file: Annotated[Optional[Path], typer.Option("--out", help="Default RUN/trace.pftrace.")] = None,
+    force: Force = False,
     json_mode: JsonFlag = False,
 ) -> None:
-    """Merge per-rank traces into one (rrfp run does this itself unless it crashed)."""
+    """Merge per-rank traces into one, packet by packet (rrfp run does this itself unless it crashed)."""
     from hints.errors import UserError
     from profiler.recorder import merge_traces
     from profiler.schema import rank_trace_files
@@ -395,6 +431,12 @@ def merge_command(
     files = rank_trace_files(run)
     if not files:
         raise UserError("has no trace/rank*.pftrace files to merge", str(run))
-    target = merge_traces(files, out_file or run / "trace.pftrace")
-    Output(json_mode).result({"merged": [str(f) for f in files], "out": str(target)},
-                             lambda console: console.print(f"merged {len(files)} rank traces into {target}"))
+    target = out_file or run / "trace.pftrace"
+    check_new_file(target, force, "--out")
+    out = Output(json_mode)
+    merged = merge_traces(files, target)
+    for warning in merged.warnings:
+        out.warn(warning)
+    _emit(out, {"merged": [str(f) for f in files], "out": str(merged.out), "packets": merged.packets},
+          lambda console: console.print(f"merged {len(files)} rank traces ({merged.packets} packets) into "
+                                        f"{merged.out}"))

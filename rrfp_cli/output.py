@@ -11,9 +11,12 @@ import json
 import math
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Callable, Iterator
 
 from rich.console import Console
+
+from hints.errors import UserError
 
 
 class Output:
@@ -21,6 +24,14 @@ class Output:
         self.json_mode = json_mode
         self.console = Console(highlight=False)
         self.err = Console(stderr=True, highlight=False)
+        self.warnings: list[str] = []  # what :meth:`warn` said, for commands that put it in their JSON
+
+    def warn(self, message: str) -> None:
+        """A warning: on stderr for people, kept in :attr:`warnings` for the JSON."""
+        from rich.markup import escape
+
+        self.warnings.append(message)
+        self.note(f"[yellow]warning:[/] {escape(message)}")
 
     def result(self, data: Any, render: Callable[[Console], None]) -> None:
         """Emit the command's result: ``data`` as JSON, or ``render`` for people."""
@@ -93,3 +104,28 @@ def format_seconds(value: float) -> str:
     if abs(value) < 1.0:
         return f"{value * 1e3:.2f} ms"
     return f"{value:.3f} s"
+
+
+def check_new_file(path: Path, force: bool, flag: str) -> None:
+    """Fail before any work unless ``path`` can be written as a file: its directory exists, it is no directory,
+    and it does not exist yet unless ``force`` (``--force``) asks to overwrite it."""
+    where = f"{flag} {path}"
+    if path.is_dir():
+        raise UserError("is a directory; give a file name", where)
+    if not path.parent.is_dir():
+        raise UserError(f"no such directory {str(path.parent)!r}", where)
+    if path.exists() and not force:
+        raise UserError("exists; pass --force to overwrite it", where)
+
+
+def check_new_directory(path: Path, names: list[str], force: bool, flag: str) -> None:
+    """Like :func:`check_new_file` for a directory that will hold ``names``: it may exist (then it must not hold
+    any of ``names`` unless ``force``), its parent must."""
+    where = f"{flag} {path}"
+    if path.exists() and not path.is_dir():
+        raise UserError("is a file; give a directory", where)
+    if not path.parent.is_dir():
+        raise UserError(f"no such directory {str(path.parent)!r}", where)
+    clash = [name for name in names if (path / name).exists()]
+    if clash and not force:
+        raise UserError(f"already holds {clash[0]}; pass --force to overwrite", where)

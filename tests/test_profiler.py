@@ -44,9 +44,9 @@ def test_bubbles_of_a_fixed_1f1b(one_f_one_b):
     rank0, rank1 = frame.to_dicts()
     assert rank0["makespan_ns"] == 90 * US and rank0["busy_ns"] == 60 * US
     assert (rank0["fill_ns"], rank0["drain_ns"]) == (0, 0)
-    assert rank0["dependency_ns"] == 30 * US and rank0["misalignment_ns"] == 0 and rank0["overhead_ns"] == 0
+    assert rank0["dependency_ns"] == 30 * US and rank0["misalignment_ns"] == 0 and rank0["dispatch_ns"] == 0
     assert (rank1["fill_ns"], rank1["drain_ns"], rank1["busy_ns"]) == (12 * US, 23 * US, 55 * US)
-    assert rank1["dependency_ns"] == rank1["misalignment_ns"] == rank1["overhead_ns"] == 0
+    assert rank1["dependency_ns"] == rank1["misalignment_ns"] == rank1["dispatch_ns"] == 0
 
 
 def test_misalignment_is_idle_time_while_another_task_was_ready(misaligned):
