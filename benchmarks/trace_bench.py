@@ -1,6 +1,7 @@
 """Tracing benchmarks: overhead on a real run, reader speed on a large trace, and the bubble breakdown.
 
     .venv/bin/python benchmarks/trace_bench.py [--stages 8] [--microbatches 32] [--iters 5] [--events 1000000]
+    .venv/bin/python benchmarks/trace_bench.py --reader-only   # part 2 alone
 
 1. Overhead: one launch of `--stages` ranks running, on the emulated
    multimodal model, fixed 1F1B and ready zb@2x each with tracing off and on
@@ -8,7 +9,8 @@
    ratio on/off per policy.
 2. Reader: a synthetic trace of about `--events` TrackEvent packets written
    by the real TraceRecorder (no processes), then read into frames; seconds
-   to read, median of 3.
+   to read, median of 3, and the ratio to a plain protobuf parse of the
+   whole file (the floor for any reader built on the perfetto protos).
 3. The bubble breakdown (`rrfp trace bubbles` on the traced jobs of 1).
 """
 
@@ -97,23 +99,35 @@ def synthetic_trace(out: Path, events: int) -> int:
     return tasks
 
 
+def _median_seconds(run, repeats: int = 3) -> tuple[float, object]:
+    """Median wall time of ``repeats`` calls of ``run`` and the last result."""
+    times, result = [], None
+    for _ in range(repeats):
+        began = time.perf_counter()
+        result = run()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times), result
+
+
 def reader_speed(args, out: Path) -> None:
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+
     began = time.perf_counter()
     tasks = synthetic_trace(out, args.events)
     written = time.perf_counter() - began
     path = out / "trace.pftrace"
-    times = []
-    for _ in range(3):
-        began = time.perf_counter()
-        frames = read_trace(path)
-        times.append(time.perf_counter() - began)
+    read, frames = _median_seconds(lambda: read_trace(path))
+    plain, _ = _median_seconds(lambda: Trace.FromString(path.read_bytes()))
     rows = sum(f.height for f in frames.frames().values())
     print("\n### Reader speed\n")
     print(f"synthetic trace: {frames.packets:,} packets (TrackEvents and descriptors) for {tasks:,} tasks, "
           f"{path.stat().st_size / 2**20:.1f} MiB, written in {written:.1f} s; {rows:,} frame rows\n")
-    print("| step | median of 3 |")
-    print("|---|---|")
-    print(f"| read_trace (parse + frames) | {statistics.median(times):.2f} s |")
+    print("| step | median of 3 | per packet | vs plain parse |")
+    print("|---|---|---|---|")
+    print(f"| plain protobuf parse of the whole file (`Trace.FromString`) | {plain:.2f} s | "
+          f"{plain / frames.packets * 1e6:.2f} us | 1.00x |")
+    print(f"| read_trace (parse + frames) | {read:.2f} s | {read / frames.packets * 1e6:.2f} us | "
+          f"{read / plain:.2f}x |")
 
 
 def main() -> None:
@@ -124,10 +138,14 @@ def main() -> None:
     parser.add_argument("--forward-time", type=float, default=0.02)
     parser.add_argument("--events", type=int, default=1_000_000)
     parser.add_argument("--out", default="runs/bench-trace")
+    parser.add_argument("--reader-only", action="store_true", help="Only part 2 (reader speed).")
     args = parser.parse_args()
     out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, CPython {platform.python_version()}, "
           f"torch {torch.__version__}")
+    if args.reader_only:
+        reader_speed(args, out / "synthetic")
+        return
     traced = overhead(args, out / "runs")
     reader_speed(args, out / "synthetic")
     for name, run in traced.items():
