@@ -33,3 +33,30 @@ class HintError(UserError):
 
     Subclasses keep ``UserError``'s constructor so :meth:`UserError.located` can rebuild them.
     """
+
+
+class Interrupted(KeyboardInterrupt):
+    """SIGINT or SIGTERM asked the process to stop; ``exit_code`` is 128 + the signal (130, 143).
+
+    A subclass of ``KeyboardInterrupt`` so every place that keeps the best so far on Ctrl-C (the
+    tuner, the progress bars) treats SIGTERM the same way.
+    """
+
+    def __init__(self, signum: int = 2) -> None:
+        import signal
+
+        self.signum = int(signum)
+        try:
+            self.signal_name = signal.Signals(self.signum).name
+        except ValueError:
+            self.signal_name = f"signal {self.signum}"
+        super().__init__(self.signal_name)
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum
+
+
+def raise_interrupted(signum: int, frame=None) -> None:
+    """A signal handler: turn SIGINT / SIGTERM into :class:`Interrupted` in the main thread."""
+    raise Interrupted(signum)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import statistics
 import sys
 import time
@@ -12,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from hints.errors import UserError
+from hints.errors import Interrupted, UserError
 from runtime.config import RunConfig, build_config, load_toml
 from rrfp_cli.options import LookaheadChoice, lookahead_flag
 from rrfp_cli.output import Output
@@ -98,37 +99,32 @@ def _parse_delays(items: list[str]) -> dict[str, float]:
 
 
 def _run(config: RunConfig, compare: bool, out: Output) -> None:
-    from runtime.launch import RunFailed, launch, under_torchrun
+    from runtime.launch import RunFailed, launch, preflight, under_torchrun
     from runtime.worker import Job, WorkerOptions
 
-    root = Path(config.out or _default_out(config))
+    # [Note: equal memory] in runtime.evaluate: the speedup over fixed 1F1B mixes what the hint's
+    # structure gives with what readiness adds; the same hint in fixed order separates the two.
+    configs = ([config.with_overrides(policy="fixed", hint=None, lookahead=None),
+                config.with_overrides(policy="fixed", lookahead=None), config] if compare else [config])
+    named = {_job_name(c): c for c in configs}  # a hint that is 1f1b in fixed order runs once
+    preflight(list(named.values()))  # bad input fails before anything is written
+    root = _claim_run_dir(config)
     recorder = TRACE_RECORDER if config.trace else None
-    jobs = []
-    if compare:
-        # [Note: equal memory] in runtime.evaluate: the speedup over fixed 1F1B mixes what the hint's
-        # structure gives with what readiness adds; the same hint in fixed order separates the two.
-        configs = [config.with_overrides(policy="fixed", hint=None, lookahead=None),
-                   config.with_overrides(policy="fixed", lookahead=None), config]
-        for c in configs:
-            name = _job_name(c)
-            if name not in {job.name for job in jobs}:
-                jobs.append(Job(name, c, str(root / name), recorder=recorder))
-    else:
-        jobs.append(Job(_job_name(config), config, str(root), recorder=recorder))
+    jobs = [Job(name, c, str(root / name if compare else root), recorder=recorder) for name, c in named.items()]
     options = WorkerOptions(out_root=str(root), show_progress=not out.json_mode, timeout=config.timeout)
     began = time.perf_counter()
     try:
         results = launch(jobs, options, config.nproc or config.world_size)
     except RunFailed as err:
-        sys.stderr.write(f"error: run failed: {err}\n")
+        kept = _keep_what_finished(jobs, config)
+        sys.stderr.write(f"error: run failed: {err}\n{kept}")
         raise typer.Exit(1) from None
+    except Interrupted:
+        sys.stderr.write(_keep_what_finished(jobs, config))
+        raise
     if under_torchrun() and 0 not in results:
         return  # only rank 0 reports
-    if config.trace:
-        from profiler.recorder import merge_run_traces
-
-        for job in jobs:
-            merge_run_traces(Path(job.out_dir))
+    _merge_traces(jobs, config)
     summaries = [_summarise(job, results[0][job.name]["metrics"]) for job in jobs]
     data: dict[str, Any] = {"out": str(root), "seconds": time.perf_counter() - began, "jobs": summaries}
     if compare:
@@ -138,17 +134,88 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
     out.result(data, lambda console: _render(console, data))
 
 
-def _default_out(config: RunConfig) -> str:
-    import os
+def _claim_run_dir(config: RunConfig) -> Path:
+    """Create the run directory before any rank starts; never reuse one that holds files.
 
+    ``--out`` may name a new or an empty directory. The default,
+    ``runs/<timestamp>-<workload>``, gets ``-2``, ``-3``... when taken
+    (claimed with an atomic ``mkdir``, so two runs started in the same
+    second get two directories). Under ``torchrun`` every rank must agree
+    without talking, so the name comes from torchrun's run id (else its
+    port) and the ranks share it.
+    """
     from runtime.launch import under_torchrun
 
-    if under_torchrun():  # every rank must agree without talking: torchrun's run id, else its port
-        run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
-        tag = run_id if run_id != "none" else f"torchrun-{os.environ['MASTER_PORT']}"
-    else:
-        tag = time.strftime("%Y%m%d-%H%M%S")
+    if under_torchrun():
+        return Path(config.out or _torchrun_out(config))
+    if config.out is not None:
+        root = Path(config.out)
+        _make_dir(root, "--out")
+        if any(root.iterdir()):
+            raise UserError(f"{root} already holds files; give a new or empty directory", "--out")
+        return root
+    base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{config.workload}"
+    _make_dir(base.parent, "--out")
+    for n in range(1, 1000):
+        root = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            root.mkdir()
+            return root
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise UserError(f"cannot create {root}: {err.strerror}", "--out") from None
+    raise UserError(f"{base}-2 .. -999 are all taken", "--out")
+
+
+def _make_dir(path: Path, flag: str) -> None:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise UserError(f"cannot create {path}: {err.strerror or err}", flag) from None
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise UserError(f"cannot write into {path}", flag)
+
+
+def _torchrun_out(config: RunConfig) -> str:
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
+    tag = run_id if run_id != "none" else f"torchrun-{os.environ['MASTER_PORT']}"
     return f"runs/{tag}-{config.workload}"
+
+
+def _merge_traces(jobs, config: RunConfig) -> None:
+    if config.trace:
+        from profiler.recorder import merge_run_traces
+
+        for job in jobs:
+            merge_run_traces(Path(job.out_dir))
+
+
+def _keep_what_finished(jobs, config: RunConfig) -> str:
+    """After a failure or an interrupt: completed iterations' metrics to Parquet, rank traces merged.
+
+    Returns what was kept, a line per job, for the message. Under ``torchrun`` only rank 0 does this.
+    """
+    from runtime.launch import under_torchrun
+    from runtime.worker import salvage_metrics
+
+    if under_torchrun() and os.environ.get("RANK") != "0":
+        return ""
+    lines = []
+    for job in jobs:
+        out_dir = Path(job.out_dir)
+        kept = salvage_metrics(out_dir)
+        if not kept and not (out_dir / "metrics.parquet").exists():
+            continue
+        files = ["metrics.parquet"]
+        try:
+            _merge_traces([job], config)
+            files += ["trace.pftrace"] if (out_dir / "trace.pftrace").exists() else []
+        except (UserError, OSError) as err:
+            lines.append(f"{job.name}: could not merge its rank traces: {err}")
+        what = f"{kept} completed iteration{'s' if kept != 1 else ''}" if kept else "the whole job"
+        lines.append(f"kept {what} of {job.name} in {out_dir} ({', '.join(files)})")
+    return "".join(line + "\n" for line in lines)
 
 
 def _job_name(config: RunConfig) -> str:

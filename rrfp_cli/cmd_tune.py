@@ -6,7 +6,8 @@
 Writes DIR/hint.json, DIR/job.toml (``rrfp run --config DIR/job.toml``),
 DIR/report.json and DIR/report.md, into a temporary directory renamed into
 place at the end, so nothing is ever written half-way. Ctrl-C stops the
-search, keeps the best found and still writes the outputs (exit 130).
+search, keeps the best found and still writes the outputs (exit 130; SIGTERM
+does the same with exit 143).
 """
 
 from __future__ import annotations
@@ -141,7 +142,7 @@ def tune_hint(
             update(spent, f"best {goal} {best * 1e3:.2f} ms ({note})")
 
         # Ctrl-C inside the search keeps the best found (stopped == "interrupted"); anywhere else it ends the
-        # command with nothing written (app.main: "interrupted", exit 130).
+        # command with nothing written (app.main: "interrupted (SIGINT)", exit 130).
         outcome = tune(source["set"], policy.value, memory_budget, goal, seconds, jobs, seed,
                        source["overhead"], source["cost_model"], source["traced"], progress)
     interrupted = outcome.search.stopped == "interrupted"
@@ -160,8 +161,8 @@ def tune_hint(
     output.result(data, lambda console: (console.print(render_markdown(data), markup=False, soft_wrap=True),
                                          console.print(summary, markup=False)))
     if interrupted:
-        sys.stderr.write(f"interrupted: wrote the best found so far to {target}\n")
-        raise typer.Exit(130)
+        sys.stderr.write(f"stopped early: wrote the best found so far to {target}\n")
+        raise outcome.search.interrupt  # app.main: "interrupted (SIGINT|SIGTERM)", exit 130 / 143
 
 
 # -- inputs ------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Any
 
 from hints.errors import UserError
 from hints.tasks import Task
-from runtime.arbiter import ArbiterRule, Policy, rule_for
+from runtime.arbiter import ArbiterRule, MemoryBudget, Policy, rule_for
 
 RUN_WORKLOADS = ("gpt", "multimodal", "emulated")
 EMULATE_MODELS = ("uniform", "language", "multimodal")
@@ -75,6 +75,16 @@ class RunConfig:
     out: str | None = None  # default runs/<timestamp>-<workload>
 
     def __post_init__(self) -> None:
+        for name in ("hint", "out", "trace_iters", "fail_at", "hang_at"):  # a TOML file may give any type
+            value = getattr(self, name)
+            if value is not None and not isinstance(value, str):
+                raise UserError(f"must be a string, got {value!r}", _flag(name))
+        if isinstance(self.memory_budget, int) and not isinstance(self.memory_budget, bool):
+            object.__setattr__(self, "memory_budget", str(self.memory_budget))  # TOML slots: memory-budget = 6
+        if not isinstance(self.memory_budget, str):
+            raise UserError(f"must be 1f1b, a multiple such as 2x, or slots, got {self.memory_budget!r}",
+                            "--memory-budget")
+        MemoryBudget.parse(self.memory_budget)  # checked under every policy: a typo is never ignored
         _check_choice("workload", self.workload, RUN_WORKLOADS)
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("emulate", self.emulate, EMULATE_MODELS)
@@ -110,8 +120,9 @@ class RunConfig:
             _parse_task(text, "--delay")
             _check_number(f"delay {text}", seconds, 0.0)
         for name in ("fail_at", "hang_at"):
-            if getattr(self, name) is not None:
-                self.fault(name)
+            if getattr(self, name) is not None and self.fault(name)[1] >= self.iters:
+                raise UserError(f"{getattr(self, name)!r} is never reached: the run has {self.iters} iterations",
+                                _flag(name))
         if not isinstance(self.trace, bool):
             raise UserError(f"must be true or false, got {self.trace!r}", "--trace")
         if isinstance(self.lookahead, str) and self.lookahead.lower() in ("on", "off"):  # TOML, like the flag
@@ -119,8 +130,9 @@ class RunConfig:
         if self.lookahead is not None and not isinstance(self.lookahead, bool):
             raise UserError(f"must be on, off, true or false, got {self.lookahead!r}", "--lookahead")
         self.rule()
-        if self.trace_iters is not None:
-            self.trace_window()
+        if self.trace_iters is not None and self.trace_window()[0] >= self.iters:
+            raise UserError(f"{self.trace_iters!r} traces nothing: the run has {self.iters} iterations "
+                            f"(0..{self.iters - 1})", "--trace-iters")
         if self.nproc is not None and self.nproc != self.world_size:
             raise UserError(f"{self.nproc} processes cannot run {self.stages} stages x tp {self.tp} x dp {self.dp} "
                             f"= {self.world_size} ranks", "--nproc")
@@ -219,6 +231,10 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         data = tomllib.loads(Path(path).read_text())
     except FileNotFoundError:
         raise UserError("no such file", where) from None
+    except IsADirectoryError:
+        raise UserError("is a directory, not a TOML file", where) from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise UserError(f"cannot read: {getattr(err, 'strerror', None) or err}", where) from None
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"not valid TOML: {err}", where) from None
     values: dict[str, Any] = {}

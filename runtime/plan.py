@@ -13,6 +13,7 @@ iteration starts (``Workload.expected``); every other hint is built once.
 
 from __future__ import annotations
 
+from hints.errors import UserError
 from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name
 from hints.tasks import PipelineShape
 from runtime.arbiter import MemoryBudget
@@ -57,6 +58,7 @@ def validate_run(config) -> HintOrder:
 
         raise HintError(f"the hint is for {shape.describe()} but the run has {config.stages} stages x "
                         f"{config.chunks} chunks, {config.microbatches} microbatches", "--hint")
+    _check_task_flags(config, shape)
     rule = config.rule()
     if rule.uses_budget:
         MemoryBudget.parse(config.memory_budget).per_rank(shape)
@@ -65,6 +67,16 @@ def validate_run(config) -> HintOrder:
 
         check_completes(hint)
     return hint
+
+
+def _check_task_flags(config, shape: PipelineShape) -> None:
+    """``--fail-at``, ``--hang-at`` and ``--delay`` name tasks of this job (else they would silently never fire)."""
+    faults = [("--fail-at", config.fault("fail_at")), ("--hang-at", config.fault("hang_at"))]
+    named = [(flag, fault[0]) for flag, fault in faults if fault]
+    named += [("--delay", task) for task in config.delays_by_task()]
+    for flag, task in named:
+        if not shape.contains(task):
+            raise UserError(f"{task} is not a task of this run ({shape.describe()})", flag)
 
 
 def run_shape(config) -> PipelineShape:

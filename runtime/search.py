@@ -81,6 +81,7 @@ class SearchResult:
     simulations: int
     stopped: str  # "work budget" or "interrupted"
     trace: list[tuple[int, float]] = field(default_factory=list)  # (simulations, best value so far)
+    interrupt: KeyboardInterrupt | None = None  # what stopped it (Ctrl-C or SIGTERM), to re-raise once saved
 
     @property
     def best(self) -> Scored:
@@ -303,7 +304,7 @@ class Search:
     # -- the whole search ------------------------------------------------------------
     def run(self, candidates: Sequence[Candidate]) -> SearchResult:
         global _EVALUATOR
-        stopped = "work budget"
+        stopped, interrupt = "work budget", None
         scored: list[Scored] = []
         try:
             if self.config.jobs > 1:
@@ -319,8 +320,8 @@ class Search:
                     scored += self.local_search(start)
                     scored.sort(key=lambda s: s.value)
                 starts = [s for s in scored if s.candidate.family == "local search"][:1]
-        except KeyboardInterrupt:
-            stopped = "interrupted"
+        except KeyboardInterrupt as err:
+            stopped, interrupt = "interrupted", err
         finally:
             if self._pool is not None:
                 self._pool.terminate()
@@ -328,7 +329,7 @@ class Search:
                 self._pool = None
             _EVALUATOR = None
         scored.sort(key=lambda s: s.value)
-        return SearchResult(scored, self.spent, stopped, self.trace)
+        return SearchResult(scored, self.spent, stopped, self.trace, interrupt)
 
 
 __all__ = ["Scored", "Search", "SearchConfig", "SearchResult", "apply_move", "portfolio", "ready_pairs"]

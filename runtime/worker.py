@@ -7,16 +7,32 @@ rank has (process group, transport, stage modules, optimizer, watchdog) in one
 
 Failure reporting: a rank that raises writes ``failures/rank<r>-error.json``
 (error, task, last decisions) before exiting; a rank whose watchdog sees no
-progress for ``timeout`` seconds writes ``failures/rank<r>-stall.json`` (ready
-set, inputs it still waits for, last decisions) and exits with
-:data:`STALL_EXIT_CODE`. The launcher turns these files into one message
+progress for ``timeout`` seconds within an iteration writes
+``failures/rank<r>-stall.json`` (ready set, inputs it still waits for, last
+decisions) and exits with :data:`STALL_EXIT_CODE`, unless progress resumes
+first, which withdraws the report. A rank killed outright writes nothing, so
+every rank also keeps where it is (job, iteration, task) in
+``status/rank<r>``, a small memory-mapped file that outlives the process
+(:class:`StatusBoard`). The launcher turns these files into one message
 naming the root cause.
+
+SIGINT and SIGTERM raise :class:`hints.errors.Interrupted` in the main
+thread: the rank writes an ``interrupt`` report, closes its trace recorder
+(every completed iteration is on disk) and stops.
+
+Outputs are written as the job goes, so a failure keeps what finished:
+``config.json`` (and an emulated job's ``durations.parquet``) before the first
+iteration, one line of ``metrics.jsonl`` per iteration as it ends (rank 0),
+and ``metrics.parquet`` from those lines at the end, or by the launcher
+(:func:`salvage_metrics`) after a failure or an interrupt.
 """
 
 from __future__ import annotations
 
 import json
+import mmap
 import os
+import signal
 import sys
 import threading
 import time
@@ -64,6 +80,7 @@ class RankContext:
     recent: deque = field(default_factory=lambda: deque(maxlen=8))  # last decisions, for fault reports
     current: dict = field(default_factory=dict)  # job, iteration, task being run
     executor: Any = None
+    status: "StatusBoard | None" = None  # where this rank is, for the launcher if the rank is killed
 
 
 def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
@@ -77,22 +94,30 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     out_root = Path(options.out_root)
     _redirect_output(rank, out_root)
+    if threading.current_thread() is threading.main_thread():
+        from hints.errors import raise_interrupted
+
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, raise_interrupted)
     config = jobs[0].config
-    device, backend = _device_and_backend(config, local_rank, world)
     threads = options.threads or max(1, (os.cpu_count() or 1) // max(1, world))
     torch.set_num_threads(threads)
-    ctx = RankContext(rank, world, local_rank, device, out_root)
-    watchdog = Watchdog(options.timeout, lambda seconds: _report_stall(ctx, seconds))
+    ctx = RankContext(rank, world, local_rank, torch.device("cpu"), out_root,
+                      status=StatusBoard(out_root / "status" / f"rank{rank}"))
+    watchdog = Watchdog(options.timeout, lambda seconds: _report_stall(ctx, seconds),
+                        lambda: _failure_path(ctx, "stall").unlink(missing_ok=True))
     try:
+        ctx.device, backend = _device_and_backend(config, local_rank, world)
         dist.init_process_group(backend, timeout=timedelta(seconds=max(60.0, 2 * options.timeout)),
-                                **({"device_id": device} if backend == "nccl" else {}))
+                                **({"device_id": ctx.device} if backend == "nccl" else {}))
         from runtime.transport import Transport, measure_clock_offset, pipeline_links
 
         if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
             ctx.control_group = dist.new_group(backend="gloo")
         ctx.clock_offset_ns, ctx.clock_error_ns = measure_clock_offset(rank, world, group=ctx.control_group)
         links = pipeline_links([pair for job in jobs for pair in _job_graph(job.config).links()])
-        ctx.transport = Transport(rank, links, device, options.timeout, latency=None)
+        _log_links(ctx, backend, links)
+        ctx.transport = Transport(rank, links, ctx.device, options.timeout, latency=None)
         ctx.transport.start(timeout=options.timeout)
         dist.barrier()
         watchdog.start()
@@ -102,6 +127,7 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         watchdog.stop()
         ctx.transport.close()
         dist.barrier()
+        ctx.status.finished()
         return results
     except BaseException as err:
         watchdog.stop()
@@ -121,7 +147,8 @@ def _job_graph(config):
 
 
 def _device_and_backend(config, local_rank: int, world: int):
-    """``auto``: CUDA when present. NCCL needs one GPU per rank; with fewer GPUs, gloo stages through the host."""
+    """``auto``: CUDA when present. NCCL needs one GPU per rank *of this node* (``LOCAL_WORLD_SIZE``, so
+    multi-node torchrun jobs get NCCL too); with fewer GPUs, gloo stages through the host."""
     import torch
 
     use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
@@ -132,8 +159,22 @@ def _device_and_backend(config, local_rank: int, world: int):
         torch.cuda.set_device(device)
     backend = config.backend
     if backend == "auto":
-        backend = "nccl" if use_cuda and torch.cuda.device_count() >= world else "gloo"
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        backend = "nccl" if use_cuda and torch.cuda.device_count() >= local_world else "gloo"
     return device, backend
+
+
+def _log_links(ctx: RankContext, backend: str, links) -> None:
+    """One line per rank in ``logs/run.log``: its device and what each of its links runs over."""
+    peers = sorted({peer for pair in links for peer in pair if ctx.rank in pair and peer != ctx.rank})
+    control = "gloo" if ctx.control_group is not None else backend
+    line = (f"rank {ctx.rank} (local {ctx.local_rank}): device {ctx.device}; pipeline links to "
+            f"{', '.join(f'rank {p}' for p in peers) or 'no rank'} over {backend}; control collectives over "
+            f"{control}\n")
+    logs = ctx.out_root / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with open(logs / "run.log", "a") as handle:  # one short append per rank: lines do not interleave
+        handle.write(line)
 
 
 def _redirect_output(rank: int, out_root: Path) -> None:
@@ -163,6 +204,8 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     out_dir.mkdir(parents=True, exist_ok=True)
     # The launcher validated the job (hint, budget, completion) before any rank started.
     workload = make_workload(config, run_shape(config), ctx.device)
+    if ctx.rank == 0:
+        _write_job_inputs(out_dir, config, workload)
     plan = HintPlan(config, workload)
     shape = plan.for_iteration(0).shape  # the hint decides whether backwards are split
     graph = TaskGraph.build(shape)
@@ -187,9 +230,12 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     ctx.executor = executor
     bar = _ProgressBar(job, config) if ctx.rank == 0 and options.show_progress else None
     rows, losses, first = [], [], {}
+    metrics = MetricsLog(out_dir) if ctx.rank == 0 else None
     try:
         for iteration in range(config.iters):
             ctx.current = {"job": job.name, "iteration": iteration}
+            ctx.status.iteration(job.name, iteration)
+            watchdog.arm()  # per iteration: set-up (model, workload) may take long on a loaded machine
             hint = plan.for_iteration(iteration)
             arbiter = make_arbiter(rule, graph, ctx.rank, hint.orders[ctx.rank],
                                    budgets[ctx.rank] if budgets else None, record=True,
@@ -207,19 +253,22 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
             optimizer.zero_grad(set_to_none=True)
             watchdog.progress()
             gathered = _gather_summaries(ctx.world, result, ctx.control_group)  # also the barrier between iterations
-            watchdog.progress()
+            watchdog.disarm()
             wall = time.perf_counter() - began
             row = _metrics_row(iteration, gathered, wall, workload.unit)
             rows.append(row)
             losses.append(row["loss"])
+            if metrics:
+                metrics.append(row)
             if bar:
                 bar.update(row)
     finally:
+        watchdog.disarm()
         if bar:
             bar.close()
         recorder.close()
-    if ctx.rank == 0:
-        _write_outputs(out_dir, config, rows, workload)
+    if metrics:
+        metrics.close()
     if isinstance(recorder, ListRecorder):
         first["max_decision_in_flight"] = max((d.in_flight for _, d in recorder.decisions), default=0)
     return {**first, "losses": losses, "metrics": rows if ctx.rank == 0 else None}
@@ -265,18 +314,65 @@ def _metrics_row(iteration: int, gathered: list[dict], wall: float, unit: str) -
     }
 
 
-def _write_outputs(out_dir: Path, config, rows: list[dict], workload) -> None:
-    import polars as pl
-
+def _write_job_inputs(out_dir: Path, config, workload) -> None:
+    """Before the first iteration: ``config.json`` and, for the emulated workload, every iteration's sampled
+    durations (known up front), so a run that fails keeps what it was."""
     (out_dir / "config.json").write_text(json.dumps(config.to_json(), indent=1) + "\n")
-    pl.DataFrame(rows).write_parquet(out_dir / "metrics.parquet")
     if workload.name == "emulated":
+        import polars as pl
+
         from runtime.duration_tables import durations_frame_rows
 
         records = [(iteration, *row) for iteration in range(config.iters)
                    for row in durations_frame_rows(workload.durations(iteration))]
         pl.DataFrame(records, schema=["iteration", "stage", "kind", "microbatch", "duration"],
                      orient="row").write_parquet(out_dir / "durations.parquet")
+
+
+METRICS_LOG = "metrics.jsonl"
+
+
+class MetricsLog:
+    """Rank 0's per-iteration metrics: a JSON line appended (and flushed) as each iteration ends, turned into
+    ``metrics.parquet`` at the end, or by :func:`salvage_metrics` after a failure or an interrupt."""
+
+    def __init__(self, out_dir: Path) -> None:
+        self.out_dir = out_dir
+        self.handle = open(out_dir / METRICS_LOG, "w")
+
+    def append(self, row: dict[str, Any]) -> None:
+        self.handle.write(json.dumps(row) + "\n")
+        self.handle.flush()
+
+    def close(self) -> None:
+        self.handle.close()
+        salvage_metrics(self.out_dir)
+
+
+def salvage_metrics(out_dir: Path) -> int:
+    """Turn ``metrics.jsonl`` into ``metrics.parquet`` (complete lines only); returns how many iterations.
+
+    Returns 0, writing nothing, when there is no log or no complete line.
+    """
+    path = Path(out_dir) / METRICS_LOG
+    try:
+        lines = path.read_text().splitlines()
+    except OSError:
+        return 0
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short by a kill: everything before it is whole
+            break
+    if rows:
+        import polars as pl
+
+        partial = path.with_suffix(".parquet.partial")
+        pl.DataFrame(rows).write_parquet(partial)
+        partial.replace(Path(out_dir) / "metrics.parquet")
+    path.unlink()
+    return len(rows)
 
 
 class _Injector:
@@ -341,33 +437,47 @@ class _Tracking:
         self.inner.decision(iteration, decision, wait_ns)
 
     def task_started(self, iteration, task, now_ns):
-        self.ctx.current["task"] = str(task)
+        self.ctx.current["task"] = text = str(task)
+        self.ctx.status.running(text)
         self.inner.task_started(iteration, task, now_ns)
 
     def task_finished(self, span):
         self.ctx.current.pop("task", None)
+        self.ctx.status.idle()
         self.inner.task_finished(span)
 
 
 class Watchdog:
-    """Reports a stall when nothing progressed for ``timeout`` seconds, then ends the process.
+    """Reports a stall when nothing progressed for ``timeout`` seconds of an iteration, then ends the process.
 
-    Every stalled rank writes its report at the same moment; a rank stuck
-    *inside* a task (the likely root cause) exits one second later, an idle
-    rank (waiting on others) only after a further grace period, so the root
-    cause exits first and the others' reports are already on disk when the
-    launcher stops them.
+    Armed only while an iteration runs (:meth:`arm` / :meth:`disarm`), so
+    per-job set-up on a loaded machine is never taken for a stall. Every
+    stalled rank writes its report at the same moment; a rank stuck *inside*
+    a task (the likely root cause) exits one second later, an idle rank
+    (waiting on others) only after a further grace period, so the root cause
+    exits first and the others' reports are already on disk when the
+    launcher stops them. If progress resumes before the exit, the report is
+    withdrawn, so a later failure is never blamed on a stale stall.
     """
 
-    def __init__(self, timeout: float, report) -> None:
+    def __init__(self, timeout: float, report, withdraw) -> None:
         self.timeout, self.report = timeout, report  # report(seconds) -> True if stuck inside a task
+        self.withdraw = withdraw  # () -> None: delete the report
         self.last = time.monotonic()
+        self.armed = False
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rrfp-watchdog", daemon=True)
 
     def start(self) -> None:
         self.last = time.monotonic()
         self._thread.start()
+
+    def arm(self) -> None:
+        self.last = time.monotonic()
+        self.armed = True
+
+    def disarm(self) -> None:
+        self.armed = False
 
     def progress(self) -> None:
         self.last = time.monotonic()
@@ -378,15 +488,79 @@ class Watchdog:
     def _run(self) -> None:
         exit_at = None
         while not self._stop.wait(min(0.5, self.timeout / 4)):
-            now = time.monotonic()
-            silent = now - self.last
-            if silent <= self.timeout:
-                exit_at = None  # progress resumed after a report
-            elif exit_at is None:
-                in_task = self.report(silent)
-                exit_at = now + (1.0 if in_task else max(2.0, self.timeout / 2))
-            elif now >= exit_at:
-                os._exit(STALL_EXIT_CODE)
+            exit_at = self.check(time.monotonic(), exit_at)
+
+    def check(self, now: float, exit_at: float | None) -> float | None:
+        """One look at the clock; returns when to exit (None: no stall pending)."""
+        silent = now - self.last
+        if not self.armed or silent <= self.timeout:
+            if exit_at is not None:  # progress resumed after a report
+                self.withdraw()
+            return None
+        if exit_at is None:
+            in_task = self.report(silent)
+            return now + (1.0 if in_task else max(2.0, self.timeout / 2))
+        if now >= exit_at:
+            os._exit(STALL_EXIT_CODE)
+        return exit_at
+
+
+class StatusBoard:
+    """Where a rank is (job, iteration, task, running or not), in a small memory-mapped file.
+
+    A rank killed outright (SIGKILL, the OOM killer) writes no report, but the
+    pages of a shared file mapping outlive the process, so the launcher can
+    still say "killed during 2B5, iteration 3". Updating it is a store into
+    memory, no system call: the first byte is the state (``R`` running,
+    ``I`` between tasks, ``F`` finished, ``S`` before the first iteration),
+    then ``pid<TAB>job<TAB>iteration<TAB>task``.
+    """
+
+    SIZE = 256
+    STATES = {ord("S"): "starting", ord("R"): "running", ord("I"): "idle", ord("F"): "finished"}
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, self.SIZE)
+            self.map = mmap.mmap(fd, self.SIZE)
+        finally:
+            os.close(fd)
+        self.pid = os.getpid()
+        self.prefix = f"{self.pid}\t\t\t".encode()
+        self._write(b"S", b"")
+
+    def iteration(self, job: str, iteration: int) -> None:
+        self.prefix = f"{self.pid}\t{job}\t{iteration}\t".encode()
+        self._write(b"I", b"")
+
+    def running(self, task: str) -> None:
+        self._write(b"R", task.encode())
+
+    def idle(self) -> None:
+        self.map[0] = ord("I")  # the last task stays: "after 2B5"
+
+    def finished(self) -> None:
+        self.map[0] = ord("F")
+
+    def _write(self, state: bytes, task: bytes) -> None:
+        data = (state + self.prefix + task)[: self.SIZE - 1] + b"\0"
+        self.map[: len(data)] = data
+
+    @classmethod
+    def read(cls, path: Path) -> dict[str, Any] | None:
+        """``{"state", "pid", "job", "iteration", "task"}`` as last written (None if there is no such file)."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:
+            return None
+        fields = raw[1:].split(b"\0", 1)[0].decode(errors="replace").split("\t")
+        if not raw or raw[0] not in cls.STATES or len(fields) != 4 or not fields[0].isdigit():
+            return None
+        pid, job, iteration, task = fields
+        return {"state": cls.STATES[raw[0]], "pid": int(pid), "job": job or None,
+                "iteration": int(iteration) if iteration.isdigit() else None, "task": task or None}
 
 
 def _failure_path(ctx: RankContext, kind: str) -> Path:
@@ -412,7 +586,11 @@ def _report_stall(ctx: RankContext, seconds: float) -> bool:
 def _report_error(ctx: RankContext, err: BaseException) -> None:
     from runtime.transport import TransportError
 
-    report = {"rank": ctx.rank, "kind": "transport" if isinstance(err, TransportError) else "error",
+    from hints.errors import Interrupted
+
+    kind = ("interrupt" if isinstance(err, Interrupted) else "transport" if isinstance(err, TransportError)
+            else "error")
+    report = {"rank": ctx.rank, "kind": kind,
               "time": time.time(), "error": f"{type(err).__name__}: {err}", **ctx.current,
               "recent_decisions": list(ctx.recent), "traceback": traceback.format_exc()}
     try:

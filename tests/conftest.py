@@ -56,3 +56,21 @@ def run_rrfp(cwd: Path, *args: str, timeout: float = 180, python_flags: tuple[st
 @pytest.fixture
 def make_unit():
     return unit_durations
+
+
+def alive(pid: int) -> bool:
+    """True while ``pid`` runs (a zombie waiting to be reaped counts as ended)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def live_ranks(run: Path) -> list[int]:
+    """The ranks of a run directory whose processes still run (from their status files' pids)."""
+    from runtime.worker import StatusBoard
+
+    boards = sorted((run / "status").glob("rank*"))
+    assert boards, f"no status files in {run}"
+    return [int(b.name[4:]) for b in boards if alive(StatusBoard.read(b)["pid"])]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import random
+import signal
 
 import pytest
 
@@ -334,9 +335,9 @@ def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path
     assert data["makespan"] == pytest.approx(simulate(bfw, table, "fixed").makespan)
 
 
-def test_ctrl_c_keeps_the_best_found_and_writes_it(tmp_path):
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_ctrl_c_or_sigterm_keeps_the_best_found_and_writes_it(tmp_path, signum, code):
     import os
-    import signal
     import subprocess
     import sys
     import time
@@ -348,10 +349,11 @@ def test_ctrl_c_keeps_the_best_found_and_writes_it(tmp_path):
                                 "-m", "8", "--time-budget", "600s", "--scenarios", "6", "--out", "cut"],
                                cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     time.sleep(6)  # well into the search
-    process.send_signal(signal.SIGINT)
+    process.send_signal(signum)
     stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == 130, stderr
-    assert "interrupted: wrote the best found so far" in stderr and "Traceback" not in stderr
+    assert process.returncode == code, stderr
+    assert "stopped early: wrote the best found so far" in stderr and "Traceback" not in stderr
+    assert f"interrupted ({signal.Signals(signum).name})" in stderr
     report = json.loads((tmp_path / "cut" / "report.json").read_text())
     assert report["search"]["stopped"] == "interrupted"
     assert (tmp_path / "cut" / "job.toml").exists() and (tmp_path / "cut" / "hint.json").exists()

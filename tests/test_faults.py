@@ -1,0 +1,253 @@
+"""Every failure of `rrfp run` ends in a clear answer and keeps what finished.
+
+Killed ranks, SIGINT/SIGTERM, a failure in the middle of a run, stalls,
+torchrun, and run directories. The end-to-end cases start real ranks (3
+processes, emulated workload with millisecond tasks); the rest drive the
+pieces (watchdog, status board, diagnosis, metrics log) without processes.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import polars as pl
+import pytest
+
+from runtime.config import RunConfig
+from runtime.launch import diagnose, free_port
+from runtime.worker import StatusBoard, Watchdog, salvage_metrics
+from tests.conftest import REPO, _INHERITED, alive, run_rrfp
+
+LONG_RUN = ("run", "--workload", "emulated", "-p", "3", "-m", "6", "--forward-time", "0.004", "--iters", "400")
+
+
+def start_rrfp(cwd: Path, *args: str) -> subprocess.Popen:
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    return subprocess.Popen([sys.executable, "-m", "rrfp_cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def wait_for(condition, timeout: float = 120.0, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def status(run: Path, rank: int) -> dict | None:
+    return StatusBoard.read(run / "status" / f"rank{rank}")
+
+
+def metrics_lines(run: Path) -> int:
+    try:
+        return len((run / "metrics.jsonl").read_text().splitlines())
+    except OSError:
+        return 0
+
+
+# -- end to end ----------------------------------------------------------------------------------------
+
+
+def test_a_rank_killed_by_sigkill_is_the_root_cause_and_finished_iterations_are_kept(tmp_path):
+    run = tmp_path / "k"
+    process = start_rrfp(tmp_path, *LONG_RUN, "--out", "k")
+    try:
+        victim = wait_for(lambda: (s := status(run, 2)) and s["iteration"] is not None and s["iteration"] >= 2 and s,
+                          what="rank 2 in iteration 2")
+        os.kill(victim["pid"], signal.SIGKILL)
+        _, stderr = process.communicate(timeout=60)
+    finally:
+        process.kill()
+    assert process.returncode == 1, stderr
+    first = stderr.strip().splitlines()[0]
+    assert first.startswith("error: run failed: rank 2 (stage 2) was killed by SIGKILL"), stderr
+    assert " iteration " in first and "of job ready-1f1b@1f1b" in first
+    assert "Traceback" not in stderr
+    kept = pl.read_parquet(run / "metrics.parquet")
+    assert kept.height >= 2 and f"kept {kept.height} completed iterations of ready-1f1b@1f1b" in stderr
+    assert kept["iteration"].to_list() == list(range(kept.height))
+
+
+@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_interrupts_stop_every_rank_within_5_s_and_keep_what_finished(tmp_path, signum, code):
+    run = tmp_path / "i"
+    process = start_rrfp(tmp_path, *LONG_RUN, "--out", "i")
+    try:
+        wait_for(lambda: metrics_lines(run) >= 2, what="two finished iterations")
+        ranks = [status(run, r)["pid"] for r in range(3)]
+        if signum == signal.SIGINT:
+            os.killpg(process.pid, signum)  # Ctrl-C: the whole foreground group, ranks included
+        else:
+            process.send_signal(signum)  # a scheduler's SIGTERM: the launcher only
+        sent = time.monotonic()
+        wait_for(lambda: not any(map(alive, ranks)), timeout=5.0, what="every rank to stop")
+        assert time.monotonic() - sent < 5.0
+        _, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == code, stderr
+    assert f"interrupted ({signal.Signals(signum).name})" in stderr
+    assert "Traceback" not in stderr and "Fatal Python error" not in stderr
+    kept = pl.read_parquet(run / "metrics.parquet")
+    assert kept.height >= 2 and f"kept {kept.height} completed iterations" in stderr
+    assert json.loads((run / "config.json").read_text())["iters"] == 400
+    summary = run_rrfp(tmp_path, "trace", "summary", "i", "--json")
+    assert summary.returncode == 0, summary.stderr
+
+
+def test_a_failure_at_iteration_2_keeps_iterations_0_and_1(tmp_path):
+    result = run_rrfp(tmp_path, "run", "--workload", "emulated", "-p", "3", "-m", "6", "--forward-time", "0.002",
+                      "--iters", "4", "--fail-at", "1F2@2", "--out", "f")
+    assert result.returncode == 1
+    assert "rank 1 in task 1F2 (iteration 2 of job ready-1f1b@1f1b) failed" in result.stderr
+    assert "kept 2 completed iterations of ready-1f1b@1f1b in f (metrics.parquet, trace.pftrace)" in result.stderr
+    assert pl.read_parquet(tmp_path / "f" / "metrics.parquet")["iteration"].to_list() == [0, 1]
+    assert (tmp_path / "f" / "config.json").exists() and (tmp_path / "f" / "durations.parquet").exists()
+    assert run_rrfp(tmp_path, "trace", "bubbles", "f").returncode == 0
+
+
+def test_torchrun_world_size_is_checked(tmp_path):
+    result = run_rrfp(tmp_path, "--nproc-per-node", "3", "--master-port", str(free_port()), "-m", "rrfp_cli", "run",
+                      "--workload", "emulated", "--stages", "2", "--iters", "1", "--out", "w",
+                      module=("-m", "torch.distributed.run"))
+    assert result.returncode != 0
+    assert ("error: --stages: torchrun started 3 processes but 2 stages x tp 1 x dp 1 need 2" in result.stderr)
+    assert "internal error" not in result.stderr
+
+
+def test_a_failure_under_torchrun_names_its_root_cause(tmp_path):
+    result = run_rrfp(tmp_path, "--nproc-per-node", "3", "--master-port", str(free_port()), "-m", "rrfp_cli", "run",
+                      "--workload", "emulated", "--stages", "3", "-m", "6", "--forward-time", "0.002", "--iters", "3",
+                      "--fail-at", "1F2@1", "--out", "t", module=("-m", "torch.distributed.run"))
+    assert result.returncode != 0
+    assert "error: run failed: rank 1 in task 1F2 (iteration 1 of job ready-1f1b@1f1b) failed" in result.stderr
+    assert "internal error" not in result.stderr
+    assert pl.read_parquet(tmp_path / "t" / "metrics.parquet").height == 1
+
+
+def test_two_runs_in_the_same_second_get_two_directories(tmp_path, monkeypatch):
+    from rrfp_cli.cmd_run import _claim_run_dir
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(time, "strftime", lambda *_: "20261130-120000")
+    config = RunConfig(workload="emulated")
+    first, second = _claim_run_dir(config), _claim_run_dir(config)
+    assert (first.name, second.name) == ("20261130-120000-emulated", "20261130-120000-emulated-2")
+    assert first.is_dir() and second.is_dir()
+
+
+def test_out_never_reuses_a_directory_that_holds_files(tmp_path):
+    (tmp_path / "used").mkdir()
+    (tmp_path / "used" / "metrics.parquet").write_text("earlier run")
+    result = run_rrfp(tmp_path, "run", "--workload", "emulated", "--iters", "1", "--out", "used")
+    assert result.returncode == 2
+    assert result.stderr.strip() == "error: --out: used already holds files; give a new or empty directory"
+    assert (tmp_path / "used" / "metrics.parquet").read_text() == "earlier run"
+    (tmp_path / "empty").mkdir()
+    fine = run_rrfp(tmp_path, "run", "--workload", "emulated", "--iters", "1", "--forward-time", "0.002",
+                    "--out", "empty")
+    assert fine.returncode == 0, fine.stderr
+
+
+# -- the pieces ----------------------------------------------------------------------------------------
+
+
+def test_watchdog_is_armed_per_iteration_and_withdraws_a_stale_report():
+    reports, withdrawn = [], []
+    watchdog = Watchdog(1.0, lambda seconds: reports.append(seconds) or False, lambda: withdrawn.append(True))
+    watchdog.last = 0.0
+    assert watchdog.check(30.0, None) is None and reports == []  # set-up, not armed: never a stall
+    watchdog.arm()
+    watchdog.last = 0.0
+    exit_at = watchdog.check(5.0, None)
+    assert reports == [5.0] and exit_at == 5.0 + 2.0  # an idle rank waits before it exits
+    watchdog.last = 6.0  # progress resumed before the exit
+    assert watchdog.check(6.5, exit_at) is None and withdrawn == [True]
+    watchdog.disarm()
+    assert watchdog.check(100.0, None) is None and len(reports) == 1
+
+
+def test_status_board_survives_its_writer(tmp_path):
+    board = StatusBoard(tmp_path / "status" / "rank2")
+    assert status(tmp_path, 2) == {"state": "starting", "pid": os.getpid(), "job": None, "iteration": None,
+                                   "task": None}
+    board.iteration("ready-1f1b@1f1b", 3)
+    board.running("2B5")
+    assert status(tmp_path, 2) == {"state": "running", "pid": os.getpid(), "job": "ready-1f1b@1f1b", "iteration": 3,
+                                   "task": "2B5"}
+    board.idle()
+    assert status(tmp_path, 2)["state"] == "idle" and status(tmp_path, 2)["task"] == "2B5"
+    board.finished()
+    assert status(tmp_path, 2)["state"] == "finished"
+
+
+def _report(out_root: Path, rank: int, kind: str, error: str, **extra) -> None:
+    folder = out_root / "failures"
+    folder.mkdir(parents=True, exist_ok=True)
+    report = {"rank": rank, "kind": kind, "time": time.time(), "error": error, **extra}
+    (folder / f"rank{rank}-error.json").write_text(json.dumps(report))
+
+
+def test_a_silent_death_outranks_the_errors_its_neighbours_report(tmp_path):
+    began = time.time()
+    board = StatusBoard(tmp_path / "status" / "rank2")
+    board.iteration("ready-1f1b@1f1b", 3)
+    board.running("2B5")
+    # What a killed rank's neighbours see: a failed collective (an "error") and a transport error.
+    _report(tmp_path, 1, "error", "RuntimeError: Connection closed by peer", job="ready-1f1b@1f1b", iteration=3)
+    _report(tmp_path, 3, "transport", "TransportError: rank 2 closed the link", job="ready-1f1b@1f1b", iteration=3)
+    failures = {2: SimpleNamespace(local_rank=2, exitcode=-9, timestamp=int(began) + 1, message="Signal 9"),
+                1: SimpleNamespace(local_rank=1, exitcode=1, timestamp=int(began), message="")}
+    message = diagnose(tmp_path, failures, began, 4, RunConfig(stages=4))
+    lines = message.splitlines()
+    assert lines[0] == "rank 2 (stage 2) was killed by SIGKILL during 2B5, iteration 3 of job ready-1f1b@1f1b"
+    assert lines[1] == "also reported: rank 1 error; rank 3 transport"
+    assert lines[2] == "rank 0 was stopped"
+
+
+def test_without_silent_deaths_the_raised_error_is_the_root_cause(tmp_path):
+    began = time.time()
+    _report(tmp_path, 0, "transport", "TransportError: peer 1 went away")
+    _report(tmp_path, 1, "error", "InjectedFault: boom", task="1F2", iteration=0, job="j")
+    failures = {1: SimpleNamespace(local_rank=1, exitcode=1, timestamp=int(began), message="")}
+    lines = diagnose(tmp_path, failures, began, 2, RunConfig(stages=2)).splitlines()
+    assert lines[0] == "rank 1 in task 1F2 (iteration 0 of job j) failed: InjectedFault: boom"
+    assert lines[1] == "also reported: rank 0 transport"
+
+
+def test_salvage_keeps_every_complete_line(tmp_path):
+    rows = [{"iteration": i, "loss": 1.0 / (i + 1), "idle_fraction": [0.1, 0.2]} for i in range(3)]
+    text = "".join(json.dumps(r) + "\n" for r in rows)
+    (tmp_path / "metrics.jsonl").write_text(text + '{"iteration": 3, "lo')  # cut short by a kill
+    assert salvage_metrics(tmp_path) == 3
+    assert pl.read_parquet(tmp_path / "metrics.parquet")["iteration"].to_list() == [0, 1, 2]
+    assert not (tmp_path / "metrics.jsonl").exists()
+    assert salvage_metrics(tmp_path) == 0  # nothing left to salvage; the Parquet file stays
+    assert (tmp_path / "metrics.parquet").exists()
+
+
+def test_nccl_is_chosen_per_node_from_local_world_size(monkeypatch):
+    import torch
+
+    from runtime.worker import _device_and_backend
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
+    config = RunConfig(device="cuda", stages=8)
+    device, backend = _device_and_backend(config, local_rank=5 % 4, world=8)  # 2 nodes x 4 GPUs
+    assert (str(device), backend) == ("cuda:1", "nccl")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 8 ranks on a node with 4 GPUs: gloo through the host
+    assert _device_and_backend(config, local_rank=5, world=8)[1] == "gloo"
