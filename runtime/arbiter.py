@@ -313,10 +313,16 @@ class Arbiter:
     def available(self, producer: int) -> bool:
         """``producer`` (a task of another rank) delivered its output here; True if a task became ready."""
         offsets = self._remote_offsets[producer // self._block_size]
-        if len(offsets) != 1:  # the usual case is one message, one consumer, on this rank
-            rank_of, me = self._rank_of, self.rank
-            offsets = [d for d in offsets if rank_of[producer + d] == me]
-        return self._deliver(producer, offsets)
+        if len(offsets) == 1:  # the usual case: one message, one consumer, on this rank (inlined _deliver)
+            consumer = producer + offsets[0]
+            h = self.position[consumer]
+            left = self.unmet[h] = self.unmet[h] - 1
+            if left:
+                return False
+            heappush(self._admissions if self._admits[consumer] else self._others, h)
+            return True
+        rank_of, me = self._rank_of, self.rank
+        return self._deliver(producer, [d for d in offsets if rank_of[producer + d] == me])
 
     def expect(self, producer: int, eta: float, started: bool = True) -> None:
         """``producer``'s output (a task of another rank) should arrive here at ``eta``.
@@ -326,6 +332,10 @@ class Arbiter:
         that look ahead use it ([Note: lookahead admission]); the others ignore it.
         """
 
+    def expect_consumer(self, consumer: int, eta: float, started: bool = True) -> None:
+        """:meth:`expect` for a forward ``consumer`` of this rank whose input should arrive at ``eta``
+        (the simulator knows the consumer; the runtime only the producer)."""
+
     def finish(self, tid: int) -> bool:
         """A task of this rank ended; True if a local task became ready."""
         self.finished += 1
@@ -334,6 +344,14 @@ class Arbiter:
             self.in_flight -= 1
             self.reserved -= 1
         offsets = self._local_offsets[tid // self._block_size]
+        if len(offsets) == 1:  # the usual case (F -> next F or B; B -> W ...): _deliver inlined
+            consumer = tid + offsets[0]
+            h = self.position[consumer]
+            left = self.unmet[h] = self.unmet[h] - 1
+            if left:
+                return False
+            heappush(self._admissions if self._admits[consumer] else self._others, h)
+            return True
         return self._deliver(tid, offsets) if offsets else False
 
     def _deliver(self, producer: int, offsets) -> bool:
@@ -478,12 +496,15 @@ class LookaheadArbiter(ReadyArbiter):
         for offset in self._remote_offsets[producer // self._block_size]:
             consumer = producer + offset
             if self._rank_of[consumer] == self.rank and self._is_forward[consumer]:
-                h = self.position[consumer]
-                if self.unmet[h]:
-                    if started:
-                        self._eta[h] = eta
-                    elif self._eta[h] is None:
-                        self._eta_relayed[h] = eta
+                self.expect_consumer(consumer, eta, started)
+
+    def expect_consumer(self, consumer: int, eta: float, started: bool = True) -> None:
+        h = self.position[consumer]
+        if self.unmet[h]:
+            if started:
+                self._eta[h] = eta
+            elif self._eta[h] is None:
+                self._eta_relayed[h] = eta
 
     def next_wakeup(self) -> float | None:
         return self._wakeup

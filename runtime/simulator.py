@@ -188,7 +188,7 @@ def simulate(
     finish = [a.finish for a in arbiters]
     deliver = [a.available for a in arbiters]
     choose = [a.choose for a in arbiters]
-    expect = [a.expect for a in arbiters]
+    expect = [a.expect_consumer for a in arbiters]
     wakeup = [a.next_wakeup for a in arbiters]
     run = [tids.append for tids in executed]
 
@@ -228,12 +228,14 @@ def simulate(
                         eta = began + expected_compute[tid] + expected_transfer[tid]
                         for offset in remote_offsets[tid // block_size]:
                             consumer = tid + offset
-                            expect[task_rank[consumer]](tid, eta)
+                            if not is_forward[consumer]:
+                                continue
+                            expect[task_rank[consumer]](consumer, eta)
                             relayed = eta + expected_compute[consumer] + expected_transfer[consumer]
                             for further_offset in remote_offsets[consumer // block_size]:
                                 further = consumer + further_offset
                                 if is_forward[further]:
-                                    expect[task_rank[further]](consumer, relayed, False)
+                                    expect[task_rank[further]](further, relayed, False)
                 elif lookahead:
                     wake = wakeup[r]()
                     if wake is not None:
