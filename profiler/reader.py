@@ -12,7 +12,10 @@ not parse although its framing is intact is skipped and counted.
     An intact file is parsed in one ``Trace.FromString`` call (protobuf's C
     parser); only when that fails (truncated or corrupt) is it walked packet
     by packet. A slice is decoded once, at its end, from the begin event kept
-    on its track's stack; rows are appended as tuples, one per slice.
+    on its track's stack; rows are appended as tuples, one per slice. The
+    cyclic garbage collector is paused meanwhile: the reader makes millions
+    of tuples and no reference cycles, and the collector's passes over the
+    growing heap cost 10-20% of the read.
 
 Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 
@@ -36,9 +39,11 @@ one-line ``UserError``): never a raw protobuf or index error.
 
 from __future__ import annotations
 
+import gc
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import polars as pl
 
@@ -135,6 +140,23 @@ def locate_trace(path: str | Path) -> tuple[list[Path], str | None]:
 
 
 def read_trace(path: str | Path) -> TraceFrames:
+    with _cyclic_gc_paused():
+        return _read(path)
+
+
+@contextmanager
+def _cyclic_gc_paused() -> Iterator[None]:
+    """[Note: reading fast]: no cyclic collection while the rows are built."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _read(path: str | Path) -> TraceFrames:
     paths, note = locate_trace(path)
     reader = _Reader(str(path))
     if note:
