@@ -196,7 +196,8 @@ class StageExecutor:
                                    f"arrived during iteration {iteration}")
             producer = self.graph.tid(arrival.producer)
             consumer = self.data_consumer[producer]
-            self.received[consumer] = tuple(t.to(self.device) for t in arrival.tensors)
+            # take(): on CUDA the compute stream waits for the receive first ([Note: CUDA streams] in transport)
+            self.received[consumer] = tuple(t.to(self.device) for t in arrival.take())
             self.recorder.arrival(iteration, arrival)
             if self.forecast is not None:
                 self.forecast.data(producer, arrival.arrived_ns * 1e-9)

@@ -6,15 +6,18 @@ All communication of the pipeline goes through this module, under one rule:
     Every *directed link* ``src -> dst`` between two ranks that exchange
     pipeline data is a FIFO with its own process group (so a send and a
     receive on the same pair of ranks never block each other, and NCCL,
-    which ignores tags, still sees one ordered stream per communicator). One
-    sender thread per outgoing link sends messages in the order the executor
-    queued them; one receiver thread per incoming link receives them in that
-    order. Each message carries a sequence number, checked on arrival. That
-    is the only ordering there is: the receiver never needs to know in
-    advance which message comes next, because every message says what it is.
+    which ignores tags, still sees one ordered stream per communicator).
+    Messages of a link go on the wire in the order they were posted, each
+    with an asynchronous send under the link's lock ([Note: sending without
+    a hand-off] says by which thread); one receiver thread per incoming link
+    receives them in that order. Each message carries a sequence number,
+    checked on arrival. That is the only ordering there is: the receiver
+    never needs to know in advance which message comes next, because every
+    message says what it is.
 
-Wire format of one message: one fixed-size byte *frame*, an int64 header of
-``HEADER_WORDS`` words followed by up to ``INLINE_BYTES`` of payload::
+Wire format of one message: a byte *frame*, an int64 header of
+``HEADER_WORDS`` words, followed under gloo by up to ``INLINE_BYTES`` of
+payload::
 
     [magic, sequence, type, iteration, stage, kind, microbatch, n_tensors, inline, remaining_ns, firm,
      (dtype, ndim, d0..d5) x MAX_TENSORS] [payload bytes, tensors back to back]
@@ -22,16 +25,18 @@ Wire format of one message: one fixed-size byte *frame*, an int64 header of
 Payloads that fit travel inside the frame, so a typical message costs one
 send and one receive; larger ones (``inline == 0``) follow the frame as one
 send per tensor (zero-size tensors are never sent; the header has their
-shape).
+shape). Frames are built and read on the host with ``struct`` and
+``memmove``: a handful of microseconds, no per-word tensor operations.
 
 [Note: trimmed frames]
-    The receiver always posts a receive of ``FRAME_BYTES``; under gloo the
+    Under gloo the receiver always posts a receive of ``FRAME_BYTES`` and the
     sender sends only the header and the inline payload, because gloo
     receives a shorter message into a larger buffer (tested in
     tests/test_transport.py) and the header says how much of it is meant. A
-    NOTICE is then a few hundred bytes instead of 33 KB, and a small
-    activation costs what it weighs. NCCL needs matching sizes, so under
-    NCCL every frame is full size.
+    NOTICE is then a few hundred bytes, and a small activation costs what it
+    weighs. NCCL needs matching sizes, so under NCCL every frame is exactly
+    the header (``HEADER_BYTES``) and every tensor follows it: no payload is
+    copied on the device to build a frame.
 
 ``type`` is HELLO (sent once per link at start, so every link is set up and
 exercised before training), DATA, NOTICE or CLOSE (end of run). ``kind`` is
@@ -47,24 +52,74 @@ for the next task: ``firm`` = 0). Times are relative, so no clock needs to be
 shared. Notices travel in the link's one FIFO, so a notice always arrives
 before the data it announces.
 
+[Note: sending without a hand-off]
+    gloo's ``isend`` is asynchronous (gloo writes in place when the peer has
+    posted its receive, else its own thread writes later), so a message that
+    can go on the wire as it is (host tensors on a host wire, no injected
+    latency) is sent by the thread that posts it, the executor: no queue and
+    no thread wakes up between a task's end and its output leaving. Each
+    outgoing link still has one thread, for two jobs. It *collects* sends:
+    waits for each to complete, in order (gloo's ``is_completed()`` stays
+    False until ``wait()``, so someone must wait), which frees their tensors,
+    records them for traces and reports a broken link; it is woken for that
+    only every ``MAX_UNCOLLECTED`` sends, by :meth:`Transport.wait_sent` at
+    the end of an iteration, and at close, so a message costs no wake-up.
+    And it sends the messages that must wait first (an injected latency, a
+    copy from CUDA to the host for gloo, any NCCL message: [Note: CUDA
+    streams]). While such a message waits, the link has a *backlog* and
+    every later message of the link goes through the thread too, so the FIFO
+    holds: the poster sends itself only when the backlog is zero, and the
+    thread takes a message off the backlog only after handing it to the
+    wire, both under the link's lock. Compute never waits for a send.
+
 Arrival is learned without polling: gloo's ``irecv(...).is_completed()``
 stays False until ``wait()`` is called (torch 2.13), so receiver threads do
 blocking receives, which release the GIL, and hand arrivals to the
-dispatcher through an :class:`Inbox` (a deque plus a condition variable); the
-dispatcher sleeps on the condition while nothing is ready. Sends run on
-sender threads, so compute never waits for a send.
+dispatcher through an :class:`Inbox` (a C-level ``queue.SimpleQueue``, the
+cheapest wake-up between Python threads); the dispatcher sleeps on it while
+nothing is ready. That hand-off is the one left on a message's path.
+
+[Note: CUDA streams]
+    A thread's current CUDA stream is its own; a new thread starts on the
+    device's default stream, which is the executor's compute stream. NCCL
+    makes its internal stream wait for the caller's current stream before a
+    send or receive, and ``wait()`` makes the caller's current stream wait
+    for it. A receiver thread on the compute stream would therefore queue
+    every later kernel behind a receive that may depend on those kernels
+    (this rank's output has to reach the peer first): a deadlock. So, on
+    CUDA, every link thread runs on a stream of its own (a receive stream
+    per incoming link, a send stream per outgoing one):
+
+    * sending: the poster records an event on its current (compute) stream
+      when it posts; the link thread makes its send stream wait for that
+      event, then copies to the host (gloo) or builds the header frame and
+      sends (NCCL) on the send stream. The compute stream never waits for a
+      send.
+    * receiving: the receive, the tensors it allocates and the copy of the
+      header to the host all run on the receive stream; the thread then
+      records an event on it, waits for that event (so an arrival means
+      the bytes are there, and the arbiter's "ready" is true), and hands
+      the event over with the tensors. The consumer calls
+      :meth:`Arrival.take` before it reads them: its current stream waits
+      for the event, and ``record_stream`` tells the caching allocator that
+      the tensors (allocated on the receive stream) are in use on the
+      consumer's stream until its queued work is done.
+
+    On CPU (gloo, no CUDA device) there are no streams and no events: the
+    same code paths run with ``stream = None`` and ``ready = None``.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import queue
 import struct
 import threading
 import time
 from collections import deque
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import torch
 import torch.distributed as dist
@@ -77,20 +132,24 @@ MAX_DIMS = 6
 FIXED_WORDS = 11
 HEADER_WORDS = FIXED_WORDS + MAX_TENSORS * (2 + MAX_DIMS)
 HEADER_BYTES = HEADER_WORDS * 8
-_HEADER = struct.Struct(f"={HEADER_WORDS}q")  # native order, as decode_frame reads it
 INLINE_BYTES = 32 * 1024
 FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
+MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
 HELLO, DATA, CLOSE, NOTICE = 1, 2, 3, 4
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
           torch.uint8)
+_DTYPE_CODE = {dtype: code for code, dtype in enumerate(DTYPES)}
+_FIXED = struct.Struct(f"={FIXED_WORDS}q")  # native order: frames never leave one kind of machine
+_SPEC = struct.Struct(f"={2 + MAX_DIMS}q")  # dtype, ndim, d0..d5
+_HEADER_VIEW = ctypes.c_char * HEADER_BYTES  # the header of a frame in place, for struct's pack_into/unpack_from
+_NO_DIMS = [(0,) * (MAX_DIMS - n) for n in range(MAX_DIMS + 1)]
 
 
 class TransportError(RuntimeError):
     """A link broke or delivered something unexpected."""
 
 
-@dataclass(frozen=True)
-class Arrival:
+class Arrival(NamedTuple):
     """A message that arrived on link ``src -> this rank``."""
 
     src: int
@@ -100,10 +159,19 @@ class Arrival:
     tensors: tuple[torch.Tensor, ...]
     frame_ns: int  # host monotonic clock: the frame was received
     arrived_ns: int  # the whole message was received and handed to the inbox
+    ready: Any = None  # CUDA event recorded on the receive stream after the receive; None on CPU
+
+    def take(self) -> tuple[torch.Tensor, ...]:
+        """The tensors, safe to read on the calling thread's current CUDA stream ([Note: CUDA streams])."""
+        if self.ready is not None and self.tensors:
+            stream = torch.cuda.current_stream(self.tensors[0].device)
+            stream.wait_event(self.ready)
+            for tensor in self.tensors:
+                tensor.record_stream(stream)
+        return self.tensors
 
 
-@dataclass(frozen=True)
-class Notice:
+class Notice(NamedTuple):
     """A NOTICE from link ``src -> this rank``: ``producer``'s output should leave ``src`` in ``remaining`` s."""
 
     src: int
@@ -114,8 +182,7 @@ class Notice:
     arrived_ns: int  # host monotonic clock
 
 
-@dataclass(frozen=True)
-class Sent:
+class Sent(NamedTuple):
     """Bookkeeping of one message handed to the wire (for traces)."""
 
     dst: int
@@ -123,93 +190,93 @@ class Sent:
     iteration: int
     producer: Task
     nbytes: int
-    queued_ns: int
-    started_ns: int
-    finished_ns: int
+    queued_ns: int  # posted
+    started_ns: int  # framing began (after any injected latency)
+    finished_ns: int  # handed to the wire: the asynchronous send was posted
 
 
 class Inbox:
-    """Arrivals from all receiver threads, drained by the dispatcher; the dispatcher sleeps on it."""
+    """Arrivals from all receiver threads, drained by the dispatcher (one thread); the dispatcher sleeps on it."""
 
     def __init__(self) -> None:
-        self._items: deque = deque()
-        self._cond = threading.Condition()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # C-level: the cheapest wake-up between threads
+        self._taken: list = []  # what wait() took off the queue, for the next drain()
         self._failure: BaseException | None = None
 
     def put(self, item) -> None:
-        with self._cond:
-            self._items.append(item)
-            self._cond.notify()
+        self._queue.put(item)
 
     def fail(self, error: BaseException) -> None:
-        with self._cond:
-            if self._failure is None:
-                self._failure = error
-            self._cond.notify()
+        if self._failure is None:
+            self._failure = error
+        self._queue.put(None)  # wake the dispatcher
 
     def drain(self) -> list:
-        with self._cond:
-            self._raise_failure()
-            items = list(self._items)
-            self._items.clear()
-            return items
+        self._raise_failure()
+        items, self._taken = self._taken, []
+        while not self._queue.empty():
+            items.append(self._queue.get())
+        return [item for item in items if item is not None]
 
     def wait(self, timeout: float) -> None:
         """Sleep until something arrives (or ``timeout`` seconds pass)."""
-        with self._cond:
-            if not self._items and self._failure is None:
-                self._cond.wait(timeout)
-            self._raise_failure()
+        self._raise_failure()
+        if not self._taken:
+            try:
+                self._taken.append(self._queue.get(timeout=max(0.0, timeout)))
+            except queue.Empty:
+                pass
+        self._raise_failure()
 
     def _raise_failure(self) -> None:
         if self._failure is not None:
             raise self._failure
 
 
+# -- frames ---------------------------------------------------------------------------------------------------------
 def encode_frame(kind_of_message: int, sequence: int, iteration: int = 0, producer: Task | None = None,
-                 tensors: Sequence[torch.Tensor] = (), device: torch.device | str = "cpu",
-                 notice: tuple[int, bool] = (0, False), trim: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """The frame of one message, and the tensors that must follow it (when they do not fit inline).
+                 tensors: Sequence[torch.Tensor] = (), notice: tuple[int, bool] = (0, False),
+                 inline: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """The frame of one message (a host byte tensor), and the tensors that must follow it.
 
-    ``trim``: the frame ends after its payload instead of filling ``FRAME_BYTES`` ([Note: trimmed
-    frames]); only for backends that receive a short message into a full-size buffer (gloo).
+    With ``inline`` a payload of at most ``INLINE_BYTES`` of host tensors travels in the frame, which
+    ends right after it ([Note: trimmed frames]); otherwise the frame is the header and every tensor
+    follows it (NCCL, or a large payload).
     """
     if len(tensors) > MAX_TENSORS:
         raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {len(tensors)}")
-    payload = sum(t.numel() * t.element_size() for t in tensors)
-    inline = payload <= INLINE_BYTES
-    words = [MAGIC, sequence, kind_of_message, iteration, -1, 0, -1, len(tensors), int(inline), notice[0],
-             int(notice[1])]
-    if producer is not None:
-        words[4:7] = [producer.stage, ord(producer.kind.value), producer.microbatch]
-    for tensor in tensors:
-        if tensor.dim() > MAX_DIMS:
-            raise TransportError(f"tensors of at most {MAX_DIMS} dims, got shape {tuple(tensor.shape)}")
-        try:
-            dtype = DTYPES.index(tensor.dtype)
-        except ValueError:
-            raise TransportError(f"dtype {tensor.dtype} cannot be sent") from None
-        words += [dtype, tensor.dim(), *tensor.shape, *[0] * (MAX_DIMS - tensor.dim())]
-    words += [0] * (HEADER_WORDS - len(words))
-    header = torch.frombuffer(bytearray(_HEADER.pack(*words)), dtype=torch.uint8)  # one copy, no per-word ops
-    size = HEADER_BYTES + (payload if inline else 0) if trim else FRAME_BYTES
-    if size == HEADER_BYTES and torch.device(device).type == "cpu":  # nothing inline: the header is the frame
-        return header, ([] if inline else [t.contiguous() for t in tensors])
-    frame = torch.zeros(size, dtype=torch.uint8, device=device)
-    frame[:HEADER_BYTES] = header.to(device)
+    tensors = [t.contiguous() for t in tensors]
+    payload = sum(t.nbytes for t in tensors)
+    inline = inline and payload <= INLINE_BYTES and all(t.device.type == "cpu" for t in tensors)
+    frame = torch.empty(HEADER_BYTES + (payload if inline else 0), dtype=torch.uint8)
+    address = frame.data_ptr()
+    header = _HEADER_VIEW.from_address(address)
+    stage, kind, microbatch = (-1, 0, -1) if producer is None else \
+        (producer.stage, ord(producer.kind.value), producer.microbatch)
+    _FIXED.pack_into(header, 0, MAGIC, sequence, kind_of_message, iteration, stage, kind, microbatch, len(tensors),
+                     inline, notice[0], notice[1])
+    for i, tensor in enumerate(tensors):
+        _SPEC.pack_into(header, _FIXED.size + i * _SPEC.size, *_spec(tensor))
     if not inline:
-        return frame, [t.contiguous() for t in tensors]
-    offset = HEADER_BYTES
+        return frame, tensors
+    address += HEADER_BYTES
     for tensor in tensors:
-        size = tensor.numel() * tensor.element_size()
-        if size:
-            frame[offset:offset + size] = tensor.contiguous().view(-1).view(torch.uint8)
-        offset += size
+        ctypes.memmove(address, tensor.data_ptr(), tensor.nbytes)
+        address += tensor.nbytes
     return frame, []
 
 
-@dataclass(frozen=True)
-class FrameHeader:
+def _spec(tensor: torch.Tensor) -> tuple[int, ...]:
+    """The header words of one tensor: dtype code, number of dims, the dims padded with zeros."""
+    code = _DTYPE_CODE.get(tensor.dtype)
+    if code is None:
+        raise TransportError(f"dtype {tensor.dtype} cannot be sent")
+    if tensor.dim() > MAX_DIMS:
+        raise TransportError(f"tensors of at most {MAX_DIMS} dims, got shape {tuple(tensor.shape)}")
+    return code, tensor.dim(), *tensor.shape, *_NO_DIMS[tensor.dim()]
+
+
+class FrameHeader(NamedTuple):
     kind_of_message: int
     sequence: int
     iteration: int
@@ -221,49 +288,299 @@ class FrameHeader:
 
 
 def decode_frame(frame: torch.Tensor) -> FrameHeader:
-    words = frame[:HEADER_BYTES].cpu().view(torch.int64).tolist()
-    if words[0] != MAGIC:
-        raise TransportError(f"bad message header (magic {words[0]:#x})")
-    _, sequence, kind_of_message, iteration, stage, kind, microbatch, count, inline, remaining, firm = \
-        words[:FIXED_WORDS]
+    """The header of a received frame (a contiguous byte tensor, on the host or a device)."""
+    if frame.dtype != torch.uint8 or frame.numel() < HEADER_BYTES:
+        raise TransportError(f"a frame is at least {HEADER_BYTES} bytes, got {frame.numel()} of {frame.dtype}")
+    if frame.device.type != "cpu":
+        frame = frame[:HEADER_BYTES].cpu()
+    header = _HEADER_VIEW.from_address(frame.data_ptr())
+    magic, sequence, kind_of_message, iteration, stage, kind, microbatch, count, inline, remaining, firm = \
+        _FIXED.unpack_from(header)
+    if magic != MAGIC:
+        raise TransportError(f"bad message header (magic {magic:#x})")
     producer = Task(stage, Kind(chr(kind)), microbatch) if kind_of_message in (DATA, NOTICE) else None
     specs = []
     for i in range(count):
-        base = FIXED_WORDS + i * (2 + MAX_DIMS)
-        dtype, ndim = words[base], words[base + 1]
-        specs.append((DTYPES[dtype], tuple(words[base + 2:base + 2 + ndim])))
+        dtype, ndim, *dims = _SPEC.unpack_from(header, _FIXED.size + i * _SPEC.size)
+        specs.append((DTYPES[dtype], tuple(dims[:ndim])))
     return FrameHeader(kind_of_message, sequence, iteration, producer, specs, bool(inline), remaining, bool(firm))
 
 
 def inline_tensors(frame: torch.Tensor, specs) -> list[torch.Tensor]:
-    """The payload tensors packed into ``frame`` (each copied out to its own storage)."""
-    tensors, offset = [], HEADER_BYTES
+    """The payload tensors packed into a host ``frame`` (each copied out to its own storage)."""
+    tensors, address = [], frame.data_ptr() + HEADER_BYTES
     for dtype, shape in specs:
-        tensor = torch.empty(shape, dtype=dtype, device=frame.device)
-        size = tensor.numel() * tensor.element_size()
-        if size:
-            tensor.view(-1).view(torch.uint8).copy_(frame[offset:offset + size])
+        tensor = torch.empty(shape, dtype=dtype)
+        ctypes.memmove(tensor.data_ptr(), address, tensor.nbytes)
         tensors.append(tensor)
-        offset += size
+        address += tensor.nbytes
     return tensors
 
 
-class Link:
-    """One directed link ``src -> dst`` with its own process group."""
+def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
+    return sum(t.nbytes for t in tensors)
 
-    def __init__(self, src: int, dst: int, group) -> None:
-        self.src, self.dst, self.group = src, dst, group
+
+# -- links ----------------------------------------------------------------------------------------------------------
+class Link:
+    """One directed link ``src -> dst`` with its own process group (``peer``: the other end's rank in it)."""
+
+    def __init__(self, src: int, dst: int, group, peer: int) -> None:
+        self.src, self.dst, self.group, self.peer = src, dst, group, peer
+
+    def isend(self, tensor: torch.Tensor):
+        return self.group.send([tensor], self.peer, 0)  # what dist.isend does, without its per-call checks
+
+    def recv(self, tensor: torch.Tensor) -> None:
+        self.group.recv([tensor], self.peer, 0).wait()
 
     def __repr__(self) -> str:
         return f"link {self.src}->{self.dst}"
 
 
+class _Message(NamedTuple):
+    """One message posted on a link, as the poster gave it."""
+
+    kind_of_message: int
+    iteration: int = 0
+    producer: Task | None = None
+    tensors: tuple[torch.Tensor, ...] = ()
+    notice: tuple[int, bool] = (0, False)
+    delay: float = 0.0  # injected latency (variability models), slept by the link's thread before sending
+    ready: Any = None  # CUDA event on the poster's stream after the tensors were computed ([Note: CUDA streams])
+    queued_ns: int = 0
+
+
+class _Wire:
+    """What this backend moves and how: gloo moves host tensors with inline payloads, NCCL device tensors."""
+
+    def __init__(self, device: torch.device) -> None:
+        nccl = dist.get_backend() == "nccl"
+        self.device = device if nccl else torch.device("cpu")  # CUDA tensors under gloo are staged through the host
+        self.inline = not nccl  # [Note: trimmed frames]
+        self.frame_bytes = FRAME_BYTES if self.inline else HEADER_BYTES
+        self.cuda = device if device.type == "cuda" else None  # the compute device, when it is a GPU
+        self.host = self.device.type == "cpu"
+
+    def stream(self) -> Any:
+        """A stream of its own for a link thread ([Note: CUDA streams]); None on CPU."""
+        return None if self.cuda is None else torch.cuda.Stream(self.cuda)
+
+    def computed(self, tensors: Sequence[torch.Tensor]) -> Any:
+        """An event on the caller's current stream, after the work that computes ``tensors``; None on CPU."""
+        if self.cuda is None or not any(t.is_cuda for t in tensors):
+            return None
+        event = torch.cuda.Event()
+        event.record(torch.cuda.current_stream(tensors[0].device))
+        return event
+
+    def direct(self, message: _Message) -> bool:
+        """Whether the poster may send ``message`` itself ([Note: sending without a hand-off])."""
+        return self.host and message.delay <= 0 and message.ready is None
+
+    def prepare(self, message: _Message) -> _Message:
+        """``message`` with its tensors on the wire device; on the link thread, after they were computed."""
+        if message.ready is not None:
+            torch.cuda.current_stream().wait_event(message.ready)
+        return message._replace(tensors=tuple(t.to(self.device) for t in message.tensors))
+
+    def isend(self, link: Link, sequence: int, message: _Message) -> list:
+        frame, follow = encode_frame(message.kind_of_message, sequence, message.iteration, message.producer,
+                                     message.tensors, message.notice, self.inline)
+        if not self.host:
+            frame = frame.to(self.device)
+        return [link.isend(t) for t in (frame, *follow) if t.numel()]
+
+    def buffer(self, shape, dtype) -> torch.Tensor:
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def arrived(self, stream) -> Any:
+        """After a receive on ``stream``: an event the consumer's stream will wait for; None on CPU."""
+        if stream is None:
+            return None
+        event = torch.cuda.Event()
+        event.record(stream)
+        event.synchronize()  # an arrival means the bytes are there: the arbiter's "ready" must be true
+        return event
+
+
+def _on_stream(stream) -> contextlib.AbstractContextManager:
+    """Run the calling thread on ``stream`` and its device; nothing without a stream (CPU)."""
+    if stream is None:
+        return contextlib.nullcontext()
+    stack = contextlib.ExitStack()
+    stack.enter_context(torch.cuda.device(stream.device))
+    stack.enter_context(torch.cuda.stream(stream))
+    return stack
+
+
+class _Collect(NamedTuple):
+    """Asks a link's thread to wait for every send posted before it; ``done`` is set then (``stop``: and end)."""
+
+    done: threading.Event
+    stop: bool = False
+
+
+class _Sender:
+    """One outgoing link: its FIFO, its backlog and its thread ([Note: sending without a hand-off])."""
+
+    def __init__(self, link: Link, wire: _Wire, done: Callable[[int, _Message, int, int, int], None],
+                 fail: Callable[[TransportError], None]) -> None:
+        self.link, self.wire = link, wire
+        self.stream = wire.stream()
+        self._done, self._fail = done, fail
+        self._lock = threading.Lock()
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()  # _Message (the thread sends it) or _Collect
+        self._in_flight: deque = deque()  # (message, sequence, started_ns, handed_ns, works), in posting order
+        self._backlog = 0  # messages the thread has yet to send
+        self._collect_asked = False
+        self._sequence = 0
+        self.failure: TransportError | None = None
+
+    def post(self, message: _Message) -> None:
+        """Put ``message`` on the wire now, or behind the link's backlog; never waits for the wire."""
+        with self._lock:
+            if self.failure is not None:
+                raise self.failure
+            if self._backlog or not self.wire.direct(message):
+                self._backlog += 1
+                self._requests.put(message)
+                return
+            self._isend(message)
+            if len(self._in_flight) >= MAX_UNCOLLECTED and not self._collect_asked:
+                self._collect_asked = True
+                self._requests.put(_Collect(threading.Event()))
+
+    def collect(self, stop: bool = False) -> threading.Event:
+        """Ask the thread to wait for every send posted so far; the event is set when it did (or the link broke)."""
+        request = _Collect(threading.Event(), stop)
+        with self._lock:
+            if self.failure is None:
+                self._requests.put(request)
+            else:
+                request.done.set()
+        return request.done
+
+    def close(self) -> None:
+        """Send CLOSE (unless the link broke), then let the thread collect it and end."""
+        try:
+            self.post(_Message(CLOSE))
+        except TransportError:
+            pass
+        self.collect(stop=True)
+
+    def run(self) -> None:
+        """The link's thread: send what must wait, wait for what was sent, in order."""
+        try:
+            with _on_stream(self.stream):
+                while True:
+                    request = self._requests.get()
+                    if isinstance(request, _Message):
+                        self._send_waiting(request)
+                    self._collect()
+                    if isinstance(request, _Collect):
+                        request.done.set()
+                        if request.stop:
+                            return
+        except Exception as err:  # a peer died or the group broke: the dispatcher reports it
+            self._broken(err)
+
+    def _send_waiting(self, message: _Message) -> None:
+        if message.delay > 0:
+            time.sleep(message.delay)
+        message = self.wire.prepare(message)  # outside the lock: posters queue behind the backlog meanwhile
+        with self._lock:
+            self._isend(message)
+            self._backlog -= 1
+
+    def _isend(self, message: _Message) -> None:
+        """Hand ``message`` to the wire; the link's lock is held, so the FIFO order is the posting order."""
+        sequence, started = self._sequence, time.monotonic_ns()
+        try:
+            works = self.wire.isend(self.link, sequence, message)
+        except TransportError:  # a message that cannot be framed: the caller's error, the link is fine
+            raise
+        except Exception as err:
+            self.failure = TransportError(f"{self.link}: send failed: {err}")
+            self._requests.put(_Collect(threading.Event(), stop=True))  # end the thread
+            raise self.failure from err
+        self._sequence += 1
+        self._in_flight.append((message, sequence, started, time.monotonic_ns(), works))
+
+    def _collect(self) -> None:
+        with self._lock:
+            self._collect_asked = False
+        while self._in_flight:
+            message, sequence, started, handed, works = self._in_flight[0]
+            for work in works:
+                work.wait()
+            self._in_flight.popleft()
+            self._done(self.link.dst, message, sequence, started, handed)
+
+    def _broken(self, err: Exception) -> None:
+        failure = err if isinstance(err, TransportError) else TransportError(f"{self.link}: send failed: {err}")
+        with self._lock:
+            self.failure = failure
+            while not self._requests.empty():  # nobody will serve these: release whoever waits on them
+                request = self._requests.get()
+                if isinstance(request, _Collect):
+                    request.done.set()
+        self._fail(failure)
+
+
+class _Receiver:
+    """One incoming link's thread: receives in FIFO order, checks sequence numbers, fills the inbox."""
+
+    def __init__(self, link: Link, wire: _Wire, inbox: Inbox, hello: Callable[[int], None]) -> None:
+        self.link, self.wire, self.inbox, self.hello = link, wire, inbox, hello
+        self.stream = wire.stream() if wire.device.type == "cuda" else None  # staged tensors arrive on the host
+
+    def run(self) -> None:
+        try:
+            with _on_stream(self.stream):
+                self._loop()
+        except Exception as err:
+            self.inbox.fail(TransportError(f"{self.link}: receive failed: {err}"))
+
+    def _loop(self) -> None:
+        link, expected = self.link, 0
+        frame = self.wire.buffer((self.wire.frame_bytes,), torch.uint8)  # reused: inline tensors are copied out
+        while True:
+            link.recv(frame)
+            frame_ns = time.monotonic_ns()
+            header = decode_frame(frame)
+            if header.sequence != expected:
+                raise TransportError(f"{link}: message {header.sequence} arrived, expected {expected} "
+                                     f"(FIFO order broken)")
+            expected += 1
+            if header.kind_of_message == CLOSE:
+                return
+            if header.kind_of_message == HELLO:
+                self.hello(link.src)
+            elif header.kind_of_message == NOTICE:
+                self.inbox.put(Notice(link.src, header.iteration, header.producer, header.remaining_ns * 1e-9,
+                                      header.firm, frame_ns))
+            else:
+                tensors = inline_tensors(frame, header.specs) if header.inline else self._follow(header.specs)
+                self.inbox.put(Arrival(link.src, header.sequence, header.iteration, header.producer,
+                                       tuple(tensors), frame_ns, time.monotonic_ns(), self.wire.arrived(self.stream)))
+
+    def _follow(self, specs) -> list[torch.Tensor]:
+        tensors = []
+        for dtype, shape in specs:
+            buffer = self.wire.buffer(shape, dtype)
+            if buffer.numel():
+                self.link.recv(buffer)
+            tensors.append(buffer)
+        return tensors
+
+
 class Transport:
-    """The links of one rank: sender threads for outgoing links, receiver threads for incoming ones.
+    """The links of one rank: a sender per outgoing link, a receiver thread per incoming one.
 
     Build it collectively (every rank constructs it with the same ``links``),
-    then :meth:`start`; :meth:`send` queues a message; arrivals land in
-    ``inbox``; :meth:`close` ends the threads after every queued message went out.
+    then :meth:`start`; :meth:`send` posts a message; arrivals land in
+    ``inbox``; :meth:`close` ends the threads after every posted message went out.
     """
 
     def __init__(
@@ -277,7 +594,7 @@ class Transport:
         self.rank = rank
         self.device = device
         self.inbox = Inbox()
-        self.latency = latency  # injected per-message delay (variability models), applied on the sender thread
+        self.latency = latency  # injected per-message delay (variability models), slept on the link's thread
         self.sent: list[Sent] = []
         self._sent_lock = threading.Lock()
         group_timeout = timedelta(seconds=max(30.0, 2 * timeout))
@@ -287,30 +604,26 @@ class Transport:
         for src, dst in sorted(set(links)):
             group = dist.new_group(sorted({src, dst}), timeout=group_timeout)
             if src == rank:
-                self.out_links[dst] = Link(src, dst, group)
+                self.out_links[dst] = Link(src, dst, group, dist.get_group_rank(group, dst))
             if dst == rank:
-                self.in_links[src] = Link(src, dst, group)
-        self._queues: dict[int, queue.Queue] = {dst: queue.Queue() for dst in self.out_links}
-        self._sequence = {dst: 0 for dst in self.out_links}
+                self.in_links[src] = Link(src, dst, group, dist.get_group_rank(group, src))
+        self._wire = _Wire(device)
+        self._senders = {dst: _Sender(link, self._wire, self._on_sent, self._on_send_failure)
+                         for dst, link in self.out_links.items()}
         self._threads: list[threading.Thread] = []
         self._hellos = threading.Semaphore(0)  # released once per HELLO received
         self._hello_from: list[int] = []
         self._closed = False
-        self._unsent = 0  # DATA messages queued and not yet handed to the wire
         self._send_failure: TransportError | None = None
-        self._unsent_cond = threading.Condition()
-        # gloo moves CPU tensors (CUDA tensors are staged through host memory); NCCL moves CUDA tensors.
-        self._wire_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-        self._trim = dist.get_backend() != "nccl"  # [Note: trimmed frames]
 
     # -- lifecycle -------------------------------------------------------
     def start(self, timeout: float) -> None:
         """Start the threads and exchange one HELLO per link; returns when every incoming link spoke."""
         for src, link in self.in_links.items():
-            self._spawn(f"rrfp-recv-{src}->{self.rank}", self._receive_loop, link)
-        for dst, link in self.out_links.items():
-            self._spawn(f"rrfp-send-{self.rank}->{dst}", self._send_loop, link)
-            self._queues[dst].put((HELLO, 0, None, ()))
+            self._spawn(f"rrfp-recv-{src}->{self.rank}", _Receiver(link, self._wire, self.inbox, self._hello).run)
+        for dst, sender in self._senders.items():
+            self._spawn(f"rrfp-send-{self.rank}->{dst}", sender.run)
+            sender.post(_Message(HELLO))
         deadline = time.monotonic() + timeout
         for _ in self.in_links:
             if not self._hellos.acquire(timeout=max(0.0, deadline - time.monotonic())):
@@ -318,18 +631,22 @@ class Transport:
                 raise TransportError(f"rank {self.rank}: no HELLO from rank(s) {silent} within {timeout:.0f} s")
         self.inbox.drain()  # raises if a link already failed
 
-    def _spawn(self, name: str, target, link: Link) -> None:
-        thread = threading.Thread(target=target, args=(link,), name=name, daemon=True)
+    def _spawn(self, name: str, target: Callable[[], None]) -> None:
+        thread = threading.Thread(target=target, name=name, daemon=True)
         thread.start()
         self._threads.append(thread)
+
+    def _hello(self, src: int) -> None:
+        self._hello_from.append(src)
+        self._hellos.release()
 
     def close(self, timeout: float = 30.0) -> None:
         """Send CLOSE on every outgoing link, wait for every thread to end."""
         if self._closed:
             return
         self._closed = True
-        for q in self._queues.values():
-            q.put((CLOSE, 0, None, ()))
+        for sender in self._senders.values():
+            sender.close()
         deadline = time.monotonic() + timeout
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
@@ -339,22 +656,25 @@ class Transport:
 
     # -- sending ---------------------------------------------------------
     def send(self, dst: int, iteration: int, producer: Task, tensors: Sequence[torch.Tensor]) -> None:
-        """Queue ``tensors`` (the output of ``producer``) for rank ``dst``; returns at once."""
-        with self._unsent_cond:
-            self._unsent += 1
-        self._queues[dst].put((DATA, iteration, producer, tuple(t.detach() for t in tensors)))
+        """Post ``tensors`` (the output of ``producer``) for rank ``dst``; never waits for the wire."""
+        tensors = tuple(t.detach() for t in tensors)
+        delay = self.latency(dst, producer) if self.latency is not None else 0.0
+        self._senders[dst].post(_Message(DATA, iteration, producer, tensors, (0, False), delay,
+                                         self._wire.computed(tensors), time.monotonic_ns()))
 
     def notify(self, dst: int, iteration: int, producer: Task, remaining: float, firm: bool) -> None:
-        """Queue a NOTICE for rank ``dst``: ``producer``'s output should leave here in ``remaining`` seconds."""
-        self._queues[dst].put((NOTICE, iteration, producer, (max(0, int(remaining * 1e9)), firm)))
+        """Post a NOTICE for rank ``dst``: ``producer``'s output should leave here in ``remaining`` seconds."""
+        self._senders[dst].post(_Message(NOTICE, iteration, producer, notice=(max(0, int(remaining * 1e9)), firm),
+                                         queued_ns=time.monotonic_ns()))
 
     def wait_sent(self, timeout: float) -> None:
-        """Block until every queued message is on the wire (the end of an iteration; its peers are waiting)."""
-        with self._unsent_cond:
-            if not self._unsent_cond.wait_for(lambda: self._unsent == 0 or self._send_failure, timeout):
-                raise TransportError(f"rank {self.rank}: {self._unsent} messages not sent within {timeout:.0f} s")
-            if self._send_failure:
-                raise self._send_failure
+        """Block until every posted message was sent and received (the end of an iteration; peers wait for them)."""
+        deadline = time.monotonic() + timeout
+        for dst, done in [(dst, sender.collect()) for dst, sender in self._senders.items()]:
+            if not done.wait(max(0.0, deadline - time.monotonic())):
+                raise TransportError(f"rank {self.rank}: messages to rank {dst} not sent within {timeout:.0f} s")
+        if self._send_failure is not None:
+            raise self._send_failure
 
     def take_sent(self) -> list[Sent]:
         """The bookkeeping of every message sent since the last call (for traces)."""
@@ -362,87 +682,17 @@ class Transport:
             sent, self.sent = self.sent, []
         return sent
 
-    def _send_loop(self, link: Link) -> None:
-        q = self._queues[link.dst]
-        try:
-            while True:
-                kind_of_message, iteration, producer, payload = q.get()
-                queued = time.monotonic_ns()
-                if kind_of_message == DATA and self.latency is not None:
-                    delay = self.latency(link.dst, producer)
-                    if delay > 0:
-                        time.sleep(delay)
-                sequence = self._sequence[link.dst]
-                self._sequence[link.dst] = sequence + 1
-                notice = payload if kind_of_message == NOTICE else (0, False)
-                wire = [] if kind_of_message == NOTICE else [self._to_wire(t) for t in payload]
-                started = time.monotonic_ns()
-                frame, follow = encode_frame(kind_of_message, sequence, iteration, producer, wire,
-                                             self._wire_device, notice, trim=self._trim)
-                dist.send(frame, link.dst, group=link.group)
-                for tensor in follow:
-                    if tensor.numel():
-                        dist.send(tensor, link.dst, group=link.group)
-                if kind_of_message == DATA:
-                    with self._sent_lock:
-                        self.sent.append(Sent(link.dst, sequence, iteration, producer,
-                                              sum(t.numel() * t.element_size() for t in wire), queued, started,
-                                              time.monotonic_ns()))
-                    with self._unsent_cond:
-                        self._unsent -= 1
-                        self._unsent_cond.notify_all()
-                if kind_of_message == CLOSE:
-                    return
-        except Exception as err:  # a peer died or the group broke: the dispatcher reports it
-            failure = TransportError(f"{link}: send failed: {err}")
-            with self._unsent_cond:
-                self._send_failure = failure
-                self._unsent_cond.notify_all()
-            self.inbox.fail(failure)
+    def _on_sent(self, dst: int, message: _Message, sequence: int, started_ns: int, finished_ns: int) -> None:
+        if message.kind_of_message != DATA:
+            return
+        with self._sent_lock:
+            self.sent.append(Sent(dst, sequence, message.iteration, message.producer,
+                                  _nbytes(message.tensors), message.queued_ns, started_ns, finished_ns))
 
-    # -- receiving -------------------------------------------------------
-    def _receive_loop(self, link: Link) -> None:
-        expected = 0
-        try:
-            while True:
-                frame = self._wire_buffer((FRAME_BYTES,), torch.uint8)
-                dist.recv(frame, link.src, group=link.group)
-                frame_ns = time.monotonic_ns()
-                header = decode_frame(frame)
-                if header.sequence != expected:
-                    raise TransportError(f"{link}: message {header.sequence} arrived, expected {expected} "
-                                         f"(FIFO order broken)")
-                expected += 1
-                if header.kind_of_message == CLOSE:
-                    return
-                if header.kind_of_message == HELLO:
-                    self._hello_from.append(link.src)
-                    self._hellos.release()
-                    continue
-                if header.kind_of_message == NOTICE:
-                    self.inbox.put(Notice(link.src, header.iteration, header.producer, header.remaining_ns * 1e-9,
-                                          header.firm, frame_ns))
-                    continue
-                if header.inline:
-                    tensors = inline_tensors(frame, header.specs)
-                else:
-                    tensors = []
-                    for dtype, shape in header.specs:
-                        buffer = self._wire_buffer(shape, dtype)
-                        if buffer.numel():
-                            dist.recv(buffer, link.src, group=link.group)
-                        tensors.append(buffer)
-                self.inbox.put(Arrival(link.src, header.sequence, header.iteration, header.producer,
-                                       tuple(tensors), frame_ns, time.monotonic_ns()))
-        except Exception as err:
-            self.inbox.fail(TransportError(f"{link}: receive failed: {err}"))
-
-    # -- devices ---------------------------------------------------------
-    def _to_wire(self, tensor: torch.Tensor) -> torch.Tensor:
-        return tensor.to(self._wire_device).contiguous()
-
-    def _wire_buffer(self, shape, dtype) -> torch.Tensor:
-        return torch.empty(shape, dtype=dtype, device=self._wire_device)
+    def _on_send_failure(self, failure: TransportError) -> None:
+        if self._send_failure is None:
+            self._send_failure = failure
+        self.inbox.fail(failure)
 
 
 def measure_clock_offset(rank: int, world: int, rounds: int = 8, group=None) -> tuple[int, int]:

@@ -1,24 +1,32 @@
-"""Transport wire format and inbox, without processes (the multi-process paths run in test_runtime.py)."""
+"""Transport: wire format, inbox, the link FIFO rule, and two real ranks on gloo (the pipeline runs in test_runtime.py)."""
 
 from __future__ import annotations
 
+import os
+import queue
+import socket
 import threading
 import time
 
 import pytest
 import torch
 
-from hints.tasks import Task
+from hints.tasks import F, Task
 from runtime.transport import (
     CLOSE,
     DATA,
     FRAME_BYTES,
-    INLINE_BYTES,
     HEADER_BYTES,
     HELLO,
+    INLINE_BYTES,
     NOTICE,
+    Arrival,
     Inbox,
+    Link,
+    Notice,
     TransportError,
+    _Message,
+    _Sender,
     decode_frame,
     encode_frame,
     inline_tensors,
@@ -30,36 +38,72 @@ from runtime.transport import (
     (torch.randn(2, 32, 64),),
     (torch.randn(0, 4, 64),),  # a microbatch without images
     (torch.arange(6, dtype=torch.int64).reshape(2, 3), torch.tensor([True, False]), torch.randn(3).half()),
+    (torch.randn(4, 6).t(),),  # not contiguous
     (),
 ])
 def test_inline_round_trip(tensors):
     frame, follow = encode_frame(DATA, 7, 3, Task.parse("2F5"), tensors)
-    assert frame.numel() == FRAME_BYTES and follow == []
+    assert frame.numel() == HEADER_BYTES + sum(t.numel() * t.element_size() for t in tensors) and follow == []
     header = decode_frame(frame)
     assert (header.kind_of_message, header.sequence, header.iteration) == (DATA, 7, 3)
     assert header.producer == Task.parse("2F5") and header.inline
-    for got, want in zip(inline_tensors(frame, header.specs), tensors):
-        assert got.dtype == want.dtype and torch.equal(got, want)
+    got = inline_tensors(frame, header.specs)
+    assert len(got) == len(tensors)
+    for got_tensor, want in zip(got, tensors):
+        assert got_tensor.dtype == want.dtype and torch.equal(got_tensor, want)
 
 
 def test_large_payload_follows_the_frame():
     big = torch.randn(INLINE_BYTES // 4 + 1)
     frame, follow = encode_frame(DATA, 0, 0, Task.parse("0B1"), (big,))
     header = decode_frame(frame)
-    assert not header.inline and header.specs == [(torch.float32, tuple(big.shape))]
+    assert frame.numel() == HEADER_BYTES and not header.inline
+    assert header.specs == [(torch.float32, tuple(big.shape))]
     assert len(follow) == 1 and torch.equal(follow[0], big)
 
 
-def test_control_messages_and_bad_frames():
+def test_without_inline_the_frame_is_the_header_and_every_tensor_follows():
+    # [Note: trimmed frames]: under NCCL every frame is exactly HEADER_BYTES, whatever the payload.
+    tensors = (torch.randn(2, 3), torch.arange(4))
+    frame, follow = encode_frame(DATA, 1, 0, Task.parse("1F0"), tensors, inline=False)
+    header = decode_frame(frame)
+    assert frame.numel() == HEADER_BYTES and not header.inline
+    assert header.specs == [(torch.float32, (2, 3)), (torch.int64, (4,))]
+    assert all(torch.equal(a, b) for a, b in zip(follow, tensors))
+
+
+def test_a_short_frame_read_into_a_full_size_buffer_round_trips():
+    tensors = (torch.randn(2, 3), torch.arange(4))
+    frame, _ = encode_frame(DATA, 5, 1, Task.parse("1F2"), tensors)
+    received = torch.zeros(FRAME_BYTES, dtype=torch.uint8)
+    received[:frame.numel()] = frame  # what a full-size receive holds after a short message
+    header = decode_frame(received)
+    for got, want in zip(inline_tensors(received, header.specs), tensors):
+        assert torch.equal(got, want)
+
+
+def test_notices_and_control_messages_are_header_only():
+    notice, _ = encode_frame(NOTICE, 6, 1, Task.parse("1F3"), notice=(2_500_000, True))
+    assert notice.numel() == HEADER_BYTES
+    header = decode_frame(notice)
+    assert (header.kind_of_message, header.producer, header.remaining_ns, header.firm) == \
+        (NOTICE, Task.parse("1F3"), 2_500_000, True)
     for kind in (HELLO, CLOSE):
         header = decode_frame(encode_frame(kind, 1)[0])
         assert header.kind_of_message == kind and header.producer is None
+
+
+def test_bad_frames_and_messages_are_transport_errors():
     with pytest.raises(TransportError, match="bad message header"):
         decode_frame(torch.zeros(FRAME_BYTES, dtype=torch.uint8))
+    with pytest.raises(TransportError, match="at least"):
+        decode_frame(torch.zeros(HEADER_BYTES - 1, dtype=torch.uint8))
     with pytest.raises(TransportError, match="at most 4 tensors"):
         encode_frame(DATA, 0, 0, Task.parse("0F0"), [torch.zeros(1)] * 5)
     with pytest.raises(TransportError, match="cannot be sent"):
         encode_frame(DATA, 0, 0, Task.parse("0F0"), [torch.zeros(1, dtype=torch.complex64)])
+    with pytest.raises(TransportError, match="at most 6 dims"):
+        encode_frame(DATA, 0, 0, Task.parse("0F0"), [torch.zeros([1] * 7)])
 
 
 def test_inbox_wakes_the_waiter_and_reports_failures():
@@ -68,76 +112,205 @@ def test_inbox_wakes_the_waiter_and_reports_failures():
     began = time.monotonic()
     inbox.wait(5.0)
     assert time.monotonic() - began < 2.0  # woken by the put, not the timeout
-    assert inbox.drain() == ["hello"]
-    inbox.fail(TransportError("link 0->1: receive failed: peer died"))
+    inbox.put("again")
+    assert inbox.drain() == ["hello", "again"]
+    assert inbox.drain() == []
+    began = time.monotonic()
+    inbox.wait(0.05)
+    assert time.monotonic() - began >= 0.04  # nothing came: the timeout
+    threading.Timer(0.05, inbox.fail, args=(TransportError("link 0->1: receive failed: peer died"),)).start()
     with pytest.raises(TransportError, match="peer died"):
-        inbox.wait(0.01)
+        inbox.wait(5.0)
     with pytest.raises(TransportError):
         inbox.drain()
+
+
+def test_an_arrival_on_cpu_hands_over_its_tensors_as_they_are():
+    # [Note: CUDA streams]: no event on CPU, so take() waits for nothing and records nothing.
+    tensors = (torch.randn(3),)
+    arrival = Arrival(1, 0, 0, Task.parse("0F0"), tensors, 1, 2)
+    assert arrival.ready is None and arrival.take() is tensors
 
 
 def test_links_are_directed_and_deduplicated():
     assert pipeline_links([(0, 1), (1, 0), (0, 1), (2, 2)]) == [(0, 1), (1, 0)]
 
 
-def test_trimmed_frame_of_a_large_payload_still_has_it_follow():
-    big = torch.randn(INLINE_BYTES // 4 + 1)
-    frame, follow = encode_frame(DATA, 0, 0, Task.parse("0F1"), (big,), trim=True)
-    assert frame.numel() == HEADER_BYTES and not decode_frame(frame).inline
-    assert len(follow) == 1 and torch.equal(follow[0], big)
+class _RecordingWire:
+    """A wire that records what is put on it, and by which thread: for the FIFO rule alone."""
+
+    host = True
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[int, int, str]] = []  # (sequence, microbatch, thread name)
+
+    def stream(self):
+        return None
+
+    def direct(self, message) -> bool:
+        return message.delay <= 0
+
+    def prepare(self, message):
+        return message
+
+    def isend(self, link, sequence, message):
+        microbatch = -1 if message.producer is None else message.producer.microbatch
+        self.sent.append((sequence, microbatch, threading.current_thread().name))
+        return []
 
 
-def test_trimmed_frames_and_notices_round_trip():
-    tensors = (torch.randn(2, 3), torch.arange(4))
-    frame, _ = encode_frame(DATA, 5, 1, Task.parse("1F2"), tensors, trim=True)
-    assert frame.numel() == HEADER_BYTES + 2 * 3 * 4 + 4 * 8  # header and payload, nothing more
-    received = torch.zeros(FRAME_BYTES, dtype=torch.uint8)
-    received[:frame.numel()] = frame  # what a full-size receive holds after a short message
-    header = decode_frame(received)
-    for got, want in zip(inline_tensors(received, header.specs), tensors):
-        assert torch.equal(got, want)
-    notice, _ = encode_frame(NOTICE, 6, 1, Task.parse("1F3"), notice=(2_500_000, True), trim=True)
-    assert notice.numel() == HEADER_BYTES
-    header = decode_frame(notice)
-    assert (header.kind_of_message, header.producer, header.remaining_ns, header.firm) == \
-        (NOTICE, Task.parse("1F3"), 2_500_000, True)
+def test_a_link_keeps_posting_order_when_some_messages_must_wait():
+    # [Note: sending without a hand-off]: a delayed message makes a backlog, and what is posted behind it
+    # goes through the link's thread too, so the wire sees the posting order.
+    wire, done, failures = _RecordingWire(), [], []
+    sender = _Sender(Link(0, 1, group=None, peer=1), wire, lambda *args: done.append(args[1]), failures.append)
+    thread = threading.Thread(target=sender.run, name="link-thread")
+    thread.start()
+    delays = [0.0, 0.05, 0.0, 0.0, 0.02, 0.0]
+    for microbatch, delay in enumerate(delays):
+        sender.post(_Message(DATA, 0, Task(0, F, microbatch), delay=delay))
+    assert sender.collect().wait(10.0)
+    sender.close()
+    thread.join(10.0)
+    assert not thread.is_alive() and failures == []
+    assert [(s, mb) for s, mb, _ in wire.sent] == [(i, i) for i in range(len(delays))] + [(len(delays), -1)]
+    by_thread = [name for _, _, name in wire.sent[:len(delays)]]
+    assert by_thread[0] == threading.current_thread().name  # nothing to wait for: the poster sent it
+    assert set(by_thread[1:]) == {"link-thread"}  # behind the first delay, the backlog never drained to zero
+    assert [d.producer.microbatch for d in done if d.kind_of_message == DATA] == list(range(len(delays)))
 
 
-def _short_receive(rank: int, port: int, out) -> None:
-    import os
-
-    import torch.distributed as dist
-
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    dist.init_process_group("gloo", rank=rank, world_size=2)
-    if rank == 0:
-        dist.send(torch.arange(10, dtype=torch.uint8), 1)
-    else:
-        buffer = torch.zeros(100, dtype=torch.uint8)
-        dist.recv(buffer, 0)
-        out.put(buffer[:10].tolist())
-    dist.destroy_process_group()
-
-
-def test_gloo_receives_a_short_message_into_a_full_size_buffer():
-    # [Note: trimmed frames] rests on this behaviour of gloo; if a torch upgrade changes it, this fails.
-    import socket
-
-    import torch.multiprocessing as mp
-
+# -- two real ranks on gloo ------------------------------------------------------------------------------------------
+def _free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+        return probe.getsockname()[1]
+
+
+def _two_ranks(target, timeout: float = 90.0) -> list:
+    """Run ``target(rank, out)`` on two spawned processes; returns what they put in ``out``."""
+    import torch.multiprocessing as mp
+
+    port = _free_port()
     context = mp.get_context("spawn")
     out = context.Queue()
-    processes = [context.Process(target=_short_receive, args=(rank, port, out)) for rank in range(2)]
+    processes = [context.Process(target=target, args=(rank, port, out)) for rank in range(2)]
     for process in processes:
         process.start()
+    results = []
     try:
-        assert out.get(timeout=60) == list(range(10))
+        deadline = time.monotonic() + timeout
+        while len(results) < 2:
+            results.append(out.get(timeout=max(1.0, deadline - time.monotonic())))
     finally:
         for process in processes:
             process.join(timeout=30)
             if process.is_alive():
                 process.kill()
-    assert all(process.exitcode == 0 for process in processes)
+    return sorted(results, key=lambda r: r[0])
+
+
+def _init(rank: int, port: int) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+
+
+def _short_receive(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    _init(rank, port)
+    if rank == 0:
+        dist.send(torch.arange(10, dtype=torch.uint8), 1)
+        out.put((0, None))
+    else:
+        buffer = torch.zeros(100, dtype=torch.uint8)
+        dist.recv(buffer, 0)
+        out.put((1, buffer[:10].tolist()))
+    dist.destroy_process_group()
+
+
+def test_gloo_receives_a_short_message_into_a_full_size_buffer():
+    # [Note: trimmed frames] rests on this behaviour of gloo; if a torch upgrade changes it, this fails.
+    assert _two_ranks(_short_receive)[1][1] == list(range(10))
+
+
+MESSAGES = 12
+
+
+def _payload(microbatch: int) -> tuple[torch.Tensor, ...]:
+    if microbatch == 3:
+        return (torch.full((INLINE_BYTES // 4 + 5,), 3.0),)  # follows its frame
+    if microbatch == 5:
+        return (torch.zeros(0, 4), torch.arange(5))  # a zero-size tensor is described, never sent
+    return (torch.full((2, 8), float(microbatch)), torch.tensor([microbatch]))
+
+
+def _ordered_exchange(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    from runtime.transport import Transport
+
+    _init(rank, port)
+    # Every third message waits 20 ms on the link's thread: direct and deferred sends mix on one link.
+    transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30,
+                          latency=lambda dst, producer: 0.02 if producer.microbatch % 3 == 1 else 0.0)
+    transport.start(timeout=30)
+    if rank == 0:
+        for microbatch in range(MESSAGES):
+            task = Task.parse(f"0F{microbatch}")
+            transport.notify(1, 0, task, 0.001 * microbatch, True)
+            transport.send(1, 0, task, _payload(microbatch))
+        transport.wait_sent(timeout=30)
+        sent = transport.take_sent()
+        result = [(s.sequence, s.producer.microbatch, s.queued_ns <= s.started_ns <= s.finished_ns) for s in sent]
+    else:
+        got = []
+        while len([m for m in got if not isinstance(m, Notice)]) < MESSAGES:
+            transport.inbox.wait(5.0)
+            got += transport.inbox.drain()
+        result = [("N" if isinstance(m, Notice) else "D", m.producer.microbatch,
+                   isinstance(m, Notice) or all(torch.equal(a, b) for a, b in zip(m.take(), _payload(m.producer.microbatch))))
+                  for m in got]
+    dist.barrier()
+    transport.close()
+    out.put((rank, result))
+    dist.destroy_process_group()
+
+
+def test_two_ranks_keep_each_link_in_order_with_notices_first_and_close_cleanly():
+    sender, receiver = _two_ranks(_ordered_exchange)
+    # HELLO is sequence 0; then a notice and a data message per microbatch.
+    assert sender[1] == [(2 + 2 * mb, mb, True) for mb in range(MESSAGES)]
+    assert receiver[1] == [(kind, mb, True) for mb in range(MESSAGES) for kind in "ND"]
+
+
+def _peer_dies(rank: int, port: int, out) -> None:
+    from runtime.transport import Transport
+
+    _init(rank, port)
+    transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=10)
+    transport.start(timeout=30)
+    if rank == 1:
+        out.put((1, None))
+        out.close()
+        out.join_thread()
+        os._exit(0)  # no CLOSE, sockets torn down by the kernel
+    try:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            transport.send(1, 0, Task.parse("0F0"), (torch.zeros(4),))
+            transport.inbox.wait(0.05)
+            transport.inbox.drain()
+        out.put((0, "no error"))
+    except TransportError as err:
+        out.put((0, str(err)))
+    out.close()
+    out.join_thread()  # flushed before the hard exit (a group with a dead member cannot be torn down)
+    os._exit(0)
+
+
+def test_a_dead_peer_is_a_transport_error_naming_the_link():
+    message = _two_ranks(_peer_dies)[0][1]
+    assert "link 0->1" in message or "link 1->0" in message, message
