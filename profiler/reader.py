@@ -334,7 +334,7 @@ class _Reader:
         v = self._values("compute", event, sequence)
         if v is not None:
             self.rows["compute"].append((
-                track[0], v["iteration"], _text(self._name(event, sequence)), v["stage"], v["kind"], v["microbatch"],
+                track[0], v["iteration"], self._name(event, sequence), v["stage"], v["kind"], v["microbatch"],
                 v["chunk"], start, end, _whole(v.get("units")), _whole(v.get("tokens")), _whole(v.get("images")),
                 _whole(v.get("wait_ns"))))
 
@@ -343,7 +343,7 @@ class _Reader:
         v = self._values("decisions", event, sequence)
         if v is not None:
             self.rows["decisions"].append((
-                track[0], v["iteration"], start, end, _text(self._name(event, sequence)), v["hint_rank"],
+                track[0], v["iteration"], start, end, self._name(event, sequence), v["hint_rank"],
                 _text(v.get("skipped")), _text(v.get("ready", "")) or "", _text(v.get("held_back")),
                 _text(v.get("deferred")), v["in_flight"]))
 
@@ -363,7 +363,7 @@ class _Reader:
         start, event, sequence = begun
         v = self._values("send", event, sequence)
         if v is not None:
-            name = _text(self._name(event, sequence))
+            name = self._name(event, sequence)
             for flow in event.flow_ids:
                 self.sends[flow] = (track[0], track[2], v, name, start, end)
 
@@ -376,7 +376,7 @@ class _Reader:
         """A receive slice without its send, as the send's ``(src, dst, values, name, start, end)``; None if malformed."""
         (dst, _, src), (start, event, sequence), end = recv
         v = self._values("recv", event, sequence)
-        return None if v is None else (src, dst, v, _text(self._name(event, sequence)), start, end)
+        return None if v is None else (src, dst, v, self._name(event, sequence), start, end)
 
     # -- frames --------------------------------------------------------------
     def finish(self) -> TraceFrames:
