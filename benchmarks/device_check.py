@@ -10,8 +10,17 @@
    come from CUDA events, and their durations must be consistent with the
    host-side spans.
 3. NCCL: a one-rank run (two chunks on one GPU) through the NCCL backend, and
-   a two-rank NCCL run, which needs one GPU per rank (reported as what
-   happened).
+   a two-rank NCCL run, which needs one GPU per rank (a failure only where
+   there are two GPUs; otherwise reported as what happened).
+4. Link streams ([Note: CUDA streams] in runtime/transport.py): two ranks
+   ping-pong CUDA tensors through the Transport, each reply computed from
+   the message before it, while each rank's next receive is already posted.
+   Before receives had their own streams this deadlocked under NCCL (the
+   compute stream waited for a receive that needed its own result); every
+   round must come back, with the right values, and posting a send must not
+   wait for the kernels that compute it. Over gloo (tensors staged through
+   the host, one GPU is enough) and over NCCL (needs two GPUs; where there
+   is one it is reported as not run). A deadlock is caught by a time limit.
 
 Writes a report to DIR/device_report.md and prints it. Exits 1 if a check fails.
 """
@@ -112,6 +121,8 @@ def traced_run(lines: list[str], work: Path, out: Path, device: str) -> bool:
 
 
 def nccl(lines: list[str], work: Path) -> bool:
+    import torch
+
     one = rrfp("run", "--workload", "gpt", "--stages", "1", "--chunks", "2", "--microbatches", "4", "--iters", "2",
                "--device", "cuda", "--backend", "nccl", "--out", str(work / "nccl1"), "--json")
     lines.append(f"NCCL, one rank, two chunks: exit {one.returncode}"
@@ -119,15 +130,184 @@ def nccl(lines: list[str], work: Path) -> bool:
     two = rrfp("run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2", "--device",
                "cuda", "--backend", "nccl", "--timeout", "30", "--out", str(work / "nccl2"), "--json", timeout=180)
     tail = (two.stderr.strip().splitlines() or ["(no output)"])[:3]
-    lines.append(f"NCCL, two ranks on one GPU: exit {two.returncode}: " + " | ".join(tail)[:800])
-    return one.returncode == 0
+    gpus = torch.cuda.device_count()
+    lines.append(f"NCCL, two ranks on {gpus} GPU(s): exit {two.returncode}: " + " | ".join(tail)[:800])
+    # With a GPU per rank this run crosses NCCL links, where receives on the compute stream deadlocked.
+    return one.returncode == 0 and (two.returncode == 0 or gpus < 2)
+
+
+PINGPONG_ROUNDS = 20
+PINGPONG_SECONDS = 180  # a deadlock is caught here
+
+
+def _slow(x, weight):
+    """Enough kernels on the current stream that a send posted after them would visibly wait for them."""
+    for _ in range(8):
+        x = (x @ weight).tanh()
+    return x
+
+
+class _Span:
+    """Milliseconds of the work queued between start() and stop(): CUDA events, or host time on the CPU."""
+
+    def __init__(self, device) -> None:
+        import torch
+
+        self.cuda = device.type == "cuda"
+        self.events = [torch.cuda.Event(enable_timing=True) for _ in range(2)] if self.cuda else []
+        self.host = [0.0, 0.0]
+
+    def start(self) -> None:
+        self._mark(0)
+
+    def stop(self) -> None:
+        self._mark(1)
+
+    def _mark(self, i: int) -> None:
+        if self.cuda:
+            self.events[i].record()
+        self.host[i] = time.perf_counter()
+
+    def ms(self) -> float:
+        return self.events[0].elapsed_time(self.events[1]) if self.cuda else (self.host[1] - self.host[0]) * 1e3
+
+
+def _pingpong_rank(backend: str, device_type: str) -> dict:
+    """One rank of the ping-pong: rank 0 sends, rank 1 computes a reply from what came, and so on."""
+    import torch
+    import torch.distributed as dist
+
+    from hints.tasks import B, F, Task
+    from runtime.transport import Transport
+
+    rank = int(os.environ["RANK"])
+    device = torch.device("cpu")
+    if device_type == "cuda":
+        device = torch.device("cuda", int(os.environ["LOCAL_RANK"]) % torch.cuda.device_count())
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, **({"device_id": device} if backend == "nccl" else {}))
+    transport = Transport(rank, [(0, 1), (1, 0)], device, timeout=60)
+    transport.start(timeout=60)
+    rows, width = (4096, 4096) if device.type == "cuda" else (64, 256)  # GPU: ~10 ms of kernels per message
+    generator = torch.Generator(device="cpu").manual_seed(0)
+    weight = (torch.randn(width, width, generator=generator) / width ** 0.5).to(device)
+    x = torch.randn(rows, width, generator=generator).to(device)
+    posts, spans = [], []
+
+    def receive():
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            for arrival in transport.inbox.drain():
+                return arrival.take()[0]
+            transport.inbox.wait(1.0)
+        raise TimeoutError(f"rank {rank}: no message within 60 s")
+
+    def compute_and_post(value, task):
+        span = _Span(device)
+        span.start()
+        result = _slow(value, weight)
+        span.stop()
+        posted = time.perf_counter()
+        transport.send(1 - rank, 0, task, (result,))  # on CUDA: returns before the kernels above are done
+        posts.append(time.perf_counter() - posted)
+        spans.append(span)
+        return result
+
+    value = x
+    for i in range(PINGPONG_ROUNDS):
+        if rank == 0:
+            compute_and_post(value, Task(0, F, i))
+            value = receive()
+        else:
+            value = compute_and_post(receive(), Task(1, B, i))
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+    transport.wait_sent(timeout=60)
+    expected = x
+    for _ in range(2 * PINGPONG_ROUNDS):
+        expected = _slow(expected, weight)
+    result = {"rank": rank, "rounds": PINGPONG_ROUNDS,
+              "post_ms": statistics.median(posts) * 1e3,
+              "kernel_ms": statistics.median(span.ms() for span in spans),
+              "values_ok": rank != 0 or bool(torch.allclose(value, expected, rtol=1e-3, atol=1e-4))}
+    dist.barrier()
+    transport.close()
+    dist.destroy_process_group()
+    return result
+
+
+def _pingpong(backend: str, device_type: str) -> None:
+    """``--pingpong BACKEND``: run the two ranks and print rank 0's result as one JSON line."""
+    import json
+
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    from runtime.launch import free_port
+
+    config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
+                          rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, run_id="pingpong")
+    print(json.dumps(elastic_launch(config, _pingpong_rank)(backend, device_type)[0]))
+
+
+def _bounded(command: list[str], seconds: float) -> tuple[int | None, str]:
+    """Run ``command`` in its own process group; kill the whole group after ``seconds`` (None: it was killed)."""
+    import signal
+
+    process = subprocess.Popen(command, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                               start_new_session=True)
+    try:
+        output, _ = process.communicate(timeout=seconds)
+        return process.returncode, output
+    except subprocess.TimeoutExpired:
+        os.killpg(process.pid, signal.SIGKILL)
+        output, _ = process.communicate()
+        return None, output
+
+
+def streams(lines: list[str], device: str) -> bool:
+    import json
+
+    import torch
+
+    ok = True
+    for backend in ("gloo", "nccl") if device == "cuda" else ("gloo",):
+        if backend == "nccl" and torch.cuda.device_count() < 2:
+            lines.append("NCCL ping-pong: not run (needs a GPU per rank, 2)")
+            continue
+        began = time.perf_counter()
+        code, output = _bounded([sys.executable, __file__, "--pingpong", backend, "--device", device],
+                                PINGPONG_SECONDS)
+        seconds = time.perf_counter() - began
+        if code is None:
+            lines.append(f"{backend} ping-pong: DEADLOCK, no end within {PINGPONG_SECONDS} s")
+            ok = False
+            continue
+        result = json.loads(output.strip().splitlines()[-1]) if code == 0 else None
+        if result is None:
+            lines.append(f"{backend} ping-pong failed (exit {code}): {output.strip()[-1500:]}")
+            ok = False
+            continue
+        # Posting must not wait for the kernels computing the message: well under their time (on the
+        # CPU the kernels ran before the post, so this holds trivially: a dry run checks the values).
+        good = result["values_ok"] and result["post_ms"] < result["kernel_ms"] / 4
+        lines.append(f"{backend} ping-pong: {result['rounds']} rounds in {seconds:.0f} s, values "
+                     f"{'equal' if result['values_ok'] else 'DIFFER'}, posting a send {result['post_ms']:.2f} ms "
+                     f"vs {result['kernel_ms']:.2f} ms of kernels before it{'' if good else ' (FAIL)'}")
+        ok &= good
+    return ok
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True)
-    parser.add_argument("--device", default="cuda", help="cpu: a dry run of checks 1 and 2 without a GPU")
+    parser.add_argument("--out")
+    parser.add_argument("--device", default="cuda", help="cpu: a dry run of checks 1, 2 and 4 (gloo) without a GPU")
+    parser.add_argument("--pingpong", choices=("gloo", "nccl"), help=argparse.SUPPRESS)  # check 4's child
     args = parser.parse_args()
+    if args.pingpong:
+        _pingpong(args.pingpong, args.device)
+        return
+    if not args.out:
+        parser.error("--out is required")
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/rrfp-device")
@@ -141,6 +321,7 @@ def main() -> None:
                      ("trace", lambda: traced_run(lines, work, out, args.device))]
     if args.device == "cuda":
         checks_to_run.append(("nccl", lambda: nccl(lines, work)))
+    checks_to_run.append(("streams", lambda: streams(lines, args.device)))
     for name, check in checks_to_run:
         lines.append(f"\n## {name}\n")
         try:
