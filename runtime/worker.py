@@ -114,7 +114,8 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
 
         if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
             ctx.control_group = dist.new_group(backend="gloo")
-        ctx.clock_offset_ns, ctx.clock_error_ns = measure_clock_offset(rank, world, group=ctx.control_group)
+        measured = measure_clock_offset(rank, world, group=ctx.control_group)
+        ctx.clock_offset_ns, ctx.clock_error_ns = _clock_domain(measured, ctx.control_group)
         links = pipeline_links([pair for job in jobs for pair in _job_graph(job.config).links()])
         _log_links(ctx, backend, links)
         ctx.transport = Transport(rank, links, ctx.device, options.timeout, latency=None)
@@ -136,6 +137,42 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _clock_domain(measured: tuple[int, int], group) -> tuple[int, int]:
+    """The offset to rank 0's clock that this rank applies, and its error bound.
+
+    [Note: one clock domain] Ranks on one host read the same monotonic clock
+    (same kernel boot: ``/proc/sys/kernel/random/boot_id``), so their offset
+    is exactly 0: applying the ping-pong's estimate there would only add its
+    error, and make messages arrive before they were sent. Across hosts the
+    measured offset is applied only when it exceeds its error bound. A
+    collective: every rank calls it.
+    """
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([_boot_id()], dtype=torch.int64)
+    boots = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(boots, mine, group=group)
+    return choose_clock_offset(measured, mine.item(), boots[0].item())
+
+
+def choose_clock_offset(measured: tuple[int, int], boot: int, rank0_boot: int) -> tuple[int, int]:
+    """[Note: one clock domain] for one rank: its measured ``(offset, error)``, its boot and rank 0's."""
+    offset, error = measured
+    if boot != 0 and boot == rank0_boot:
+        return 0, 0
+    return (offset if abs(offset) > error else 0), error
+
+
+def _boot_id() -> int:
+    """This host's boot, as a 63-bit number (0 if unknown: then offsets are measured as across hosts)."""
+    try:
+        text = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return int(text.replace("-", ""), 16) >> 65 or 1
+    except (OSError, ValueError):
+        return 0
 
 
 def _job_graph(config):
@@ -252,7 +289,8 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             watchdog.progress()
-            gathered = _gather_summaries(ctx.world, result, ctx.control_group)  # also the barrier between iterations
+            # also the barrier between iterations; times on rank 0's clock, so makespans compare across ranks
+            gathered = _gather_summaries(ctx.world, result, ctx.control_group, ctx.clock_offset_ns)
             watchdog.disarm()
             wall = time.perf_counter() - began
             row = _metrics_row(iteration, gathered, wall, workload.unit)
@@ -274,13 +312,14 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     return {**first, "losses": losses, "metrics": rows if ctx.rank == 0 else None}
 
 
-def _gather_summaries(world: int, result, group) -> list[dict[str, Any]]:
-    """Every rank's iteration summary (tensor collectives: the object ones need numpy)."""
+def _gather_summaries(world: int, result, group, clock_offset_ns: int = 0) -> list[dict[str, Any]]:
+    """Every rank's iteration summary (tensor collectives: the object ones need numpy); start and end on
+    rank 0's clock."""
     import torch
     import torch.distributed as dist
 
-    counts = torch.tensor([result.start_ns, result.end_ns, result.busy_ns, result.units, result.peak_in_flight],
-                          dtype=torch.int64)
+    counts = torch.tensor([result.start_ns + clock_offset_ns, result.end_ns + clock_offset_ns, result.busy_ns,
+                           result.units, result.peak_in_flight], dtype=torch.int64)
     loss = torch.tensor([float("nan") if result.loss is None else result.loss], dtype=torch.float64)
     all_counts = [torch.empty_like(counts) for _ in range(world)]
     all_losses = [torch.empty_like(loss) for _ in range(world)]

@@ -251,3 +251,13 @@ def test_nccl_is_chosen_per_node_from_local_world_size(monkeypatch):
     assert (str(device), backend) == ("cuda:1", "nccl")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 8 ranks on a node with 4 GPUs: gloo through the host
     assert _device_and_backend(config, local_rank=5, world=8)[1] == "gloo"
+
+
+def test_one_host_is_one_clock_domain_and_offsets_below_their_error_are_not_applied():
+    from runtime.worker import _boot_id, choose_clock_offset
+
+    assert _boot_id() > 0  # Linux: /proc/sys/kernel/random/boot_id
+    assert choose_clock_offset((40_000, 25_000), boot=7, rank0_boot=7) == (0, 0)  # same host: exact
+    assert choose_clock_offset((40_000, 25_000), boot=7, rank0_boot=9) == (40_000, 25_000)  # across hosts
+    assert choose_clock_offset((10_000, 25_000), boot=7, rank0_boot=9) == (0, 25_000)  # within its error
+    assert choose_clock_offset((40_000, 25_000), boot=0, rank0_boot=0) == (40_000, 25_000)  # boot unknown
