@@ -64,6 +64,10 @@ class Recorder(Protocol):
 
     def end_iteration(self, iteration: int, now_ns: int, sends: list[Any]) -> None: ...
 
+    def optimizer_step(self, iteration: int, start_ns: int, barrier_ns: int, end_ns: int) -> None:
+        """After ``end_iteration``: the optimizer step from ``start_ns``, then the end-of-iteration barrier
+        from ``barrier_ns`` to ``end_ns`` (host monotonic clock, this rank's)."""
+
     def close(self) -> None: ...
 
 
@@ -83,6 +87,8 @@ class NullRecorder:
     def counters(self, iteration, now_ns, values): pass
 
     def end_iteration(self, iteration, now_ns, sends): pass
+
+    def optimizer_step(self, iteration, start_ns, barrier_ns, end_ns): pass
 
     def close(self): pass
 

@@ -286,11 +286,18 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
                     first["grads"] = {f"{stage}.{name}": p.grad.detach().cpu().clone()
                                       for stage, m in modules.items() for name, p in m.named_parameters()
                                       if p.grad is not None}
+            step_began = time.monotonic_ns()
             optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             watchdog.progress()
+            if ctx.device.type == "cuda" and config.traces(iteration):
+                import torch
+
+                torch.cuda.synchronize()  # the step's kernels in its span, not in the barrier's
+            barrier_began = time.monotonic_ns()
             # also the barrier between iterations; times on rank 0's clock, so makespans compare across ranks
             gathered = _gather_summaries(ctx.world, result, ctx.control_group, ctx.clock_offset_ns)
+            recorder.optimizer_step(iteration, step_began, barrier_began, time.monotonic_ns())
             watchdog.disarm()
             wall = time.perf_counter() - began
             row = _metrics_row(iteration, gathered, wall, workload.unit)
