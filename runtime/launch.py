@@ -160,14 +160,15 @@ def _check_device(config) -> None:
 
 
 def _elastic_worker(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
-    """A rank under the elastic launcher. An interrupted rank has closed its trace; it exits at once with
-    128 + the signal, since joining threads blocked in a collective could hang or abort."""
+    """A rank under the elastic launcher. A rank that failed or was interrupted has written its report and
+    closed its trace; it exits at once (1, or 128 + the signal): an interpreter shutdown would join threads
+    blocked in a collective, and the agent's SIGTERM would land in its exit handlers."""
     try:
         return worker_main(jobs, options)
-    except Interrupted as err:
+    except BaseException as err:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(err.exit_code)
+        os._exit(err.exit_code if isinstance(err, Interrupted) else 1)
 
 
 def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, Any]:
