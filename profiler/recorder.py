@@ -32,6 +32,7 @@ from __future__ import annotations
 import queue
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -71,8 +72,6 @@ class TraceRecorder:
             return
         self.events = [("begin", iteration, now_ns, " ".join(map(str, order)))]
         if self.cuda:
-            import time
-
             import torch
 
             torch.cuda.synchronize()
@@ -180,7 +179,7 @@ class _PacketWriter:
 
         self.builder = TraceProtoBuilder()
         if not self.started:
-            self._start(events[0][2] + offset)
+            self._start(events[0][2] + offset, offset)
         rank = self.rank
         for event in events:
             tag = event[0]
@@ -209,10 +208,19 @@ class _PacketWriter:
         self.file.write(self.builder.serialize())
         self.file.flush()
 
-    def _start(self, now: int) -> None:
-        """Process track, child tracks, and the metadata instant (clears incremental state)."""
+    def _start(self, now: int, offset: int) -> None:
+        """Process track, child tracks, clock snapshot and the metadata instant (clears incremental state).
+
+        [Note: trace clocks] Timestamps are ``CLOCK_MONOTONIC`` of this rank plus
+        ``clock_offset_ns`` (0 on one host: runtime.worker's [Note: one clock
+        domain]), declared as the sequence's default clock, and a ClockSnapshot
+        relates that domain to this host's BOOTTIME and REALTIME, so trace
+        processors align it with Kineto or Nsight Systems traces of the same run.
+        """
         setup, rank = self.setup, self.rank
         process = self._packet(now, first=True)
+        process.trace_packet_defaults.timestamp_clock_id = 3  # BUILTIN_CLOCK_MONOTONIC
+        self._clock_snapshot(offset)
         descriptor = process.track_descriptor
         descriptor.uuid = track_uuid(rank, "process")
         descriptor.name = f"rank {rank}"
@@ -238,6 +246,20 @@ class _PacketWriter:
         self._name(packet, SCHEMA)
         self._annotate(packet, meta)
         self.started = True
+
+    def _clock_snapshot(self, offset: int) -> None:
+        from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import BuiltinClock
+
+        packet = self.builder.add_packet()
+        packet.trusted_packet_sequence_id = self.sequence_id
+        snapshot = packet.clock_snapshot
+        snapshot.primary_trace_clock = BuiltinClock.BUILTIN_CLOCK_BOOTTIME
+        readings = [(BuiltinClock.BUILTIN_CLOCK_MONOTONIC, time.monotonic_ns() + offset),
+                    (BuiltinClock.BUILTIN_CLOCK_BOOTTIME, time.clock_gettime_ns(time.CLOCK_BOOTTIME)),
+                    (BuiltinClock.BUILTIN_CLOCK_REALTIME, time.time_ns())]
+        for clock_id, value in readings:
+            clock = snapshot.clocks.add()
+            clock.clock_id, clock.timestamp = clock_id, value
 
     def _packet(self, now: int, first: bool = False):
         packet = self.builder.add_packet()

@@ -36,6 +36,25 @@ def test_run_leaves_a_merged_trace_of_the_window(runs):
         assert frames.transfers.filter(frames.transfers["send_start_ns"].is_null()).height == 0
 
 
+def test_each_rank_declares_its_clock_and_snapshots_it(runs):
+    """[Note: trace clocks]: monotonic timestamps, related to BOOTTIME and REALTIME (Kineto, nsys)."""
+    import time
+
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+
+    _, fixed, _ = runs
+    packets = Trace.FromString((fixed / "trace.pftrace").read_bytes()).packet
+    defaults = [p.trace_packet_defaults.timestamp_clock_id for p in packets if p.HasField("trace_packet_defaults")]
+    snapshots = [{c.clock_id: c.timestamp for c in p.clock_snapshot.clocks} for p in packets
+                 if p.HasField("clock_snapshot")]
+    assert defaults == [3, 3, 3] and len(snapshots) == 3  # one per rank; 3 = BUILTIN_CLOCK_MONOTONIC
+    first_task = min(p.timestamp for p in packets if p.HasField("track_event"))
+    for clocks in snapshots:
+        assert sorted(clocks) == [1, 3, 6]  # REALTIME, MONOTONIC, BOOTTIME
+        assert 0 < clocks[3] - first_task < 60e9  # taken when the first traced iteration was written
+        assert abs(clocks[1] - time.time_ns()) < 3600e9
+
+
 @pytest.mark.parametrize("command", ["summary", "bubbles", "misalign", "critical-path", "sensitivity",
                                      "decisions"])
 def test_every_analysis_answers(runs, command):
