@@ -130,13 +130,23 @@ def locate_trace(path: str | Path) -> tuple[list[Path], str | None]:
     ranks = rank_trace_files(path)
     if ranks:
         return ranks, f"{path} was not merged (crashed run?): reading {len(ranks)} per-rank files"
-    jobs = sorted(p.parent.name for p in path.glob("*/trace.pftrace")) + \
-        sorted(p.parent.parent.name for p in path.glob("*/trace/rank*.pftrace"))
+    jobs = job_runs(path)
     if jobs:
-        names = ", ".join(dict.fromkeys(jobs))
-        raise TraceError(f"holds several jobs ({names}); give one of them, e.g. {path / jobs[0]}", str(path))
+        names = ", ".join(job.name for job in jobs)
+        raise TraceError(f"holds several jobs ({names}); give one of them, e.g. {jobs[0]}", str(path))
     raise TraceError("holds no trace (trace.pftrace or trace/rank*.pftrace); was it run with --no-trace?",
                      str(path))
+
+
+def job_runs(path: str | Path) -> list[Path]:
+    """The job directories of an ``rrfp run --compare`` directory (one trace each); empty for a trace file or
+    a directory that holds a trace of its own."""
+    path = Path(path)
+    if not path.is_dir() or (path / "trace.pftrace").is_file() or rank_trace_files(path):
+        return []
+    jobs = [p.parent for p in path.glob("*/trace.pftrace")] + \
+        [p.parent.parent for p in path.glob("*/trace/rank*.pftrace")]
+    return sorted(set(jobs))  # by name: fixed-1f1b, fixed-<hint>, ready-<hint>, the order --compare runs them
 
 
 def read_trace(path: str | Path) -> TraceFrames:
