@@ -7,14 +7,13 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 from rich.text import Text
 
 from hints.hintfile import hint_to_json, save_hint, save_torch_csv
 from hints.orders import BUILTIN_HINTS, HintOrder
 from hints.torch_import import TORCH_SCHEDULES
 from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Stages
-from rrfp_cli.output import Output
+from rrfp_cli.output import Column, Output, print_table
 
 app = typer.Typer(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
                   no_args_is_help=True)
@@ -45,12 +44,10 @@ def list_hints(json_mode: JsonFlag = False) -> None:
     torch_rows = [f"torch:{name}" for name in TORCH_SCHEDULES]
 
     def render(console: Console) -> None:
-        table = Table(title="Built-in hints", title_justify="left")
-        for column in ("name", "chunks", "backward", "order"):
-            table.add_column(column)
-        for row in rows:
-            table.add_row(row["name"], row["chunks"], "I + W" if row["split_backward"] else "B", row["summary"])
-        console.print(table)
+        print_table(console, [Column("name", text=True, key=True), Column("chunks", text=True),
+                              Column("backward", text=True), Column("order", text=True)],
+                    [[row["name"], row["chunks"], "I + W" if row["split_backward"] else "B", row["summary"]]
+                     for row in rows], title="Built-in hints")
         console.print("Also: " + ", ".join(torch_rows) + " (imported from torch.distributed.pipelining), "
                       "or a hint file (rrfp-hint/1 JSON, torch CSV).")
 

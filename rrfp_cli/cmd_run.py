@@ -11,12 +11,11 @@ from typing import Annotated, Any, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from hints.errors import Interrupted, UserError
 from runtime.config import RunConfig, build_config, load_toml
 from rrfp_cli.options import LookaheadChoice, lookahead_flag
-from rrfp_cli.output import Output
+from rrfp_cli.output import Column, Output, print_table
 
 RUN = "Run"
 MODEL = "Model"
@@ -253,22 +252,17 @@ def _summarise(job, rows: list[dict]) -> dict[str, Any]:
 
 def _render(console: Console, data: dict) -> None:
     jobs = data["jobs"]
-    table = Table(title=f"rrfp run -> {data['out']}", title_justify="left")
-    table.add_column("", style="bold", no_wrap=True)
-    for s in jobs:
-        table.add_column(s["job"], justify="right", no_wrap=True)
     rows = [
         ("iterations", lambda s: str(s["iterations"])),
-        ("loss, first -> last", lambda s: "-" if s["loss_first"] is None
-         else f"{s['loss_first']:.4f} -> {s['loss_last']:.4f}"),
+        ("first loss", lambda s: "-" if s["loss_first"] is None else f"{s['loss_first']:.4f}"),
+        ("last loss", lambda s: "-" if s["loss_last"] is None else f"{s['loss_last']:.4f}"),
         ("median step time", lambda s: f"{s['median_wall_seconds'] * 1e3:.1f} ms"),
         ("median throughput", lambda s: f"{s['median_throughput']:,.0f} {s['unit']}"),
         ("mean idle (all ranks)", lambda s: f"{s['mean_idle_fraction']:.1%}"),
         ("peak in flight", lambda s: str(s["peak_in_flight"])),
     ]
-    for label, cell in rows:
-        table.add_row(label, *(cell(s) for s in jobs))
-    console.print(table)
+    print_table(console, [Column("", text=True, key=True, style="bold"), *(Column(s["job"]) for s in jobs)],
+                [[label, *(cell(s) for s in jobs)] for label, cell in rows], title=f"rrfp run -> {data['out']}")
     console.print("[dim]medians and means exclude the first iteration (one-off start-up costs); "
                   "in flight: most microbatch-chunks any rank held[/]")
     if "speedup" in data:

@@ -7,7 +7,6 @@ from typing import Annotated, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
 
 from hints.errors import UserError
 from hints.hintfile import TORCH_PREFIX, resolve_hint
@@ -36,7 +35,7 @@ from rrfp_cli.options import (
     lookahead_flag,
     variability_model,
 )
-from rrfp_cli.output import Output, format_seconds
+from rrfp_cli.output import Column, Output, format_seconds, print_pairs, print_table, time_unit
 
 
 def simulate(
@@ -132,25 +131,21 @@ def _render_one(console: Console, result, budget, bound, elapsed: float) -> None
     shape = result.graph.shape
     rule = result.rule
     title = f"{result.hint} under {rule.policy}" + (" with lookahead" if rule.lookahead else "")
-    summary = Table(title=f"{title} ({shape.describe()})", title_justify="left", show_header=False)
-    summary.add_column(style="bold")
-    summary.add_column()
-    summary.add_row("makespan", format_seconds(result.makespan))
-    summary.add_row("lower bound", f"{format_seconds(bound.value)} ({bound.binding}); makespan is "
-                    f"{result.makespan / bound.value:.3f}x of it" if bound.value > 0 else "0")
-    summary.add_row("bubble fraction", f"{result.bubble_fraction:.1%}")
-    summary.add_row("memory budget", "not applied (fixed order)" if result.budgets is None
-                    else f"{budget} = {_compact(result.budgets)} slots per rank")
-    summary.add_row("tasks simulated", f"{len(result.graph):,} in {elapsed:.2f} s")
-    console.print(summary)
-    ranks = Table(title="per rank", title_justify="left")
-    for column in ("rank", "busy", "idle", "idle %", "peak in flight"):
-        ranks.add_column(column, justify="right")
-    for rank, (busy, idle) in enumerate(zip(result.busy, result.idle)):
-        ranks.add_row(str(rank), format_seconds(busy), format_seconds(idle),
-                      f"{idle / result.makespan:.1%}" if result.makespan else "-",
-                      str(result.peak_in_flight[rank]))
-    console.print(ranks)
+    lower = (f"{format_seconds(bound.value)} ({bound.binding}); makespan is {result.makespan / bound.value:.3f}x "
+             f"of it" if bound.value > 0 else "0")
+    print_pairs(console, [
+        ("makespan", format_seconds(result.makespan)),
+        ("lower bound", lower),
+        ("bubble fraction", f"{result.bubble_fraction:.1%}"),
+        ("memory budget", "not applied (fixed order)" if result.budgets is None
+         else f"{budget} = {_compact(result.budgets)} slots per rank"),
+        ("tasks simulated", f"{len(result.graph):,} in {elapsed:.2f} s"),
+    ], f"{title} ({shape.describe()})")
+    unit, write = time_unit([*result.busy, *result.idle])
+    rows = [[str(rank), write(busy), write(idle), f"{idle / result.makespan:.1%}" if result.makespan else "-",
+             str(result.peak_in_flight[rank])] for rank, (busy, idle) in enumerate(zip(result.busy, result.idle))]
+    print_table(console, [Column("rank", key=True), Column("busy"), Column("idle"), Column("idle %"),
+                          Column("peak in flight")], rows, title=f"per rank (busy and idle in {unit})")
 
 
 def _render_compare(console: Console, comparison) -> None:
@@ -160,19 +155,23 @@ def _render_compare(console: Console, comparison) -> None:
     over = [r for r in rows if not r.within_budget]
     fixed_over = {r.hint for r in over if r.rule == "fixed"}
     best = min(r.makespan for r in within)
-    table = Table(title=f"{shape.describe()}: at equal memory (budget {comparison.budget} = "
-                        f"{_compact(comparison.slots)} slots per rank)", title_justify="left")
-    for column in ("hint", "rule", "makespan", "vs 1F1B", "vs fixed", "/ bound", "memory"):
-        table.add_column(column, justify="left" if column in ("hint", "rule") else "right")
-    for row in within:
-        if row.vs_fixed is None:
-            versus = "-"
-        else:
-            versus = f"{row.vs_fixed:.3f}x" + ("*" if row.hint in fixed_over else "")
-        table.add_row(row.hint, row.label, format_seconds(row.makespan), f"{row.speedup:.3f}x", versus,
-                      f"{row.over_bound:.3f}", _memory(row, comparison.slots),
-                      style="bold green" if row.makespan == best else None)
-    console.print(table)
+    unit, write = time_unit([r.makespan for r in rows])
+
+    def cells(row, versus: bool) -> list[str]:
+        shown = [row.hint, row.label, write(row.makespan), f"{row.speedup:.3f}x"]
+        if versus:
+            shown.append("-" if row.vs_fixed is None else
+                         f"{row.vs_fixed:.3f}x" + ("*" if row.hint in fixed_over else ""))
+        return shown + [f"{row.over_bound:.3f}", _memory(row, comparison.slots)]
+
+    def columns(versus: bool) -> list[Column]:
+        return [Column("hint", text=True, key=True), Column("rule", text=True, key=True), Column("makespan"),
+                Column("vs 1F1B"), *([Column("vs fixed")] if versus else []), Column("/bound"), Column("memory")]
+
+    print_table(console, columns(True), [cells(r, True) for r in within],
+                title=f"{shape.describe()}: at equal memory (budget {comparison.budget} = "
+                      f"{_compact(comparison.slots)} slots per rank); makespan in {unit}",
+                row_styles=["bold green" if r.makespan == best else None for r in within])
     notes = [f"vs 1F1B: speedup over {comparison.baseline}; vs fixed: over the same hint in fixed order "
              f"(what readiness itself adds); / bound: makespan over the lower bound "
              f"{format_seconds(comparison.bound.value)} ({comparison.bound.binding}); memory: peak "
@@ -183,14 +182,8 @@ def _render_compare(console: Console, comparison) -> None:
                      "not at equal memory.")
     console.print("[dim]" + " ".join(notes) + "[/]")
     if over:
-        extra = Table(title="over the budget (more memory; not comparable with the rows above)",
-                      title_justify="left")
-        for column in ("hint", "rule", "makespan", "vs 1F1B", "/ bound", "memory"):
-            extra.add_column(column, justify="left" if column in ("hint", "rule") else "right")
-        for row in over:
-            extra.add_row(row.hint, row.label, format_seconds(row.makespan), f"{row.speedup:.3f}x",
-                          f"{row.over_bound:.3f}", _memory(row, comparison.slots))
-        console.print(extra)
+        print_table(console, columns(False), [cells(r, False) for r in over],
+                    title=f"over the budget (more memory; not comparable with the rows above); makespan in {unit}")
 
 
 def _memory(row, slots: list[int]) -> str:

@@ -1,19 +1,27 @@
-"""``rrfp trace``: answers from a run's Perfetto trace (bubbles, misalignment, critical path, hint sensitivity)."""
+"""``rrfp trace``: answers from a run's Perfetto trace (bubbles, misalignment, critical path, hint sensitivity).
+
+The analyses (``summary``, ``bubbles``, ``misalign``, ``critical-path``, ``sensitivity``, ``decisions``) given
+an ``rrfp run --compare`` directory answer for each of its jobs (:func:`_answer`); the commands that need one
+trace refuse it and name its jobs (``profiler.reader.locate_trace``).
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Optional
+from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
 import typer
 from rich.console import Console
-from rich.table import Table
+from rich.text import Text
 
-from rrfp_cli.output import Output, check_new_directory, check_new_file
+from rrfp_cli.output import (Column, Output, check_new_directory, check_new_file, print_pairs, print_table,
+                             shell_lines)
 
 if TYPE_CHECKING:  # polars is imported by the commands, so `rrfp --help` stays fast
     import polars as pl
+
+    from profiler.reader import TraceFrames
 
 app = typer.Typer(help="Read a run's trace: bubbles, misalignment, critical path, hint sensitivity, decisions.",
                   no_args_is_help=True)
@@ -61,16 +69,49 @@ def _emit(out: Output, data: dict, render) -> None:
     out.result({**data, "warnings": out.warnings}, render)
 
 
-def _table(console: Console, frame: pl.DataFrame, title: str, formats: dict[str, str] | None = None) -> None:
+Answer = Callable[["TraceFrames"], tuple[dict, Callable[[Console], None]]]
+
+
+def _answer(run: Path, out: Output, answer: Answer, iteration: int | None = None,
+            iterations: str | None = None) -> None:
+    """``answer`` on the run's trace, or on each job's of a ``--compare`` run directory: a section per job, and
+    in JSON ``{"jobs": [{"job", "run", ...the answer, "warnings"}], "warnings"}``."""
+    from profiler.reader import job_runs
+
+    jobs = job_runs(run)
+    if not jobs:
+        _emit(out, *answer(_load(run, out, iteration, iterations)))
+        return
+    answers = []
+    for job in jobs:
+        first = len(out.warnings)
+        data, render = answer(_load(job, out, iteration, iterations))
+        answers.append(({"job": job.name, "run": str(job), **data, "warnings": out.warnings[first:]}, render))
+
+    def render_all(console: Console) -> None:
+        for data, render in answers:
+            console.print(Text(f"job {data['job']} ({data['run']})", style="bold"))
+            render(console)
+
+    _emit(out, {"jobs": [data for data, _ in answers]}, render_all)
+
+
+def _table(console: Console, frame: pl.DataFrame, title: str, formats: dict[str, str] | None = None,
+           keys: tuple[str, ...] = ("rank",), caption: str | None = None) -> None:
+    """A frame as a table ([Note: tables at 80 columns] in rrfp_cli.output); its units go in ``title``."""
     import polars as pl
 
     formats = formats or {}
-    table = Table(title=title, title_justify="left")
-    for column in frame.columns:
-        table.add_column(column, justify="left" if frame.schema[column] == pl.Utf8 else "right")
-    for row in frame.iter_rows():
-        table.add_row(*(_cell(value, formats.get(column)) for column, value in zip(frame.columns, row)))
-    console.print(table)
+    columns = [Column(_header(name), text=frame.schema[name] == pl.Utf8, key=name in keys) for name in frame.columns]
+    rows = [[_cell(value, formats.get(name)) for name, value in zip(frame.columns, row)] for row in frame.iter_rows()]
+    print_table(console, columns, rows, title=title, caption=caption)
+
+
+def _header(name: str) -> str:
+    """A frame column's name as header words: ``budget_held_ms`` -> ``budget held`` (the unit is in the title)."""
+    for unit in ("_ms", "_ns", "_s"):
+        name = name.removesuffix(unit)
+    return name.replace("_", " ")
 
 
 def _cell(value, fmt: str | None) -> str:
@@ -97,25 +138,26 @@ def summary_command(run: RunArg, iterations: Iterations = None, json_mode: JsonF
     """What ran, how long an iteration took, and where idle time went."""
     from profiler.analysis import summary
 
-    out = Output(json_mode)
-    data = summary(_load(run, out, iterations=iterations))
+    def answer(frames):
+        data = summary(frames)
+        return data, lambda console: _render_summary(console, data)
 
-    def render(console: Console) -> None:
-        table = Table(title=f"trace {data['trace']}", title_justify="left", show_header=False)
-        table.add_column(style="bold")
-        table.add_column()
-        for key in ("job", "workload", "shape", "policy", "hint", "memory_budget", "timing"):
-            table.add_row(key, str(data[key]))
-        table.add_row("iterations", f"{data['iterations']} ({_ranges(data['iteration_numbers'])})")
-        table.add_row("median makespan", _cell(data["median_makespan_s"] and data["median_makespan_s"] * 1e3, ".2f")
-                      + " ms")
-        table.add_row("utilization", _cell(data["utilization"], ".1%"))
-        table.add_row("idle time", ", ".join(f"{k} {v:.0%}" for k, v in data["idle_share"].items()))
-        table.add_row("hint skips", f"{data['skips']} (mean Kendall tau {_cell(data['mean_kendall_tau'], '.3f')})")
-        table.add_row("clock alignment", f"within {data['max_clock_error_ns'] / 1e3:.1f} us")
-        console.print(table)
+    _answer(run, Output(json_mode), answer, iterations=iterations)
 
-    _emit(out, data, render)
+
+def _render_summary(console: Console, data: dict) -> None:
+    pairs = [(key.replace("_", " "), str(data[key]))
+             for key in ("job", "workload", "shape", "policy", "hint", "memory_budget", "timing")]
+    makespan = data["median_makespan_s"]
+    pairs += [
+        ("iterations", f"{data['iterations']} ({_ranges(data['iteration_numbers'])})"),
+        ("median makespan", _cell(makespan and makespan * 1e3, ".2f") + " ms"),
+        ("utilization", _cell(data["utilization"], ".1%")),
+        ("idle time", ", ".join(f"{k.replace('_', ' ')} {v:.0%}" for k, v in data["idle_share"].items())),
+        ("hint skips", f"{data['skips']} (mean Kendall tau {_cell(data['mean_kendall_tau'], '.3f')})"),
+        ("clock alignment", f"within {data['max_clock_error_ns'] / 1e3:.1f} us"),
+    ]
+    print_pairs(console, pairs, f"trace {data['trace']}")
 
 
 @app.command("bubbles")
@@ -129,13 +171,16 @@ def bubbles_command(
     dispatch and misalignment."""
     from profiler.analysis import BUBBLE_COLUMNS, bubble_totals, bubbles
 
-    out = Output(json_mode)
-    frame = bubbles(_load(run, out, iterations=iterations))
-    shown = frame if per_iteration else bubble_totals(frame)
-    columns = ["makespan_ns", "busy_ns", *BUBBLE_COLUMNS]
-    _emit(out, {"rows": shown.to_dicts()}, lambda console: _table(
-        console, _ms(shown, columns), "time per rank (ms, summed over the iterations); misalignment = idle "
-        "beyond the dispatch cost while a task the budget allowed was ready", {"utilization": ".1%"}))
+    def answer(frames):
+        frame = bubbles(frames)
+        shown = frame if per_iteration else bubble_totals(frame)
+        return {"rows": shown.to_dicts()}, lambda console: _table(
+            console, _ms(shown, ["makespan_ns", "busy_ns", *BUBBLE_COLUMNS]), "time per rank in ms"
+            + ("" if per_iteration else ", summed over the iterations"), {"utilization": ".1%"},
+            ("rank", "iteration"), "misalignment: idle beyond the dispatch cost while a task the budget allowed "
+            "was ready")
+
+    _answer(run, Output(json_mode), answer, iterations=iterations)
 
 
 @app.command("misalign")
@@ -150,23 +195,24 @@ def misalign_command(
 
     from profiler.analysis import iteration_windows, misalignment_gaps
 
-    out = Output(json_mode)
-    frames = _load(run, out, iterations=iterations)
+    def answer(frames):
+        gaps = misalignment_gaps(frames)
+        per_rank = gaps.group_by("rank").agg(pl.col("misaligned_ns").sum(), pl.len().alias("gaps")).sort("rank")
+        windows = iteration_windows(frames).select("iteration", pl.col("start_ns").alias("window_ns"))
+        top = gaps.head(limit).join(windows, on="iteration").with_columns(
+            (pl.col("gap_end_ns") - pl.col("window_ns")).alias("at_ns")).drop("window_ns")
 
-    gaps = misalignment_gaps(frames)
-    per_rank = gaps.group_by("rank").agg(pl.col("misaligned_ns").sum(), pl.len().alias("gaps")).sort("rank")
-    windows = iteration_windows(frames).select("iteration", pl.col("start_ns").alias("window_ns"))
-    top = gaps.head(limit).join(windows, on="iteration").with_columns(
-        (pl.col("gap_end_ns") - pl.col("window_ns")).alias("at_ns")).drop("window_ns")
+        def render(console: Console) -> None:
+            _table(console, _ms(per_rank, ["misaligned_ns"]), "misaligned time per rank in ms")
+            shown = _ms(top.select("rank", "iteration", "at_ns", "misaligned_ns", "ran_next", "ready"),
+                        ["at_ns", "misaligned_ns"])
+            _table(console, shown, f"longest {len(top)} misaligned gaps, in ms: `at` ms into the iteration the "
+                                   f"rank ran `ran next` after idling `misaligned` ms while `ready` could have run",
+                   keys=("rank", "iteration"))
 
-    def render(console: Console) -> None:
-        _table(console, _ms(per_rank, ["misaligned_ns"]), "misaligned time per rank (ms)")
-        shown = _ms(top.select("rank", "iteration", "at_ns", "misaligned_ns", "ran_next", "ready"),
-                    ["at_ns", "misaligned_ns"])
-        _table(console, shown, f"longest {len(top)} misaligned gaps: at `at_ms` into the iteration the rank ran "
-                               f"`ran_next` after idling while `ready` could have run")
+        return {"per_rank": per_rank.to_dicts(), "gaps": top.to_dicts()}, render
 
-    _emit(out, {"per_rank": per_rank.to_dicts(), "gaps": top.to_dicts()}, render)
+    _answer(run, Output(json_mode), answer, iterations=iterations)
 
 
 @app.command("critical-path")
@@ -175,18 +221,20 @@ def critical_path_command(run: RunArg, iteration: Iteration = None, iterations: 
     """The chain of compute, transfers and waits that set an iteration's makespan (default: the last)."""
     from profiler.analysis import critical_path
 
-    out = Output(json_mode)
-    path = critical_path(_load(run, out, iteration, iterations))
-    shares = path.shares()
-    data = {"iteration": path.iteration, "makespan_ns": path.makespan_ns, "shares": shares,
-            "segments": path.segments.to_dicts()}
+    def answer(frames):
+        path = critical_path(frames)
+        shares = path.shares()
 
-    def render(console: Console) -> None:
-        _table(console, _ms(path.segments, ["start_ns", "end_ns", "duration_ns"]).drop("start_ms", "end_ms"),
-               f"critical path of iteration {path.iteration} ({path.makespan_ns / 1e6:.2f} ms)")
-        console.print("share of the makespan: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()))
+        def render(console: Console) -> None:
+            _table(console, _ms(path.segments, ["start_ns", "end_ns", "duration_ns"]).drop("start_ms", "end_ms"),
+                   f"critical path of iteration {path.iteration} ({path.makespan_ns / 1e6:.2f} ms; durations in "
+                   f"ms)", keys=())
+            console.print("share of the makespan: " + ", ".join(f"{k} {v:.1%}" for k, v in shares.items()))
 
-    _emit(out, data, render)
+        return {"iteration": path.iteration, "makespan_ns": path.makespan_ns, "shares": shares,
+                "segments": path.segments.to_dicts()}, render
+
+    _answer(run, Output(json_mode), answer, iteration, iterations)
 
 
 @app.command("sensitivity")
@@ -205,32 +253,31 @@ def sensitivity_command(
 
     if task_overhead is not None and not task_overhead >= 0:
         raise UserError(f"must be a number >= 0, got {task_overhead}", "--task-overhead")
-    out = Output(json_mode)
-    frames = _load(run, out, iteration, iterations)
-    # Chosen iterations must all replay; by default the complete ones with every rank's hint do.
-    chosen = None if iteration is None and iterations is None else traced_iterations(frames)
-    result = sensitivity(frames, chosen, task_overhead)
-    data = result.to_json()
+    def answer(frames):
+        # Chosen iterations must all replay; by default the complete ones with every rank's hint do.
+        chosen = None if iteration is None and iterations is None else traced_iterations(frames)
+        result = sensitivity(frames, chosen, task_overhead)
+        data = result.to_json()
+        return data, lambda console: _render_sensitivity(console, result, data)
 
-    def render(console: Console) -> None:
-        table = Table(title=f"hint sensitivity at the traced budget ({result.budget}): realized durations of "
-                            f"iteration(s) {_ranges(result.iterations)} replayed (medians)", title_justify="left")
-        for column in ("hint", "rule", "simulated", "vs traced", "vs 1F1B", "/ bound"):
-            table.add_column(column, justify="left" if column in ("hint", "rule") else "right")
-        own = result.rows[0].makespan
-        for row in result.rows:
-            table.add_row(row.hint, row.label + ("" if row.within_budget else " (over budget)"),
-                          f"{row.makespan * 1e3:.2f} ms", f"{own / row.makespan:.3f}x", f"{row.speedup:.3f}x",
-                          f"{row.over_bound:.3f}")
-        console.print(table)
-        errors = list(result.errors.values())
-        source = (f"calibrated from {result.overhead.samples} dispatches" if result.overhead is not None
-                  else "given")
-        console.print(f"measured {data['measured_makespan_s'] * 1e3:.2f} ms (median); the traced hint replayed "
-                      f"with {result.overhead_s * 1e6:.0f} us dispatch overhead per task ({source}) is off by "
-                      f"{min(errors):+.1%} .. {max(errors):+.1%} per iteration")
+    _answer(run, Output(json_mode), answer, iteration, iterations)
 
-    _emit(out, data, render)
+
+def _render_sensitivity(console: Console, result, data: dict) -> None:
+    own = result.rows[0].makespan
+    columns = [Column("hint", text=True, key=True), Column("rule", text=True, key=True), Column("simulated"),
+               Column("vs traced"), Column("vs 1F1B"), Column("/bound")]
+    rows = [[row.hint, row.label + ("" if row.within_budget else " (over budget)"), f"{row.makespan * 1e3:.2f}",
+             f"{own / row.makespan:.3f}x", f"{row.speedup:.3f}x", f"{row.over_bound:.3f}"] for row in result.rows]
+    print_table(console, columns, rows, title=f"hint sensitivity at the traced budget ({result.budget}): "
+                f"realized durations of iteration(s) {_ranges(result.iterations)} replayed (simulated: median "
+                f"makespan in ms)")
+    errors = list(result.errors.values())
+    source = (f"calibrated from {result.overhead.samples} dispatches" if result.overhead is not None
+              else "given")
+    console.print(f"measured {data['measured_makespan_s'] * 1e3:.2f} ms (median); the traced hint replayed "
+                  f"with {result.overhead_s * 1e6:.0f} us dispatch overhead per task ({source}) is off by "
+                  f"{min(errors):+.1%} .. {max(errors):+.1%} per iteration")
 
 
 @app.command("decisions")
@@ -246,22 +293,25 @@ def decisions_command(
     """The arbiter's decisions: ready set with hint ranks, the choice, the hint head it skipped."""
     import polars as pl
 
-    out = Output(json_mode)
-    frame = _load(run, out, iteration, iterations).decisions
-    if rank is not None:
-        frame = frame.filter(pl.col("rank") == rank)
-    if skipped:
-        frame = frame.filter(pl.col("skipped").is_not_null())
-    total = frame.height
-    frame = frame.head(limit)
-    shown = frame.select(
-        "rank", "iteration", "chosen", "hint_rank", "skipped",
-        ((pl.col("time_ns") - pl.col("waited_from_ns")) / 1e6).alias("waited_ms"), "in_flight",
-        pl.col("ready").str.split(" ").list.len().alias("ready_n"),
-        pl.col("ready").str.split(" ").list.head(4).list.join(" ").alias("ready_first4"),
-        "held_back")
-    _emit(out, {"total": total, "decisions": frame.to_dicts()},
-          lambda console: _table(console, shown, f"{len(frame)} of {total} decisions"))
+    def answer(frames):
+        frame = frames.decisions
+        if rank is not None:
+            frame = frame.filter(pl.col("rank") == rank)
+        if skipped:
+            frame = frame.filter(pl.col("skipped").is_not_null())
+        total = frame.height
+        frame = frame.head(limit)
+        shown = frame.select(
+            "rank", "iteration", "chosen", "hint_rank", "skipped",
+            ((pl.col("time_ns") - pl.col("waited_from_ns")) / 1e6).alias("waited_ms"), "in_flight",
+            pl.col("ready").str.split(" ").list.len().alias("ready_n"),
+            pl.col("ready").str.split(" ").list.head(4).list.join(" ").alias("first_ready"),
+            "held_back")
+        return {"total": total, "decisions": frame.to_dicts()}, lambda console: _table(
+            console, shown, f"{len(frame)} of {total} decisions (waited: ms since the rank began to wait; first "
+            f"ready: up to 4 of the ready set, @ hint rank)", keys=("rank", "iteration"))
+
+    _answer(run, Output(json_mode), answer, iteration, iterations)
 
 
 @app.command("compare")
@@ -281,8 +331,8 @@ def compare_command(
     seconds = [c for c in frame.columns if c.endswith("_s")]
     shown = frame.drop("trace").with_columns([(pl.col(c) * 1e3).alias(c[:-2] + "_ms") for c in seconds]).drop(seconds)
     _emit(out, {"rows": frame.to_dicts()}, lambda console: _table(
-        console, shown, f"A = {a}, B = {b} (idle columns: ms per rank and iteration)",
-        {"utilization": ".1%", "speedup_vs_A": ".3f"}))
+        console, shown, f"A = {a}, B = {b} (median makespan in ms; idle columns: ms per rank and iteration)",
+        {"utilization": ".1%", "speedup_vs_A": ".3f"}, ("run",)))
 
 
 @app.command("export")
@@ -337,7 +387,8 @@ def export_command(
                           f"{'s' if len(its) != 1 else ''} ({_ranges(its)}); latencies: {table['latencies_measured']} "
                           f"measured, {table['latencies_filled']} filled with the iteration's median",
                           markup=False)
-            console.print(f"replay one: {table['replay']}", markup=False, soft_wrap=True)  # one line to copy
+            console.print("replay one:\n" + shell_lines(table["replay"], console.width), markup=False,
+                          soft_wrap=True)  # one command to copy
 
     _emit(out, data, render)
 

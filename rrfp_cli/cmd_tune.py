@@ -20,7 +20,7 @@ import statistics
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Any, Iterator, Optional
 
 import typer
 
@@ -41,7 +41,7 @@ from rrfp_cli.options import (
     WorkloadChoice,
     variability_model,
 )
-from rrfp_cli.output import Output, jsonable
+from rrfp_cli.output import Column, Output, jsonable, print_table, shell_lines
 
 TUNE = "Tuning"
 SOURCE = "Scenarios (one source)"
@@ -158,7 +158,7 @@ def tune_hint(
     for path in written.values():
         data.setdefault("files", []).append(path)
     summary = _summary_line(data)
-    output.result(data, lambda console: (console.print(render_markdown(data), markup=False, soft_wrap=True),
+    output.result(data, lambda console: (render_report(console, render_markdown(data)),
                                          console.print(summary, markup=False)))
     if interrupted:
         sys.stderr.write(f"stopped early: wrote the best found so far to {target}\n")
@@ -323,6 +323,56 @@ def _summary_line(data: dict) -> str:
     if gain:
         line += f", predicted {gain['estimate']:+.1%} over fixed 1F1B on held-out scenarios"
     return line + f"; check a run of it with: rrfp tune-hint --check RUN --report {data['written']['report.json']}"
+
+
+def render_report(console, markdown: str) -> None:
+    """report.md for the terminal ([Note: tables at 80 columns] in rrfp_cli.output): its tables through
+    ``print_table``, its commands as shell lines that fit, its prose wrapped."""
+    from rich.text import Text
+
+    for kind, lines in _blocks(markdown.splitlines()):
+        if kind == "table":
+            _markdown_table(console, lines)
+        elif kind == "code":
+            for command in lines:
+                console.print(shell_lines(command, console.width), markup=False, soft_wrap=True)
+        else:
+            line = lines[0]
+            heading = line.startswith("#")
+            console.print(Text(line.lstrip("# ") if heading else line.replace("**", ""),
+                               style="bold" if heading else ""))
+
+
+def _blocks(lines: list[str]) -> Iterator[tuple[str, list[str]]]:
+    """Markdown as ("table", rows), ("code", lines inside a fence) and ("line", [line])."""
+    i = 0
+    while i < len(lines):
+        if lines[i].startswith("|"):
+            end = next((j for j in range(i, len(lines)) if not lines[j].startswith("|")), len(lines))
+            yield "table", lines[i:end]
+        elif lines[i].startswith("```"):
+            end = next((j for j in range(i + 1, len(lines)) if lines[j].startswith("```")), len(lines))
+            yield "code", lines[i + 1:end]
+            end += 1
+        else:
+            end = i + 1
+            yield "line", [lines[i]]
+        i = end
+
+
+def _markdown_table(console, lines: list[str]) -> None:
+    """A markdown table (header, rule, rows); a column whose every cell is in ms shows bare numbers, unit above."""
+    header, *rows = [[cell.strip() for cell in line.strip().strip("|").split("|")] for line in lines]
+    rows = [row for row in rows if not all(set(cell) <= set("-:") for cell in row)]
+    in_ms = [bool(rows) and all(row[i].endswith(" ms") for row in rows) for i in range(len(header))]
+    rows = [[cell.removesuffix(" ms") if ms else cell for cell, ms in zip(row, in_ms)] for row in rows]
+    text = [not all(_numeric(row[i]) for row in rows) for i in range(len(header))]
+    columns = [Column(name, text=is_text, key=i == 0) for i, (name, is_text) in enumerate(zip(header, text))]
+    print_table(console, columns, rows, title="times in ms" if any(in_ms) else None)
+
+
+def _numeric(cell: str) -> bool:
+    return bool(re.fullmatch(r"[-+]?[\d,.]+(x|%)?|-", cell))
 
 
 # -- --check ------------------------------------------------------------------------

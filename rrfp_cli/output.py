@@ -2,7 +2,8 @@
 
 Human mode prints tables to stdout and notes/progress to stderr. JSON mode
 prints exactly one JSON document to stdout and nothing else there, so
-``rrfp ... --json | jq`` always works; progress bars are suppressed.
+``rrfp ... --json | jq`` always works; progress bars are suppressed. Every
+table goes through :func:`print_table` ([Note: tables at 80 columns]).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 import math
 import sys
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -129,3 +131,139 @@ def check_new_directory(path: Path, names: list[str], force: bool, flag: str) ->
     clash = [name for name in names if (path / name).exists()]
     if clash and not force:
         raise UserError(f"already holds {clash[0]}; pass --force to overwrite", where)
+
+
+# -- tables ------------------------------------------------------------------------
+#
+# [Note: tables at 80 columns]
+# Every table of every command goes through :func:`print_table`, so each reads on an 80-column terminal:
+# headers are short whole words (units go in the title or the caption, never in every header) that wrap
+# onto more lines rather than being cut; text cells wrap at spaces; number cells are never cut, nor wrapped.
+# A table too wide even so is split into parts of whole columns, the key columns (``Column.key``: what
+# names a row) repeated in each. Widths are fixed here, so rich never falls back to cutting with "…".
+
+_CELL_EXTRA = 3  # a cell's padding (one space each side) and its border on the right
+_TABLE_EXTRA = 1  # the table's left border
+
+
+@dataclass(frozen=True)
+class Column:
+    """A column: its header (short whole words), whether its cells are text (wrap at spaces, left-aligned)
+    or numbers (right-aligned, never broken), and whether it names the row (repeated when split)."""
+
+    header: str
+    text: bool = False
+    key: bool = False
+    style: str | None = None
+
+
+def print_table(console: Console, columns: list[Column], rows: list[list[str]], *, title: str | None = None,
+                caption: str | None = None, show_header: bool = True,
+                row_styles: list[str | None] | None = None) -> None:
+    """[Note: tables at 80 columns]: ``rows`` of plain strings (no markup) under ``title``, ``caption`` below."""
+    from rich.table import Table
+    from rich.text import Text
+
+    if title:
+        console.print(Text(title, style="table.title"))
+    cells = [[row[i] for row in rows] for i in range(len(columns))]
+    least = [_least_width(c, own, show_header) for c, own in zip(columns, cells)]
+    most = [_most_width(c, own, show_header) for c, own in zip(columns, cells)]
+    for part in _parts(columns, least, console.width):
+        widths = _fit([least[i] for i in part], [most[i] for i in part], [columns[i].text for i in part],
+                      console.width)
+        table = Table(show_header=show_header)
+        for i, width in zip(part, widths):
+            column = columns[i]
+            table.add_column(Text(column.header), justify="left" if column.text else "right", width=width,
+                             overflow="fold", style=column.style)
+        for r, row in enumerate(rows):
+            table.add_row(*(Text(row[i]) for i in part), style=row_styles[r] if row_styles else None)
+        console.print(table)
+    if caption:
+        console.print(Text(caption, style="dim"))
+
+
+def _words(text: str) -> list[str]:
+    return text.split() or [""]
+
+
+def _longest(pieces) -> int:
+    from rich.cells import cell_len
+
+    return max([1, *map(cell_len, pieces)])
+
+
+def _least_width(column: Column, cells: list[str], show_header: bool) -> int:
+    """The narrowest the column may be: its longest header word, its longest number, or its longest word."""
+    header = _longest(_words(column.header)) if show_header else 1
+    return max(header, _longest([w for cell in cells for w in _words(cell)] if column.text else cells))
+
+
+def _most_width(column: Column, cells: list[str], show_header: bool) -> int:
+    header = _longest([column.header]) if show_header else 1
+    return max(header, _longest([line for cell in cells for line in cell.splitlines()]))
+
+
+def _parts(columns: list[Column], least: list[int], width: int) -> list[list[int]]:
+    """Column indices of each part: the key columns, then as many others as fit at their least widths."""
+    keys = [i for i, c in enumerate(columns) if c.key]
+    room = width - _TABLE_EXTRA - sum(least[i] + _CELL_EXTRA for i in keys)
+    parts: list[list[int]] = []
+    used = room + 1  # forces a first part
+    for i, column in enumerate(columns):
+        if column.key:
+            continue
+        need = least[i] + _CELL_EXTRA
+        if used + need > room and (not parts or parts[-1][len(keys):]):
+            parts.append(list(keys))
+            used = 0
+        parts[-1].append(i)
+        used += need
+    return parts or [keys]
+
+
+def _fit(least: list[int], most: list[int], foldable: list[bool], width: int) -> list[int]:
+    """Each column's width: as wide as its content, narrowed (the most slack first) to fit ``width``: first
+    down to the least widths, then, if it must, text columns below theirs (their words fold)."""
+    widths = list(most)
+    excess = sum(widths) + _CELL_EXTRA * len(widths) + _TABLE_EXTRA - width
+    for floor in (least, [1 if fold else low for fold, low in zip(foldable, least)]):
+        while excess > 0:
+            slack, i = max((w - low, i) for i, (w, low) in enumerate(zip(widths, floor)))
+            if slack <= 0:
+                break
+            widths[i] -= 1
+            excess -= 1
+    return widths
+
+
+def print_pairs(console: Console, pairs: list[tuple[str, str]], title: str) -> None:
+    """A table of names and values, no header ([Note: tables at 80 columns])."""
+    print_table(console, [Column("", text=True, key=True, style="bold"), Column("", text=True)],
+                [list(pair) for pair in pairs], title=title, show_header=False)
+
+
+def time_unit(seconds: list[float]) -> tuple[str, Callable[[float], str]]:
+    """One unit for a column of seconds (ms below a second, else s), for its title, and a value's text in it."""
+    if max(map(abs, seconds), default=0.0) < 1.0:
+        return "ms", lambda value: f"{value * 1e3:.2f}"
+    return "s", lambda value: f"{value:.3f}"
+
+
+def shell_lines(command: str, width: int) -> str:
+    """A shell command to copy, broken between its words into lines of at most ``width`` that end in `` \\``
+    (continuations indented), so it still pastes as one command; a word longer than a line stays whole."""
+    import shlex
+
+    try:
+        words = [shlex.quote(word) for word in shlex.split(command)]
+    except ValueError:  # not shell syntax: leave it whole
+        return command
+    lines: list[str] = []
+    for word in words:
+        if lines and len(lines[-1]) + len(word) + 3 <= width:  # " word" and the " \\" that ends the line
+            lines[-1] += " " + word
+        else:
+            lines.append(("  " if lines else "") + word)
+    return " \\\n".join(lines)

@@ -44,11 +44,12 @@ _INHERITED = ("RRFP_DEBUG", "RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "
 
 
 def run_rrfp(cwd: Path, *args: str, timeout: float = 180, python_flags: tuple[str, ...] = (),
-             module: tuple[str, ...] = ("-m", "rrfp_cli")) -> subprocess.CompletedProcess:
-    """Run the CLI in a subprocess, as a user would: real exit codes, stdout and stderr."""
+             module: tuple[str, ...] = ("-m", "rrfp_cli"), columns: int = 200) -> subprocess.CompletedProcess:
+    """Run the CLI in a subprocess, as a user would: real exit codes, stdout and stderr (on a terminal
+    ``columns`` wide)."""
     env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["COLUMNS"] = "200"  # tables and grids laid out the same whatever the terminal
+    env["COLUMNS"] = str(columns)  # tables and grids laid out the same whatever the terminal
     return subprocess.run([sys.executable, *python_flags, *module, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
 
