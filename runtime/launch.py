@@ -18,7 +18,10 @@
     from outside, and they always come with reports, so they are ranked
     after it. Among reports: a raised error, then a stall inside a task, then
     any stall, then transport errors; ties by time. Where a silent rank was
-    comes from its status file (``runtime.worker.StatusBoard``).
+    comes from its status file (``runtime.worker.StatusBoard``). The agent
+    names only the first process it finds exited, so ranks that fail with a
+    report wait a second before exiting (:func:`_elastic_worker`): a rank
+    that died outright is always the one the agent sees.
 
 Interrupts: SIGINT / SIGTERM reach the elastic agent (which forwards the
 signal to every rank and kills what is left after 5 s) and, from a
@@ -159,16 +162,31 @@ def _check_device(config) -> None:
         raise UserError("nccl moves CUDA tensors only; use --device cuda or --backend gloo", "--backend")
 
 
+REPORTED_EXIT_DELAY = 1.0  # seconds: > the agent's monitor interval (0.1 s), with room for a loaded machine
+
+
 def _elastic_worker(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
-    """A rank under the elastic launcher. A rank that failed or was interrupted has written its report and
-    closed its trace; it exits at once (1, or 128 + the signal): an interpreter shutdown would join threads
-    blocked in a collective, and the agent's SIGTERM would land in its exit handlers."""
+    """A rank under the elastic launcher.
+
+    A rank that failed or was interrupted has written its report and closed
+    its trace; it exits with ``os._exit`` (1, or 128 + the signal), since an
+    interpreter shutdown would join threads blocked in a collective and the
+    agent's SIGTERM would land in its exit handlers. A failed rank first
+    waits :data:`REPORTED_EXIT_DELAY`: the agent names only the *first*
+    process it finds exited, and a rank killed outright ([Note: root cause])
+    must be that one, not the neighbour whose transport error it caused.
+    """
     try:
         return worker_main(jobs, options)
     except BaseException as err:
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(err.exit_code if isinstance(err, Interrupted) else 1)
+        if isinstance(err, Interrupted):
+            os._exit(err.exit_code)
+        for signum in _FirstSignal.SIGNALS:  # the agent's SIGTERM must not cut the wait short
+            signal.signal(signum, signal.SIG_IGN)
+        time.sleep(REPORTED_EXIT_DELAY)
+        os._exit(1)
 
 
 def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, Any]:
