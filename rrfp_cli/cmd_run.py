@@ -64,7 +64,7 @@ def run(
     nproc: Annotated[Optional[int], _opt("--nproc", help="Processes [default stages x tp x dp]")] = None,
     device: Annotated[Optional[str], _opt("--device", help="auto, cpu or cuda [default auto]")] = None,
     backend: Annotated[Optional[str], _opt("--backend", help="auto, gloo or nccl [default auto: nccl with one GPU per rank]")] = None,
-    out: Annotated[Optional[str], _opt("--out", help="Run directory [default runs/<timestamp>-<workload>]")] = None,
+    out: Annotated[Optional[str], _opt("--out", help="Run directory, new or empty [default runs/<timestamp>-<workload>, with -2, -3... if taken]")] = None,
     trace: Annotated[Optional[bool], _opt("--trace/--no-trace", help="Write a Perfetto trace, trace.pftrace [default on]")] = None,
     trace_iters: Annotated[Optional[str], _opt("--trace-iters", help="A:B traces iterations A..B-1 only (long jobs)")] = None,
     config_file: Annotated[Optional[Path], _opt("--config", help="TOML file whose keys are these flags' names (flags win)")] = None,
