@@ -130,6 +130,9 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
         last = summaries[-1]["median_wall_seconds"]
         data["speedup"] = summaries[0]["median_wall_seconds"] / last
         data["speedup_vs_fixed_hint"] = summaries[-2]["median_wall_seconds"] / last if len(jobs) > 2 else None
+        # [Note: equal memory]: readiness's own share is only clean when it held no more than the fixed order.
+        data["vs_fixed_hint_at_equal_memory"] = (summaries[-1]["peak_in_flight"] <= summaries[-2]["peak_in_flight"]
+                                                 if len(jobs) > 2 else None)
     out.result(data, lambda console: _render(console, data))
 
 
@@ -269,6 +272,9 @@ def _render(console: Console, data: dict) -> None:
         line = (f"[bold]{jobs[-1]['job']}[/]: [bold green]{data['speedup']:.3f}x[/] median step time vs "
                 f"[bold]{jobs[0]['job']}[/]")
         if data["speedup_vs_fixed_hint"] is not None:
+            memory = ("at no more memory" if data["vs_fixed_hint_at_equal_memory"]
+                      else "with more memory, so not readiness's alone")
             line += (f", [bold]{data['speedup_vs_fixed_hint']:.3f}x[/] vs [bold]{jobs[-2]['job']}[/] "
-                     f"(what readiness adds to that hint)")
-        console.print(line + f"; peak in flight {jobs[-1]['peak_in_flight']} vs {jobs[0]['peak_in_flight']}")
+                     f"(what readiness adds to that hint, {memory})")
+        peaks = ", ".join(f"{s['peak_in_flight']} ({s['job']})" for s in reversed(jobs))
+        console.print(line + f"; peak in flight {peaks}")

@@ -47,6 +47,8 @@ def test_compare_runs_fixed_then_ready(tmp_path):
     steps = [j["median_wall_seconds"] for j in data["jobs"]]
     assert data["speedup"] == steps[0] / steps[2]
     assert data["speedup_vs_fixed_hint"] == steps[1] / steps[2]
+    peaks = [j["peak_in_flight"] for j in data["jobs"]]
+    assert data["vs_fixed_hint_at_equal_memory"] == (peaks[2] <= peaks[1])  # zb@2x holds 2x the 1F1B bound
     assert (tmp_path / "c" / "fixed-1f1b" / "metrics.parquet").exists()
     assert (tmp_path / "c" / "ready-zb@2x" / "durations.parquet").exists()
 
