@@ -34,6 +34,7 @@ shape is inferred from the tasks present.
 from __future__ import annotations
 
 import csv
+import io
 import json
 import re
 from pathlib import Path
@@ -79,7 +80,15 @@ def hint_to_json(hint: HintOrder) -> dict[str, Any]:
 
 
 def save_hint(hint: HintOrder, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(hint_to_json(hint), indent=1) + "\n")
+    _write_text(path, json.dumps(hint_to_json(hint), indent=1) + "\n")
+
+
+def _write_text(path: str | Path, text: str) -> None:
+    """Write a file, or one ``UserError`` naming it (a missing directory, a directory, no permission)."""
+    try:
+        Path(path).write_text(text)
+    except OSError as err:
+        raise UserError(f"cannot write: {err.strerror or err}", str(path)) from None
 
 
 def hint_from_json(data: Any, where: str) -> HintOrder:
@@ -161,10 +170,9 @@ def _parse_task(text: Any, where: str) -> Task:
 
 
 def save_torch_csv(hint: HintOrder, path: str | Path) -> None:
-    with open(path, "w", newline="") as handle:
-        writer = csv.writer(handle)
-        for order in hint.text_orders():
-            writer.writerow(order)
+    text = io.StringIO(newline="")
+    csv.writer(text).writerows(hint.text_orders())
+    _write_text(path, text.getvalue())
 
 
 def hint_from_torch_rows(rows: Sequence[Sequence[str]], where: str, name: str) -> HintOrder:

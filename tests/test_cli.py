@@ -363,3 +363,13 @@ def test_commands_do_not_import_torch(tmp_path, args):
     assert "rrfp_cli.app" in modules  # the importtime output was parsed
     assert not any(line.endswith(" torch") for line in proc.stderr.splitlines())
     assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
+
+
+@pytest.mark.parametrize("flag, target, why", [
+    ("--out", "nowhere/h.json", "No such file or directory"),
+    ("--out", ".", "Is a directory"),
+    ("--torch-csv", "nowhere/h.csv", "No such file or directory"),
+])
+def test_error_hints_export_where_it_cannot_write(tmp_path, flag, target, why):
+    line = user_error(tmp_path, "hints", "export", "1f1b", "-p", "2", "-m", "4", flag, target)
+    assert line == f"error: {target}: cannot write: {why}"
