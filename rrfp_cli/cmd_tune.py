@@ -185,8 +185,10 @@ def _new_directory(out: Path) -> Path:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"its parent {parent} is not a directory", str(out))
-    if not os.access(parent, os.W_OK):
-        raise UserError(f"cannot write in {parent}", str(out))
+    try:  # try it now (permissions, read-only or special file systems), not after the search
+        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
+    except OSError as err:
+        raise UserError(f"cannot write in {parent}: {err.strerror or err}", str(out)) from None
     return out
 
 
@@ -202,6 +204,7 @@ def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout,
         from profiler.tune_sources import from_runs
 
         traced = from_runs(runs, asked, holdout, count, count, seed, keep_first)
+        _check_shape_flags(traced.scenarios.shape, stages, chunks, microbatches)
         return {"set": traced.scenarios, "overhead": traced.overhead, "cost_model": traced.cost_model,
                 "traced": _traced_candidate(traced), "replay": traced.replay, "config": traced.config,
                 "meta": traced.meta, "inputs": {"runs": [str(r) for r in runs]}}
@@ -216,6 +219,14 @@ def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout,
     return {"set": from_model(model, asked, count, count, seed), "overhead": 0.0, "cost_model": None, "traced": None,
             "config": None, "meta": None, "model": model,
             "inputs": {"workload": model.workload, "model": model.__dict__}}
+
+
+def _check_shape_flags(shape, stages, chunks, microbatches) -> None:
+    """Each of -p/-v/-m given beside a trace must match it (all three together are checked by from_runs)."""
+    for flag, given, actual in (("--stages", stages, shape.ranks), ("--chunks", chunks, shape.chunks),
+                                ("--microbatches", microbatches, shape.microbatches)):
+        if given is not None and given != actual:
+            raise UserError(f"the trace is of {shape.describe()} but {flag} {given} was asked", flag)
 
 
 def _from_tables(paths, shape, holdout, count, seed):

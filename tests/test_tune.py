@@ -268,6 +268,8 @@ def test_tune_hint_bad_input(traced_run, tmp_path):
     root, run = traced_run
     cases = [
         (["tune-hint", str(run), "--out", "x", "-p", "4", "-m", "6"], "was asked"),
+        (["tune-hint", str(run), "--out", "x", "-p", "4"], "--stages: the trace is of"),  # one flag alone too
+        (["tune-hint", str(run), "--out", "/proc/x"], "cannot write in /proc"),  # before the search, not after
         (["tune-hint", str(run), "--out", "x", "--time-budget", "0"], "--time-budget"),
         (["tune-hint", str(run), "--out", str(run)], "already exists"),
         (["tune-hint", "--out", "x"], "give one source"),
