@@ -296,6 +296,10 @@ def decisions_command(
     def answer(frames):
         frame = frames.decisions
         if rank is not None:
+            if rank >= frames.ranks:
+                from hints.errors import UserError
+
+                raise UserError(f"the trace has ranks 0..{frames.ranks - 1}, not {rank}", "--rank")
             frame = frame.filter(pl.col("rank") == rank)
         if skipped:
             frame = frame.filter(pl.col("skipped").is_not_null())

@@ -179,6 +179,8 @@ def test_decisions_filters(runs):
     data = json.loads(run_rrfp(root, "trace", "decisions", str(ready), "--rank", "0", "--iteration", "2", "--json",
                            "--limit", "1000").stdout)
     assert data["total"] == 6 * 3 and all(d["rank"] == 0 and d["iteration"] == 2 for d in data["decisions"])
+    absent = run_rrfp(root, "trace", "decisions", str(ready), "--rank", "3")  # 3 ranks: 0..2
+    assert absent.returncode == 2 and absent.stderr.strip() == "error: --rank: the trace has ranks 0..2, not 3"
 
 
 def test_crashed_run_keeps_finished_iterations_and_merges(tmp_path):
