@@ -1,7 +1,8 @@
 """The ``rrfp`` console script: one typer app, one module per command.
 
 ``main`` is the only place that turns exceptions into exit codes:
-:class:`hints.errors.UserError` -> one ``error:`` line on stderr and exit 2;
+:class:`hints.errors.UserError` and click's usage errors -> one ``error:``
+line on stderr and exit 2;
 SIGINT / SIGTERM -> ``interrupted (SIGINT)`` and exit 130 / 143 (what finished
 is kept: each command writes its partial results first); anything else -> one
 ``internal error`` line and exit 1, with the traceback only when
@@ -11,6 +12,7 @@ is kept: each command writes its partial results first); anything else -> one
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import sys
@@ -37,9 +39,18 @@ app.command("tune-hint")(cmd_tune.tune_hint)
 
 def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
+    _interruptible(command)
     signal.signal(signal.SIGTERM, raise_interrupted)  # SIGTERM ends a command as Ctrl-C does: cleanly, 143
     try:
-        command.main(args=argv, prog_name="rrfp")  # standalone: click handles usage errors and exits
+        # Not standalone: usage errors come here (one line), and typer.Exit(n) comes back as n.
+        code = command.main(args=argv, prog_name="rrfp", standalone_mode=False)
+        if isinstance(code, int) and code:
+            sys.exit(code)
+    except typer.Abort:  # click's answer to end-of-input at a prompt
+        sys.stderr.write("aborted\n")
+        sys.exit(1)
+    except typer.TyperException as err:  # click's usage errors: unknown option, a value out of range...
+        _exit_usage_error(err)
     except UserError as err:
         if os.environ.get("RRFP_DEBUG") == "1":
             raise
@@ -48,13 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         if details:
             sys.stderr.write(details.rstrip() + "\n")
         sys.exit(2)
-    except KeyboardInterrupt as err:
+    except KeyboardInterrupt as err:  # outside a command (while parsing arguments)
         _exit_interrupted(err)
-    except SystemExit as err:  # click turns KeyboardInterrupt into exit 130: find which signal it was
-        interrupt = _interrupt_in(err)
-        if interrupt is None:
-            raise
-        _exit_interrupted(interrupt)
     except Exception as err:  # a bug: say so in one line unless debugging
         if os.environ.get("RRFP_DEBUG") == "1":
             raise
@@ -62,15 +68,34 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
 
 
-def _interrupt_in(err: BaseException) -> KeyboardInterrupt | None:
-    """The ``KeyboardInterrupt`` (or :class:`Interrupted`) an exception was raised from, if any."""
-    seen = set()
-    while err is not None and id(err) not in seen:
-        if isinstance(err, KeyboardInterrupt):
-            return err
-        seen.add(id(err))
-        err = err.__cause__ or err.__context__
-    return None
+def _exit_usage_error(err) -> None:
+    """One ``error:`` line naming the command; ``rrfp`` or a group alone (``rrfp trace``) prints its help."""
+    if any(cls.__name__ == "NoArgsIsHelpError" for cls in type(err).__mro__):
+        err.show()
+    else:
+        ctx = getattr(err, "ctx", None)
+        message = " ".join(err.format_message().split())
+        sys.stderr.write(f"error: {message} (see {ctx.command_path if ctx else 'rrfp'} --help)\n")
+    sys.exit(getattr(err, "exit_code", 2))
+
+
+def _interruptible(command) -> None:
+    """Wrap every command's callback so an interrupt inside it exits here, with its own code (130 or 143):
+    left to typer it would become a plain exit 130, whatever the signal."""
+    if command.callback is not None:
+        command.callback = _exiting_on_interrupt(command.callback)
+    for sub in getattr(command, "commands", {}).values():
+        _interruptible(sub)
+
+
+def _exiting_on_interrupt(callback):
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        try:
+            return callback(*args, **kwargs)
+        except KeyboardInterrupt as err:
+            _exit_interrupted(err)
+    return run
 
 
 def _exit_interrupted(err: KeyboardInterrupt) -> None:

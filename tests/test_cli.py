@@ -373,3 +373,19 @@ def test_commands_do_not_import_torch(tmp_path, args):
 def test_error_hints_export_where_it_cannot_write(tmp_path, flag, target, why):
     line = user_error(tmp_path, "hints", "export", "1f1b", "-p", "2", "-m", "4", flag, target)
     assert line == f"error: {target}: cannot write: {why}"
+
+
+@pytest.mark.parametrize("args, line", [
+    (["simulate", "-p", "0"], "error: Invalid value for '--stages' / '-p': Input should be greater than or equal to 1 "
+                              "(see rrfp simulate --help)"),
+    (["run", "--nope"], "error: No such option: --nope (Possible options: --compare, --no-trace, --nproc) "
+                        "(see rrfp run --help)"),
+    (["trace", "summary"], "error: Missing argument 'RUN'. (see rrfp trace summary --help)"),
+])
+def test_usage_errors_are_one_line_too(tmp_path, args, line):
+    assert user_error(tmp_path, *args) == line
+
+
+def test_a_group_alone_prints_its_help(tmp_path):
+    proc = rrfp(tmp_path, "trace")
+    assert proc.returncode == 2 and "summary" in proc.stdout + proc.stderr and "error" not in proc.stderr
