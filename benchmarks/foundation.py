@@ -99,14 +99,19 @@ def end_to_end_table(repeats: int) -> None:
     print("| tasks | rule | seconds | us/task |")
     print("|---|---|---|---|")
     per_task: dict[tuple[int, str], float] = {}
+    for ranks, microbatches, tasks, rule, count in _e2e_cases(repeats):
+        seconds = statistics.median(end_to_end(ranks, microbatches, rule) for _ in range(count))
+        per_task[tasks, rule] = seconds / tasks
+        print(f"| {tasks:,} ({ranks} x {microbatches}) | {rule} | {seconds:.3f} | {seconds / tasks * 1e6:.2f} |")
+    _print_linearity(per_task)
+
+
+def _e2e_cases(repeats: int):
+    """``(ranks, microbatches, tasks, rule, repeats at that size)`` for every end-to-end shape and rule."""
     for ranks, microbatches in E2E_SHAPES:
         tasks = 2 * ranks * microbatches
         for rule in E2E_RULES:
-            runs = [end_to_end(ranks, microbatches, rule) for _ in range(_repeats_for(tasks, repeats))]
-            seconds = statistics.median(runs)
-            per_task[tasks, rule] = seconds / tasks
-            print(f"| {tasks:,} ({ranks} x {microbatches}) | {rule} | {seconds:.3f} | {seconds / tasks * 1e6:.2f} |")
-    _print_linearity(per_task)
+            yield ranks, microbatches, tasks, rule, _repeats_for(tasks, repeats)
 
 
 def _print_linearity(per_task: dict[tuple[int, str], float]) -> None:
@@ -194,17 +199,15 @@ def _against_table(commit: str, old: _Worker, new: _Worker, repeats: int) -> Non
     print("| tasks | rule | old s | new s | speedup | old us/task | new us/task |")
     print("|---|---|---|---|---|---|---|")
     per_task: dict[tuple[int, str], float] = {}
-    for ranks, microbatches in E2E_SHAPES:
-        tasks = 2 * ranks * microbatches
-        for rule in E2E_RULES:
-            old_runs, new_runs = [], []
-            for _ in range(_repeats_for(tasks, repeats)):
-                old_runs.append(old.measure(ranks, microbatches, rule))
-                new_runs.append(new.measure(ranks, microbatches, rule))
-            old_s, new_s = statistics.median(old_runs), statistics.median(new_runs)
-            per_task[tasks, rule] = new_s / tasks
-            print(f"| {tasks:,} ({ranks} x {microbatches}) | {rule} | {old_s:.3f} | {new_s:.3f} | "
-                  f"{old_s / new_s:.2f}x | {old_s / tasks * 1e6:.2f} | {new_s / tasks * 1e6:.2f} |", flush=True)
+    for ranks, microbatches, tasks, rule, count in _e2e_cases(repeats):
+        old_runs, new_runs = [], []
+        for _ in range(count):
+            old_runs.append(old.measure(ranks, microbatches, rule))
+            new_runs.append(new.measure(ranks, microbatches, rule))
+        old_s, new_s = statistics.median(old_runs), statistics.median(new_runs)
+        per_task[tasks, rule] = new_s / tasks
+        print(f"| {tasks:,} ({ranks} x {microbatches}) | {rule} | {old_s:.3f} | {new_s:.3f} | "
+              f"{old_s / new_s:.2f}x | {old_s / tasks * 1e6:.2f} | {new_s / tasks * 1e6:.2f} |", flush=True)
     _print_linearity(per_task)
 
 

@@ -113,7 +113,7 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
     options = WorkerOptions(out_root=str(root), show_progress=not out.json_mode, timeout=config.timeout)
     began = time.perf_counter()
     try:
-        results = launch(jobs, options, config.nproc or config.world_size)
+        results = launch(jobs, options, config.nproc or config.world_size, checked=True)
     except RunFailed as err:
         kept = _keep_what_finished(jobs, config)
         sys.stderr.write(f"error: run failed: {err}\n{kept}")

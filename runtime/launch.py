@@ -66,13 +66,14 @@ def free_port() -> int:
         return sock.getsockname()[1]
 
 
-def launch(jobs: list[Job], options: WorkerOptions, nproc: int) -> dict[int, Any]:
+def launch(jobs: list[Job], options: WorkerOptions, nproc: int, checked: bool = False) -> dict[int, Any]:
     """Run ``jobs`` on ``nproc`` ranks; returns each local rank's results.
 
-    Every job is validated first (:func:`runtime.plan.validate_run`), so bad input fails here with one
-    ``UserError`` before any rank starts.
+    Every job is checked first (:func:`preflight`), so bad input fails here with one ``UserError``
+    before any rank starts; ``checked``: the caller already ran :func:`preflight` on these jobs.
     """
-    preflight([job.config for job in jobs])
+    if not checked:
+        preflight([job.config for job in jobs])
     if under_torchrun():
         return _run_under_torchrun(jobs, options)
     os.environ.setdefault("PYTHONWARNINGS", "ignore:Failed to initialize NumPy")
@@ -155,9 +156,9 @@ def _check_device(config) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        flag = "--device" if config.device == "cuda" else "--backend"
-        raise UserError(f"{config.device if flag == '--device' else 'nccl'} needs CUDA, which this machine does "
-                        f"not have (torch {torch.__version__}); use --device cpu --backend gloo", flag)
+        what, flag = ("cuda", "--device") if config.device == "cuda" else ("nccl", "--backend")
+        raise UserError(f"{what} needs CUDA, which this machine does not have (torch {torch.__version__}); "
+                        f"use --device cpu --backend gloo", flag)
     if config.backend == "nccl" and config.device == "cpu":
         raise UserError("nccl moves CUDA tensors only; use --device cuda or --backend gloo", "--backend")
 
@@ -183,10 +184,15 @@ def _elastic_worker(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         sys.stderr.flush()
         if isinstance(err, Interrupted):
             os._exit(err.exit_code)
-        for signum in _FirstSignal.SIGNALS:  # the agent's SIGTERM must not cut the wait short
-            signal.signal(signum, signal.SIG_IGN)
+        _ignore_interrupts()  # the agent's SIGTERM must not cut the wait short
         time.sleep(REPORTED_EXIT_DELAY)
         os._exit(1)
+
+
+def _ignore_interrupts() -> None:
+    """From here on SIGINT and SIGTERM are ignored: this rank is already on its way out."""
+    for signum in _FirstSignal.SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
 
 
 def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, Any]:
@@ -202,9 +208,8 @@ def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, An
     try:
         return {int(os.environ["RANK"]): worker_main(jobs, options)}
     except (Exception, Interrupted) as err:
-        for signum in _FirstSignal.SIGNALS:  # torchrun now stops the other ranks: let this one finish
-            signal.signal(signum, signal.SIG_IGN)
-        time.sleep(1.0)  # the rank that failed first has written its report by now
+        _ignore_interrupts()  # torchrun now stops the other ranks: let this one finish its diagnosis
+        time.sleep(REPORTED_EXIT_DELAY)  # the rank that failed first has written its report by now
         if isinstance(err, Interrupted) and not _reports(out_root, began, exclude_kinds=("interrupt",)):
             raise  # a real interrupt: no rank failed
         raise RunFailed(diagnose(out_root, {}, began, world, config)) from None
