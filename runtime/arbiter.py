@@ -102,7 +102,10 @@ import math
 import re
 from dataclasses import dataclass
 from enum import Enum
+from collections import deque
 from heapq import heapify, heappop, heappush
+from itertools import compress
+from operator import not_
 from typing import NamedTuple, Sequence
 
 from hints.errors import UserError
@@ -267,18 +270,21 @@ class Arbiter:
         # rank, so the simulator shares one list between all arbiters, each filling in its own tasks.
         if positions is None:
             positions = [0] * len(graph)
-        for h, tid in enumerate(tids):
-            positions[tid] = h
+        deque(map(positions.__setitem__, tids, range(len(tids))), maxlen=0)  # positions[tid] = h, in C
         self.position = positions
         # Per task id, shared with the graph; consumers per block of m ids (TaskGraph's offsets).
         self._block_size = graph.shape.microbatches
         self._local_offsets, self._remote_offsets = graph.local_offsets, graph.remote_offsets
         self._admits, self._frees, self._is_forward = graph.admits, graph.frees, graph.is_forward
         self._rank_of = graph.rank
+        # Per block (task id // m): the hot paths read these, not the per-task lists above: a few
+        # entries that stay in cache, where a read of a task-sized list is a cache miss at scale.
+        self._block_admits, self._block_frees = graph.block_admits, graph.block_frees
+        self._block_forward = graph.block_forward
         # Per hint rank.
-        self.unmet = [graph.prereq_count[t] for t in tids]
+        self.unmet = list(map(graph.prereq_count.__getitem__, tids))
         self.started = [False] * len(tids)  # (lists, not bytearrays: list stores are the interpreter's fast path)
-        self.done_flags = [False] * len(tids)
+        self._running: int | None = None  # the task id started last and not finished (its rank runs one at a time)
         self._head = 0  # no hint rank below this one is left to start (see head)
         self.finished = 0
         self.in_flight = 0
@@ -286,7 +292,7 @@ class Arbiter:
         self.reserved = 0
         self.decisions: list[Decision] | None = [] if record else None
         # The ready set: input-ready tasks not yet started (held-back admissions included), as hint ranks.
-        ready = [h for h, unmet in enumerate(self.unmet) if not unmet]
+        ready = list(compress(range(len(tids)), map(not_, self.unmet)))
         self._others = [h for h in ready if not self._admits[tids[h]]]  # ascending lists are heaps
         self._admissions = [h for h in ready if self._admits[tids[h]]]
 
@@ -319,7 +325,7 @@ class Arbiter:
             left = self.unmet[h] = self.unmet[h] - 1
             if left:
                 return False
-            heappush(self._admissions if self._admits[consumer] else self._others, h)
+            heappush(self._admissions if self._block_admits[consumer // self._block_size] else self._others, h)
             return True
         rank_of, me = self._rank_of, self.rank
         return self._deliver(producer, [d for d in offsets if rank_of[producer + d] == me])
@@ -332,25 +338,30 @@ class Arbiter:
         that look ahead use it ([Note: lookahead admission]); the others ignore it.
         """
 
-    def expect_consumer(self, consumer: int, eta: float, started: bool = True) -> None:
-        """:meth:`expect` for a forward ``consumer`` of this rank whose input should arrive at ``eta``
-        (the simulator knows the consumer; the runtime only the producer)."""
+    def expect_consumer(self, consumer: int, eta: float) -> None:
+        """:meth:`expect` for a forward ``consumer`` of this rank whose input should arrive at ``eta``,
+        its producer started (the simulator knows the consumer; the runtime only the producer)."""
+
+    def expect_consumer_relayed(self, consumer: int, eta: float) -> None:
+        """:meth:`expect_consumer`, relayed one hop earlier (``expect(..., started=False)``)."""
 
     def finish(self, tid: int) -> bool:
         """A task of this rank ended; True if a local task became ready."""
         self.finished += 1
-        self.done_flags[self.position[tid]] = True
-        if self._frees[tid]:
+        self._running = None
+        block_size = self._block_size
+        block = tid // block_size
+        if self._block_frees[block]:
             self.in_flight -= 1
             self.reserved -= 1
-        offsets = self._local_offsets[tid // self._block_size]
+        offsets = self._local_offsets[block]
         if len(offsets) == 1:  # the usual case (F -> next F or B; B -> W ...): _deliver inlined
             consumer = tid + offsets[0]
             h = self.position[consumer]
             left = self.unmet[h] = self.unmet[h] - 1
             if left:
                 return False
-            heappush(self._admissions if self._admits[consumer] else self._others, h)
+            heappush(self._admissions if self._block_admits[consumer // block_size] else self._others, h)
             return True
         return self._deliver(tid, offsets) if offsets else False
 
@@ -360,14 +371,14 @@ class Arbiter:
         The consumers whose inputs have all arrived join the ready set.
         """
         became_ready = False
-        position, unmet = self.position, self.unmet
+        position, unmet, admits, block_size = self.position, self.unmet, self._block_admits, self._block_size
         for offset in offsets:
             consumer = producer + offset
             h = position[consumer]
             left = unmet[h] - 1
             unmet[h] = left
             if left == 0:
-                heappush(self._admissions if self._admits[consumer] else self._others, h)
+                heappush(self._admissions if admits[consumer // block_size] else self._others, h)
                 became_ready = True
         return became_ready
 
@@ -398,7 +409,7 @@ class Arbiter:
             task = self.order[h]
             needs = prerequisites(task, shape)
             local = [t for t in needs if shape.rank_of(t.stage) == self.rank]
-            missing = [t for t in local if not self.done_flags[self.position[self.graph.tid(t)]]]
+            missing = [t for t in local if not self._is_done(self.graph.tid(t))]
             remote_missing = self.unmet[h] - len(missing)
             missing += [t for t in needs if t not in local][:remote_missing]
             out.append((task, missing))
@@ -408,14 +419,19 @@ class Arbiter:
     def _start(self, h: int) -> int:
         """Start the ready task of hint rank ``h``, already taken off its heap; returns its task id."""
         self.started[h] = True
-        tid = self.tids[h]
-        if self._is_forward[tid]:
+        tid = self._running = self.tids[h]
+        block = tid // self._block_size
+        if self._block_forward[block]:
             in_flight = self.in_flight = self.in_flight + 1
             if in_flight > self.peak_in_flight:
                 self.peak_in_flight = in_flight
-            if self._admits[tid]:
+            if self._block_admits[block]:
                 self.reserved += self.chunks
         return tid
+
+    def _is_done(self, tid: int) -> bool:
+        """Whether ``tid`` (a task of this rank) has finished: started, and not the one running."""
+        return self.started[self.position[tid]] and tid != self._running
 
     def _record(self, now: float, h: int, ready_hs: Sequence[int], held_hs: Sequence[int],
                 deferred: int | None = None) -> None:
@@ -496,23 +512,28 @@ class LookaheadArbiter(ReadyArbiter):
         for offset in self._remote_offsets[producer // self._block_size]:
             consumer = producer + offset
             if self._rank_of[consumer] == self.rank and self._is_forward[consumer]:
-                self.expect_consumer(consumer, eta, started)
+                if started:
+                    self.expect_consumer(consumer, eta)
+                else:
+                    self.expect_consumer_relayed(consumer, eta)
 
-    def expect_consumer(self, consumer: int, eta: float, started: bool = True) -> None:
+    def expect_consumer(self, consumer: int, eta: float) -> None:
         h = self.position[consumer]
         if self.unmet[h]:
-            if started:
-                self._eta[h] = eta
-            elif self._eta[h] is None:
-                self._eta_relayed[h] = eta
+            self._eta[h] = eta
+
+    def expect_consumer_relayed(self, consumer: int, eta: float) -> None:
+        h = self.position[consumer]
+        if self.unmet[h] and self._eta[h] is None:
+            self._eta_relayed[h] = eta
 
     def next_wakeup(self) -> float | None:
         return self._wakeup
 
     def choose(self, now: float = 0.0) -> int | None:
-        self._wakeup = None
         # The selection repeats ReadyArbiter.choose's first lines: inlined, because choose is the
-        # simulator's hot path (a shared helper costs a call per decision).
+        # simulator's hot path (a shared helper costs a call per decision). _wakeup is set on every
+        # path that returns None (only then is next_wakeup asked).
         others, admissions = self._others, self._admissions
         budget_room = self.reserved + self.chunks <= self.budget
         if admissions and budget_room:  # an admission fits
@@ -522,12 +543,17 @@ class LookaheadArbiter(ReadyArbiter):
             fits = False
             pick = others
         else:
+            self._wakeup = None
             return None
         best = pick[0]
-        tids, is_forward = self.tids, self._is_forward
-        if not is_forward[tids[best]]:  # a backward: it may delay the head, a forward on its way
-            h = self.head
-            if best != h and is_forward[tids[h]] and self.unmet[h] and (budget_room or not self._admits[tids[h]]):
+        tids, forward, block_size = self.tids, self._block_forward, self._block_size
+        if not forward[tids[best] // block_size]:  # a backward: it may delay the head, a forward on its way
+            h, started = self._head, self.started  # self.head, inlined (the hot path)
+            while started[h]:  # the best-ranked ready task is not started, so h stops at or before it
+                h += 1
+            self._head = h
+            if best != h and self.unmet[h] and forward[tids[h] // block_size] and \
+                    (budget_room or not self._block_admits[tids[h] // block_size]):
                 eta, firm = self._eta[h], True
                 if eta is None:
                     eta, firm = self._eta_relayed[h], False
@@ -544,14 +570,16 @@ class LookaheadArbiter(ReadyArbiter):
     def _before(self, now: float, eta: float, deferred: int, fits: bool, firm: bool) -> int | None:
         """The best-ranked runnable task that ends by ``eta``, started; or None: wait for the forward."""
         others, admissions = self._others, self._admissions
-        runnable = sorted(others + admissions) if fits else sorted(others)
+        count = len(others) + len(admissions) if fits else len(others)
+        # Usually the deferred task is the only candidate: then there is nothing to sort.
+        runnable = (sorted(others + admissions) if fits else sorted(others)) if count > 1 else ()
         estimates, tids = self.estimates, self.tids
         for x in runnable:
             if x == deferred:
                 continue
             duration = estimates[tids[x]]
             if duration is not None and now + duration <= eta:
-                heap = admissions if self._admits[tids[x]] else others
+                heap = admissions if self._block_admits[tids[x] // self._block_size] else others
                 heap.remove(x)
                 heapify(heap)
                 if self.decisions is not None:

@@ -79,6 +79,11 @@ class TaskGraph:
     admits: list[bool]
     frees: list[bool]
     is_forward: list[bool]
+    # The same per block (task id // m): what hot loops read, a few entries that stay in cache.
+    block_rank: list[int]
+    block_admits: list[bool]
+    block_frees: list[bool]
+    block_forward: list[bool]
 
     @classmethod
     @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
@@ -121,6 +126,10 @@ class TaskGraph:
             admits=admits,
             frees=frees,
             is_forward=is_forward,
+            block_rank=rank[::m],
+            block_admits=admits[::m],
+            block_frees=frees[::m],
+            block_forward=is_forward[::m],
         )
 
     @staticmethod

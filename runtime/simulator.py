@@ -43,10 +43,11 @@ events]); allocation-heavy work runs with the cyclic collector paused
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections import deque
 from dataclasses import dataclass
-from functools import reduce
+from functools import cached_property, reduce
 from itertools import accumulate
 from operator import add
 from typing import Sequence
@@ -83,11 +84,30 @@ class SimResult:
     budgets: list[int] | None
     makespan: float
     busy: list[float]
-    start: list[float]  # per task id
-    end: list[float]  # per task id
     executed: list[list[int]]  # per rank, task ids in execution order
+    began: list[Sequence[float]]  # per rank, the start of each task in `executed`
+    compute: Sequence[float]  # per task id, its duration
     peak_in_flight: list[int]
     decisions: list[Decision] | None
+
+    # Per task id, start and end times: built on first use. The event loop keeps only each rank's
+    # start times, unboxed, in execution order: storing two float objects per task into task-sized
+    # lists as tasks run costs a cache miss each at hundreds of thousands of tasks, and most callers
+    # (tune-hint, --compare) read only the makespan and busy times.
+    @cached_property
+    def start(self) -> array:
+        return self._per_task(self.began)
+
+    @cached_property
+    def end(self) -> array:
+        return self._per_task(map(add, began, map(self.compute.__getitem__, tids))
+                              for tids, began in zip(self.executed, self.began))
+
+    def _per_task(self, per_rank) -> array:
+        times = array("d", bytes(8 * len(self.graph)))
+        for tids, values in zip(self.executed, per_rank):
+            deque(map(times.__setitem__, tids, values), maxlen=0)
+        return times
 
     @property
     def policy(self) -> Policy:
@@ -165,10 +185,10 @@ def simulate(
     if rule.exact_order and not record and min(compute, default=0.0) >= 0.0:
         replayed = _replay_exact_order(graph, [graph.ids(order) for order in hint.orders], compute, transfer, overhead)
         if replayed is not None:
-            start, end, executed, busy, peak_in_flight = replayed
-            return SimResult(hint=hint.name, rule=rule, graph=graph, budgets=budgets,
-                             makespan=max(end) if end else 0.0, busy=busy, start=start, end=end, executed=executed,
-                             peak_in_flight=peak_in_flight, decisions=None)
+            makespan, executed, began, busy, peak_in_flight = replayed
+            return SimResult(hint=hint.name, rule=rule, graph=graph, budgets=budgets, makespan=makespan, busy=busy,
+                             executed=executed, began=began, compute=compute, peak_in_flight=peak_in_flight,
+                             decisions=None)
         # Some rank is stuck: the event loop below finds where, for the report.
     positions = [0] * len(graph)  # shared by the arbiters: each fills in its own rank's tasks
     arbiters = [
@@ -177,20 +197,27 @@ def simulate(
         for r in range(shape.ranks)
     ]
     n = len(graph)
-    start = [0.0] * n
-    end = [0.0] * n
     executed: list[list[int]] = [[] for _ in range(shape.ranks)]
+    began_at = [array("d") for _ in range(shape.ranks)]  # see SimResult.start
+    makespan = 0.0
     idle = [True] * shape.ranks
     busy_until = [0.0] * shape.ranks  # the end of the rank's running task
-    task_rank = graph.rank
     remote_offsets, block_size = graph.remote_offsets, shape.microbatches  # consumers of t: t + d
-    is_forward = graph.is_forward
+    # Per block, (offset, rank) of each remote consumer: the per-task lists are cache misses at scale.
+    block_rank, block_forward = graph.block_rank, graph.block_forward
+    remote_targets = [tuple((d, block_rank[b + d // block_size]) for d in offsets)
+                      for b, offsets in enumerate(remote_offsets)]
+    # The same, only forwards that feed forwards (what lookahead predictions follow).
+    forward_targets = [tuple((d, rank) for d, rank in targets if block_forward[b + d // block_size])
+                       if block_forward[b] else () for b, targets in enumerate(remote_targets)]
     finish = [a.finish for a in arbiters]
     deliver = [a.available for a in arbiters]
     choose = [a.choose for a in arbiters]
     expect = [a.expect_consumer for a in arbiters]
+    expect_relayed = [a.expect_consumer_relayed for a in arbiters]
     wakeup = [a.next_wakeup for a in arbiters]
     run = [tids.append for tids in executed]
+    run_at = [starts.append for starts in began_at]
 
     # Events: a task end happens on the task's rank; an arrival delivers the task's output to `rank`;
     # a wake-up asks `rank` again. All events of one instant are applied, in the order they were
@@ -217,25 +244,27 @@ def simulate(
                 tid = choose[r](now)
                 if tid is not None:
                     idle[r] = False
-                    began = start[tid] = now + overhead
-                    finished = end[tid] = busy_until[r] = began + compute[tid]
+                    began = now + overhead
+                    finished = busy_until[r] = began + compute[tid]
+                    if finished > makespan:
+                        makespan = finished
                     run[r](tid)
+                    run_at[r](began)
                     at = bisect_right(times, finished)
                     times.insert(at, finished)
                     events.insert(at, (END, r, tid))
-                    if lookahead and is_forward[tid]:
-                        # Firm prediction to the consumer; relayed one hop further, as the runtime does.
-                        eta = began + expected_compute[tid] + expected_transfer[tid]
-                        for offset in remote_offsets[tid // block_size]:
-                            consumer = tid + offset
-                            if not is_forward[consumer]:
-                                continue
-                            expect[task_rank[consumer]](consumer, eta)
-                            relayed = eta + expected_compute[consumer] + expected_transfer[consumer]
-                            for further_offset in remote_offsets[consumer // block_size]:
-                                further = consumer + further_offset
-                                if is_forward[further]:
-                                    expect[task_rank[further]](further, relayed, False)
+                    if lookahead:
+                        targets = forward_targets[tid // block_size]
+                        if targets:  # a forward: firm prediction to its consumer, relayed one hop further
+                            eta = began + expected_compute[tid] + expected_transfer[tid]
+                            for offset, dest in targets:
+                                consumer = tid + offset
+                                expect[dest](consumer, eta)
+                                further_targets = forward_targets[consumer // block_size]
+                                if further_targets:
+                                    relayed = eta + expected_compute[consumer] + expected_transfer[consumer]
+                                    for further_offset, further_dest in further_targets:
+                                        expect_relayed[further_dest](consumer + further_offset, relayed)
                 elif lookahead:
                     wake = wakeup[r]()
                     if wake is not None:
@@ -253,11 +282,10 @@ def simulate(
                 finish[r](tid)
                 idle[r] = True
                 deciders.append(r)
-                offsets = remote_offsets[tid // block_size]
-                if offsets:
+                targets = remote_targets[tid // block_size]
+                if targets:
                     latency = transfer[tid]
-                    for offset in offsets:
-                        dest = task_rank[tid + offset]
+                    for offset, dest in targets:
                         if latency > 0.0:
                             arrival = now + latency
                             if not idle[dest] and busy_until[dest] > arrival:
@@ -285,11 +313,11 @@ def simulate(
         rule=rule,
         graph=graph,
         budgets=budgets,
-        makespan=max(end) if n else 0.0,
+        makespan=makespan,
         busy=_busy(executed, compute),
-        start=start,
-        end=end,
         executed=executed,
+        began=began_at,
+        compute=compute,
         peak_in_flight=[a.peak_in_flight for a in arbiters],
         decisions=[d for a in arbiters for d in a.decisions] if record else None,
     )
@@ -313,8 +341,9 @@ def _replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Comp
     "the previous task in the rank's order" as one more input, tasks are
     computed in any order that respects these inputs, each once. Every time
     is the same float sum as in the event loop, so results are identical.
-    Returns ``(start, end, executed, busy, peak in flight)``, or ``None`` if
-    some task never runs (a deadlock: the event loop then reports it).
+    Returns ``(makespan, executed, began, busy, peak in flight)`` (see
+    :class:`SimResult`), or ``None`` if some task never runs (a deadlock: the
+    event loop then reports it).
     """
     n = len(graph)
     if sum(map(len, orders)) != n:
@@ -327,8 +356,7 @@ def _replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Comp
             for before, after in zip(order, order[1:]):
                 following[before] = after
     inputs_ready = [0.0] * n  # the latest input arrival seen so far (the previous task's end included)
-    start = [0.0] * n
-    end = [0.0] * n
+    makespan = 0.0
     local_offsets, remote_offsets, block_size = graph.local_offsets, graph.remote_offsets, graph.shape.microbatches
     runnable = deque(order[0] for order in orders if order and not unmet[order[0]])
     take, add_runnable = runnable.popleft, runnable.append
@@ -336,8 +364,9 @@ def _replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Comp
     while runnable:
         tid = take()
         done += 1
-        began = start[tid] = inputs_ready[tid] + overhead
-        finished = end[tid] = began + compute[tid]
+        finished = inputs_ready[tid] + overhead + compute[tid]  # (its start, then + its duration)
+        if finished > makespan:
+            makespan = finished
         block = tid // block_size
         for offset in local_offsets[block]:  # later on this rank: its previous task's end covers this one's
             consumer = tid + offset
@@ -367,7 +396,9 @@ def _replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Comp
     # In flight: +1 when a forward starts, -1 when the last backward of its (stage, microbatch) ends.
     change = [forward - frees for forward, frees in zip(graph.is_forward, graph.frees)]
     peak_in_flight = [max(0, max(accumulate(map(change.__getitem__, order)), default=0)) for order in orders]
-    return start, end, orders, _busy(orders, compute), peak_in_flight
+    # A task's inputs_ready is final once it runs: start = inputs_ready + overhead, as in the loop.
+    began = [array("d", [inputs_ready[tid] + overhead for tid in order]) for order in orders]
+    return makespan, orders, began, _busy(orders, compute), peak_in_flight
 
 
 def _budgets(rule: ArbiterRule, budget: MemoryBudget | Sequence[int] | None, shape) -> list[int] | None:

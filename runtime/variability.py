@@ -345,6 +345,34 @@ def expected_durations(model: VariabilityModel, shape: PipelineShape, specs: lis
     return expected
 
 
+def _noisy(bases: list[float], draw, mu: float, sigma: float, prob: float, slowdown: float) -> list[float]:
+    """Each base times a lognormal (``mu``, ``sigma``), then times ``slowdown`` with probability ``prob``.
+
+    ``draw`` is a ``random.Random``'s ``random``. The values and the draws are those of
+    ``base * exp(rng.normalvariate(mu, sigma))`` (Kinderman and Monahan's ratio of uniforms, as
+    CPython writes it; no draw when ``sigma`` is 0) followed by ``rng.random() < prob`` (none when
+    ``prob`` is 0): that code inlined, so that a task costs no Python call (a tested equality).
+    """
+    if sigma <= 0 and prob <= 0:
+        return list(bases)
+    log, exp, magic = math.log, math.exp, random.NV_MAGICCONST
+    out = []
+    append = out.append
+    for value in bases:
+        if sigma > 0:
+            while True:
+                u1 = draw()
+                u2 = 1.0 - draw()
+                z = magic * (u1 - 0.5) / u2
+                if z * z / 4.0 <= -log(u2):
+                    break
+            value = value * exp(mu + z * sigma)
+        if prob > 0 and draw() < prob:
+            value = value * slowdown
+        append(value)
+    return out
+
+
 def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -> Durations:
     """Sample every task's duration and every transfer's latency for ``shape`` under ``model``."""
     stages, m = shape.stages, shape.microbatches
@@ -355,29 +383,19 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
     # [Note: sampling order] Every draw comes from `noise` (task durations: all forwards stage by
     # stage, then all backwards; per task the jitter, then the straggler draw) or `comm` (latencies:
     # all activations, then all gradients), in that order, so a seed always gives the same table.
-    # The rows are built whole, with lognormvariate(mu, s) written as exp(normalvariate(mu, s)), its
-    # definition: the same draws, without a Python call per task.
-    normal, uniform, exp = noise.normalvariate, noise.random, math.exp
+    # Durations are drawn by _noisy, which makes random.Random's own draws without a Python call per
+    # task.
 
     def noisy(bases: list[float]) -> list[float]:
-        jitter, prob, slowdown = model.jitter, model.straggler_prob, model.straggler_slowdown
-        mu = -jitter * jitter / 2.0
-        if jitter > 0 and prob > 0:
-            return [value * slowdown if uniform() < prob else value
-                    for value in (base * exp(normal(mu, jitter)) for base in bases)]
-        if jitter > 0:
-            return [base * exp(normal(mu, jitter)) for base in bases]
-        if prob > 0:
-            return [base * slowdown if uniform() < prob else base for base in bases]
-        return list(bases)
+        jitter = model.jitter
+        return _noisy(bases, noise.random, -jitter * jitter / 2.0, jitter, model.straggler_prob,
+                      model.straggler_slowdown)
 
     def latencies(count: int) -> list[float]:
         if model.comm_latency == 0:
             return [0.0] * count
-        if model.comm_jitter > 0:
-            mu, sigma, comm_normal = -model.comm_jitter ** 2 / 2.0, model.comm_jitter, comm.normalvariate
-            return [model.comm_latency * exp(comm_normal(mu, sigma)) for _ in range(count)]
-        return [model.comm_latency] * count
+        return _noisy([model.comm_latency] * count, comm.random, -model.comm_jitter ** 2 / 2.0, model.comm_jitter,
+                      0.0, 1.0)
 
     rows, row_of = _stage_cost_rows(model, specs, stages)
     forward_bases = [[per_stage * cost for cost in row] for row in rows]

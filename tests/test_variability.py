@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+import random
 import statistics
 
 import polars as pl
@@ -13,6 +15,7 @@ from runtime.deps import TaskGraph
 from runtime.duration_tables import durations_frame_rows, load_durations
 from runtime.variability import (
     VariabilityModel,
+    _noisy,
     sample_durations,
     sample_microbatches,
     stage_cost,
@@ -26,6 +29,22 @@ def test_same_seed_same_durations_other_seed_differs():
     a, b, c = (sample_durations(model, shape, s) for s in (1, 1, 2))
     assert a.forward == b.forward and a.send_forward == b.send_forward and a.specs == b.specs
     assert a.forward != c.forward
+
+
+@pytest.mark.parametrize("sigma,prob", [(0.3, 0.0), (0.2, 0.1), (0.0, 0.25), (0.0, 0.0), (1.5, 0.5)])
+def test_noisy_makes_random_randoms_own_draws(sigma, prob):
+    # _noisy inlines normalvariate; it must give this interpreter's values and leave the generator in
+    # the same state, or a seed would give another table than before.
+    bases = [0.001 * (1 + k % 7) for k in range(2000)]
+    mu, slowdown = -sigma * sigma / 2.0, 3.0
+    reference = random.Random(5)
+    expected = []
+    for base in bases:
+        value = base * math.exp(reference.normalvariate(mu, sigma)) if sigma > 0 else base
+        expected.append(value * slowdown if prob > 0 and reference.random() < prob else value)
+    inlined = random.Random(5)
+    assert _noisy(bases, inlined.random, mu, sigma, prob, slowdown) == expected
+    assert inlined.random() == reference.random()
 
 
 def test_noise_does_not_change_microbatch_contents():
