@@ -392,6 +392,7 @@ def _numeric(cell: str) -> bool:
 def _check(run: Path, report_path: Path, output: Output) -> None:
     from profiler.analysis import complete_iterations, iteration_windows
     from profiler.reader import read_trace
+    from runtime.tune import gain_range
 
     try:
         data = json.loads(report_path.read_text())
@@ -422,8 +423,9 @@ def _check(run: Path, report_path: Path, output: Output) -> None:
     gain = prediction.get("gain_over_traced_hint")
     if replay and gain and replay.get("measured_s"):
         realized = (replay["measured_s"] - measured) / replay["measured_s"]
-        result.update(realized_gain_over_traced=realized, predicted_gain_range=[gain["p10"], gain["p90"]],
-                      gain_within_predicted_range=gain["p10"] <= realized <= gain["p90"])
+        low_gain, high_gain = gain_range(gain)
+        result.update(realized_gain_over_traced=realized, predicted_gain_range=[low_gain, high_gain],
+                      gain_within_predicted_range=low_gain <= realized <= high_gain)
 
     def render(console) -> None:
         verdict = "inside" if result["within_predicted_range"] else "OUTSIDE"
@@ -433,7 +435,7 @@ def _check(run: Path, report_path: Path, output: Output) -> None:
         if "realized_gain_over_traced" in result:
             inside = "inside" if result["gain_within_predicted_range"] else "OUTSIDE"
             console.print(f"gain over the traced run: {result['realized_gain_over_traced']:+.1%}; predicted "
-                          f"{gain['estimate']:+.1%} (per iteration p10..p90 {gain['p10']:+.1%}..{gain['p90']:+.1%}): "
+                          f"{gain['estimate']:+.1%} (range {low_gain:+.1%}..{high_gain:+.1%}): "
                           f"{inside}", markup=False)
 
     output.result(result, render)

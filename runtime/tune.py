@@ -190,27 +190,57 @@ def report(outcome: TuneOutcome, context: dict) -> dict:
                     "hint": chosen.candidate.name, "rule": chosen.candidate.rule, "family": chosen.candidate.family},
         "prediction": _prediction(held["chosen"], {"over_fixed_1f1b": held.get("fixed 1F1B"),
                                                    "over_best_builtin": held.get("best built-in"),
-                                                   "over_traced_hint": held.get("traced hint")}),
+                                                   "over_traced_hint": held.get("traced hint")},
+                                  (context.get("replay") or {}).get("errors")),
         "rows": rows,
         "pareto": outcome.pareto,
         **context,
     }
 
 
-def _prediction(chosen: list[float], references: dict[str, list[float] | None]) -> dict:
+def _prediction(chosen: list[float], references: dict[str, list[float] | None],
+                replay_errors: list[float] | None = None) -> dict:
     """What --check compares a new run with: the chosen hint's held-out makespans and gains.
 
-    Each gain has the paired bootstrap interval of its mean and the p10..p90 range of the per-scenario
-    gains (what one iteration may show).
+    Each gain has the paired bootstrap interval of its mean, the p10..p90 range of the per-scenario
+    gains (what one iteration may show), and ``range``: that p10..p90 widened by the simulator's own
+    error, as measured on the traced run ([Note: predicted ranges]). ``makespan_range`` is widened the
+    same way. Without a traced run (tables, a model) there is no measured error and no widening.
+
+    [Note: predicted ranges]
+        A replay of the traced hint on its own realized durations is off the measured step by
+        ``e_i`` in iteration ``i`` (report.json ``replay.errors``). A measured makespan is then
+        ``replayed / (1 + e)``, so the measured range is ``p10 / (1 + max e) .. p90 / (1 + min e)``.
+        For a gain ``g = 1 - C / R`` a bias common to both makespans cancels; what is left is each
+        one's deviation from the typical error, at most ``d = max |e_i - median e|``, and
+        ``C (1 + a) / (R (1 + b)) ~ (C / R)(1 + a - b)`` moves ``g`` by at most ``2 d (1 - g)``.
+        That is the margin added on each side of p10..p90, with ``g`` the estimate.
     """
-    out = {"makespan": summary(chosen), "makespan_range": [_quantile(chosen, 0.1), _quantile(chosen, 0.9)]}
+    errors = [e for e in replay_errors or () if e > -1.0]
+    low, high = _quantile(chosen, 0.1), _quantile(chosen, 0.9)
+    out = {"makespan": summary(chosen), "makespan_range": [low, high]}
+    deviation = 0.0
+    if errors:
+        typical = statistics.median(errors)
+        deviation = max(abs(e - typical) for e in errors)
+        out["makespan_range"] = [low / (1.0 + max(errors)), high / (1.0 + min(errors))]
+        out["makespan_scenarios_range"] = [low, high]
+        out["replay_deviation"] = deviation
     for label, reference in references.items():
         if reference:
             interval = paired_bootstrap(reference, chosen, seed=1)
             gains = [(r - c) / r for r, c in zip(reference, chosen) if r > 0]
+            p10, p90 = _quantile(gains, 0.1), _quantile(gains, 0.9)
+            margin = 2.0 * deviation * (1.0 - interval.estimate)
             out[f"gain_{label}"] = {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
-                                    "p10": _quantile(gains, 0.1), "p90": _quantile(gains, 0.9)}
+                                    "p10": p10, "p90": p90, "range": [p10 - margin, p90 + margin]}
     return out
+
+
+def gain_range(gain: dict) -> tuple[float, float]:
+    """The predicted range of a realized gain ([Note: predicted ranges]); p10..p90 in reports older than it."""
+    low, high = gain.get("range", (gain["p10"], gain["p90"]))
+    return low, high
 
 
 def _quantile(values: list[float], level: float) -> float:
@@ -252,15 +282,21 @@ def render_markdown(data: dict) -> str:
               f"({v['family']}). {v['reason']}.", ""]
     p = data["prediction"]
     m = p["makespan"]
+    scenarios_range = p.get("makespan_scenarios_range", p["makespan_range"])
+    widened = "" if "makespan_scenarios_range" not in p else (
+        f"; a run should measure {p['makespan_range'][0] * 1e3:.2f}..{p['makespan_range'][1] * 1e3:.2f} ms with the "
+        f"simulator's error on the traced run")
     lines += [f"Predicted makespan on held-out scenarios: mean {m['mean'] * 1e3:.2f} ms, p50 {m['p50'] * 1e3:.2f} ms, "
-              f"p90 {m['p90'] * 1e3:.2f} ms (p10..p90 {p['makespan_range'][0] * 1e3:.2f}..{p['makespan_range'][1] * 1e3:.2f} ms)."]
+              f"p90 {m['p90'] * 1e3:.2f} ms (p10..p90 {scenarios_range[0] * 1e3:.2f}..{scenarios_range[1] * 1e3:.2f} ms"
+              f"{widened})."]
     for key, label in (("gain_over_fixed_1f1b", "fixed 1F1B"), ("gain_over_best_builtin", "the best built-in"),
                        ("gain_over_traced_hint", "the traced hint")):
         if key in p:
             g = p[key]
+            low, high = gain_range(g)
             lines.append(f"Predicted gain over {label}: {g['estimate']:+.1%} (95% interval of the mean "
                          f"{g['low']:+.1%} .. {g['high']:+.1%}; per iteration p10..p90 {g['p10']:+.1%} .. "
-                         f"{g['p90']:+.1%}).")
+                         f"{g['p90']:+.1%}; with the simulator's measured error {low:+.1%} .. {high:+.1%}).")
     lines += ["", "## Candidates (best of each family)", "",
               "| row | hint | rule | tuning mean | held-out mean | held-out p90 | held-out CVaR90 | bubble | peak in flight "
               "| vs fixed 1F1B | vs best built-in |", "|---|---|---|---|---|---|---|---|---|---|---|"]

@@ -238,6 +238,29 @@ def one_error(result) -> str:
     return lines[0]
 
 
+def test_predicted_ranges_add_the_simulators_measured_error():
+    from runtime.tune import _prediction, gain_range
+
+    chosen = [0.8 + 0.01 * k for k in range(11)]  # p10 0.81, p90 0.89
+    reference = [1.0] * 11
+    bare = _prediction(chosen, {"over_x": reference})
+    assert gain_range(bare["gain_over_x"]) == (bare["gain_over_x"]["p10"], bare["gain_over_x"]["p90"])
+    assert bare["makespan_range"] == pytest.approx([0.81, 0.89])
+    # The simulator read 2% under and 1% over the measured steps: a run measures replayed / (1 + e).
+    errors = [-0.02, 0.0, 0.01]
+    widened = _prediction(chosen, {"over_x": reference}, errors)
+    assert widened["makespan_range"] == pytest.approx([0.81 / 1.01, 0.89 / 0.98])
+    assert widened["makespan_scenarios_range"] == pytest.approx([0.81, 0.89])
+    gain = widened["gain_over_x"]
+    margin = 2 * 0.02 * (1 - gain["estimate"])  # the largest deviation from the median error is 2%
+    assert gain_range(gain) == pytest.approx((gain["p10"] - margin, gain["p90"] + margin))
+    # A bias the same in every iteration cancels in a gain: no margin.
+    biased = _prediction(chosen, {"over_x": reference}, [0.03, 0.03, 0.03])["gain_over_x"]
+    assert gain_range(biased) == pytest.approx((biased["p10"], biased["p90"]))
+    # Reports written before the range existed still check against p10..p90.
+    assert gain_range({"p10": 0.1, "p90": 0.2}) == (0.1, 0.2)
+
+
 def test_tune_hint_from_a_run_writes_everything_and_checks(traced_run):
     root, run = traced_run
     result = run_rrfp(root, "tune-hint", str(run), "--out", "tuned", "--time-budget", "3s", "--scenarios", "8",
@@ -248,6 +271,9 @@ def test_tune_hint_from_a_run_writes_everything_and_checks(traced_run):
     assert sorted(p.name for p in out.iterdir()) == ["hint.json", "job.toml", "report.json", "report.md"]
     assert not [p for p in root.iterdir() if p.name.startswith(".tuned.")]  # no staging left behind
     assert data["replay"]["errors"] and abs(data["replay"]["median_error"]) < 0.15
+    for key, gain in data["prediction"].items():  # ranges widened by the replay error ([Note: predicted ranges])
+        if key.startswith("gain_"):
+            assert gain["range"][0] <= gain["p10"] and gain["range"][1] >= gain["p90"]
     assert data["scenarios"]["tuning"] == 8 and data["verdict"]["reason"]
     report = (out / "report.md").read_text()
     assert "## Verdict" in report and "## Candidates" in report
@@ -262,6 +288,7 @@ def test_tune_hint_from_a_run_writes_everything_and_checks(traced_run):
     assert checked.returncode == 0, checked.stderr
     verdict = json.loads(checked.stdout)
     assert "within_predicted_range" in verdict and verdict["measured_makespan_s"] > 0
+    assert verdict["predicted_gain_range"] == pytest.approx(data["prediction"]["gain_over_traced_hint"]["range"])
 
 
 def test_tune_hint_bad_input(traced_run, tmp_path):
