@@ -6,7 +6,7 @@
       "format": "rrfp-hint/1",
       "name": "1f1b",
       "shape": {"ranks": 4, "chunks": 1, "microbatches": 8, "split_backward": false},
-      "placement": "looping",
+      "placement": "looping",                               # optional: "looping" (the default) or "v"
       "orders": [["0F0", "0F1", ...], ["1F0", ...], ...],   # one list per rank
       "provenance": {"generator": "1f1b", ...}               # free-form, kept verbatim
     }
@@ -28,7 +28,10 @@ write in their ``compute_only`` format: one row per rank, one action per cell
 in torch's grammar (``0F0``, ``1B3``, ``0I2``, ``0W2``); empty cells are idle
 steps. Communication and FSDP actions (``SEND_F``, ``UNSHARD``,
 ``REDUCE_GRAD``, ...) are skipped on reading because rrfp derives them; the
-shape is inferred from the tasks present.
+shape is inferred from the tasks present, and so is the placement
+([Note: placement] in :mod:`hints.tasks`): the CSV carries stage ids per
+rank, and :func:`infer_placement` finds the placement they follow (or
+checks the one the caller states), refusing a mapping that follows neither.
 """
 
 from __future__ import annotations
@@ -43,7 +46,7 @@ from typing import Any, Mapping, Sequence
 from hints.errors import HintError, UserError
 from hints.costs import CostModel
 from hints.orders import BUILTIN_HINTS, MICROBATCH_ORDERS, HintOrder, builtin_hint
-from hints.tasks import PipelineShape, Task
+from hints.tasks import LOOPING, PLACEMENTS, V, PipelineShape, Task, check_placement, default_chunks
 from hints.validate import validate_orders
 
 HINT_FORMAT = "rrfp-hint/1"
@@ -64,11 +67,12 @@ _TORCH_COMPUTE = {"F", "B", "I", "W"}
 
 
 def hint_to_json(hint: HintOrder) -> dict[str, Any]:
+    shape = hint.shape.to_json()
     data = {
         "format": HINT_FORMAT_2 if hint.cost_ranked else HINT_FORMAT,
         "name": hint.name,
-        "shape": hint.shape.to_json(),
-        "placement": "looping",
+        "shape": shape,
+        "placement": shape.pop("placement"),  # the file keeps it beside the shape (files without it: looping)
         "orders": hint.text_orders(),
         "provenance": dict(hint.provenance),
     }
@@ -110,10 +114,10 @@ def hint_from_json(data: Any, where: str) -> HintOrder:
     for key in ("shape", "orders"):
         if key not in data:
             raise HintError(f"missing key {key!r}", where)
-    placement = data.get("placement", "looping")
-    if placement != "looping":
-        raise HintError(f"placement {placement!r} is not supported (only 'looping': stage k on rank k % ranks)", where)
-    shape = _shape_from_json(data["shape"], f"{where}: shape")
+    placement = data.get("placement", LOOPING)
+    if placement not in PLACEMENTS:
+        raise HintError(f"placement {placement!r} is not one of {', '.join(map(repr, PLACEMENTS))}", where)
+    shape = _shape_from_json(data["shape"], f"{where}: shape", placement)
     orders = data["orders"]
     if not isinstance(orders, list) or not all(isinstance(o, list) for o in orders):
         raise HintError("'orders' must be a list with one list of task strings per rank", where)
@@ -139,7 +143,7 @@ def hint_from_json(data: Any, where: str) -> HintOrder:
     return HintOrder(shape, tuple(tuple(o) for o in parsed), name, provenance, microbatches, cost_model)
 
 
-def _shape_from_json(data: Any, where: str) -> PipelineShape:
+def _shape_from_json(data: Any, where: str, placement: str = LOOPING) -> PipelineShape:
     if not isinstance(data, dict):
         raise HintError("must be an object with ranks, chunks, microbatches", where)
     unknown = sorted(set(data) - _SHAPE_KEYS)
@@ -152,7 +156,7 @@ def _shape_from_json(data: Any, where: str) -> PipelineShape:
     if not isinstance(split, bool):
         raise HintError("'split_backward' must be true or false", where)
     try:
-        return PipelineShape(data["ranks"], data["chunks"], data["microbatches"], split)
+        return PipelineShape(data["ranks"], data["chunks"], data["microbatches"], split, placement)
     except UserError as err:
         raise HintError(err.what, f"{where}: {err.where}") from None
 
@@ -175,8 +179,9 @@ def save_torch_csv(hint: HintOrder, path: str | Path) -> None:
     _write_text(path, text.getvalue())
 
 
-def hint_from_torch_rows(rows: Sequence[Sequence[str]], where: str, name: str) -> HintOrder:
-    """Build a hint from torch's compute-only action rows (one row per rank)."""
+def hint_from_torch_rows(rows: Sequence[Sequence[str]], where: str, name: str,
+                         placement: str | None = None) -> HintOrder:
+    """Build a hint from torch's compute-only action rows (one row per rank); ``placement`` None: inferred."""
     orders: list[list[Task]] = []
     for rank, row in enumerate(rows):
         order = []
@@ -196,13 +201,17 @@ def hint_from_torch_rows(rows: Sequence[Sequence[str]], where: str, name: str) -
                 raise HintError(f"{text!r} has no microbatch", f"{where}: rank {rank}, column {column}")
             order.append(Task.parse(f"{stage}{kind}{mb}"))
         orders.append(order)
-    return hint_from_task_orders(orders, where, name, {"source": "torch-csv"})
+    return hint_from_task_orders(orders, where, name, {"source": "torch-csv"}, placement)
 
 
 def hint_from_task_orders(
-    orders: Sequence[Sequence[Task]], where: str, name: str, provenance: dict[str, object]
+    orders: Sequence[Sequence[Task]], where: str, name: str, provenance: dict[str, object],
+    placement: str | None = None,
 ) -> HintOrder:
-    """Infer the shape from the tasks present (ranks = rows) and validate."""
+    """Infer the shape and placement from the tasks present (ranks = rows) and validate.
+
+    ``placement`` states it (checked against the tasks); None infers it (:func:`infer_placement`).
+    """
     ranks = len(orders)
     tasks = [task for order in orders for task in order]
     if ranks == 0 or not tasks:
@@ -210,20 +219,47 @@ def hint_from_task_orders(
     stages = max(task.stage for task in tasks) + 1
     if stages % ranks:
         raise HintError(
-            f"has {stages} stages over {ranks} ranks; looping placement needs a multiple of the rank count",
-            where,
-        )
+            f"has {stages} stages over {ranks} ranks; a placement needs a multiple of the rank count", where)
     split = any(task.kind.value in "IW" for task in tasks)
-    shape = PipelineShape(ranks, stages // ranks, max(task.microbatch for task in tasks) + 1, split)
+    microbatches = max(task.microbatch for task in tasks) + 1
+    placement = infer_placement(orders, stages // ranks, where, placement)
+    shape = PipelineShape(ranks, stages // ranks, microbatches, split, placement)
     validate_orders(shape, orders, where)
     return HintOrder(shape, tuple(tuple(o) for o in orders), name, provenance)
+
+
+def infer_placement(orders: Sequence[Sequence[Task]], chunks: int, where: str, stated: str | None = None) -> str:
+    """The placement whose stage-to-rank mapping ``orders`` (one list per rank) follow.
+
+    ``stated`` is checked; otherwise looping is preferred where both fit (one rank). A mapping that follows
+    no placement is a :class:`HintError` naming a stage that is on the wrong rank for each of them.
+    """
+    ranks = len(orders)
+    candidates = [check_placement(stated, "--placement")] if stated is not None else list(PLACEMENTS)
+    placed = {task.stage: rank for rank, order in enumerate(orders) for task in order}
+    reasons = []
+    for placement in candidates:
+        if placement == V and chunks != 2:
+            reasons.append(f"V placement needs 2p = {2 * ranks} stages, not {ranks * chunks}")
+            continue
+        shape = PipelineShape(ranks, chunks, 1, placement=placement)
+        wrong = next((stage for stage in sorted(placed) if placed[stage] != shape.rank_of(stage)), None)
+        if wrong is None:
+            return placement
+        reasons.append(f"{'V' if placement == V else placement} placement puts stage {wrong} on rank "
+                       f"{shape.rank_of(wrong)}, not {placed[wrong]}")
+    which = f"the {stated} placement" if stated is not None else "either placement"
+    raise HintError(f"the stage-to-rank mapping does not follow {which}: {'; '.join(reasons)}", where)
 
 
 # -- loading any hint ------------------------------------------------------
 
 
-def load_hint(path: str | Path) -> HintOrder:
-    """Load an ``rrfp-hint/1`` JSON file or a torch CSV (by extension ``.csv``)."""
+def load_hint(path: str | Path, placement: str | None = None) -> HintOrder:
+    """Load an ``rrfp-hint/1`` JSON file or a torch CSV (by extension ``.csv``).
+
+    ``placement`` states the placement of a CSV (checked against its stages; None: inferred).
+    """
     path = Path(path)
     where = str(path)
     try:
@@ -236,12 +272,32 @@ def load_hint(path: str | Path) -> HintOrder:
         rows = list(csv.reader(text.splitlines()))
         while rows and not any(cell.strip() for cell in rows[-1]):
             rows.pop()  # trailing blank lines are not ranks
-        return hint_from_torch_rows(rows, where, path.stem)
+        return hint_from_torch_rows(rows, where, path.stem, placement)
     try:
         data = json.loads(text)
     except json.JSONDecodeError as err:
         raise HintError(f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}", where) from None
     return hint_from_json(data, where)
+
+
+def hint_placement(spec: str, stated: str | None = None) -> str:
+    """The placement hint ``spec`` runs under, without building it: ``stated`` if given, else the hint's own.
+
+    A built-in's own placement, V for torch's V schedules (:data:`hints.torch_import.V_SCHEDULES`; the
+    import then checks it against torch's stage ids), a file's, or looping.
+    """
+    if stated is not None:
+        return check_placement(stated, "--placement")
+    if spec in BUILTIN_HINTS:
+        return BUILTIN_HINTS[spec].placement
+    if spec.startswith(TORCH_PREFIX):
+        from hints.torch_import import V_SCHEDULES
+
+        name = spec[len(TORCH_PREFIX):].lower()
+        return V if name.removeprefix("schedule") in V_SCHEDULES else LOOPING
+    if Path(spec).is_file():
+        return load_hint(spec).shape.placement
+    return LOOPING
 
 
 def resolve_hint(
@@ -251,32 +307,39 @@ def resolve_hint(
     microbatches: int | None = None,
     costs: Sequence[float] | None = None,
     priorities: Mapping[Task, Sequence[float]] | None = None,
+    placement: str | None = None,
 ) -> HintOrder:
     """A built-in name or ``torch:SCHEDULE`` (built for the given shape), or a hint file (checked against it).
 
-    For a file, any of ``ranks``/``chunks``/``microbatches`` that is given must
+    For a file, any of ``ranks``/``chunks``/``microbatches``/``placement`` that is given must
     match the file's shape. ``costs`` feed ``bfw``, ``priorities`` feed ``cp``
-    (``runtime.evaluate.resolve`` computes both from expected durations).
+    (``runtime.evaluate.resolve`` computes both from expected durations). ``placement`` None is the
+    hint's own: V for ``zbv`` and torch's V schedules, what a file says, looping otherwise; ``chunks``
+    None is 2 under V placement, else 1.
     """
+    if placement is not None:
+        check_placement(placement, "--placement")
     if spec in BUILTIN_HINTS or spec.startswith(TORCH_PREFIX):
         if ranks is None or microbatches is None:
             raise HintError(f"hint {spec!r} needs --stages and --microbatches")
         if spec in BUILTIN_HINTS:
-            return builtin_hint(spec, ranks, chunks or 1, microbatches, costs, priorities)
+            chunks = chunks or default_chunks(placement or BUILTIN_HINTS[spec].placement)
+            return builtin_hint(spec, ranks, chunks, microbatches, costs, priorities, placement)
         from hints.torch_import import import_torch_schedule  # imports torch: only on this path
 
-        return import_torch_schedule(spec[len(TORCH_PREFIX):], ranks, microbatches, chunks or 1)
+        return import_torch_schedule(spec[len(TORCH_PREFIX):], ranks, microbatches, chunks, placement)
     path = Path(spec)
     if not path.exists():
         raise HintError(
             f"unknown hint {spec!r}: not a built-in ({', '.join(BUILTIN_HINTS)}), not torch:SCHEDULE, "
             f"and no such file"
         )
-    hint = load_hint(path)
+    hint = load_hint(path, placement)
     for label, given, actual in (
         ("--stages", ranks, hint.shape.ranks),
         ("--chunks", chunks, hint.shape.chunks),
         ("--microbatches", microbatches, hint.shape.microbatches),
+        ("--placement", placement, hint.shape.placement),
     ):
         if given is not None and given != actual:
             raise HintError(f"the file is for {label.lstrip('-')} {actual} but {label} {given} was asked", spec)

@@ -45,6 +45,15 @@ Built-ins (``BUILTIN_HINTS``):
     deferred behind the rank's next ``r`` input-gradient tasks, so the later
     ranks fill their drain bubble with weight gradients. With chunks >= 2 this
     equals torch's ``ScheduleInterleavedZeroBubble`` order.
+``zbv``
+    ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024,
+    from the zero-bubble paper's V schedule): V placement, two chunks per
+    rank, split backward; see [Note: zbv]. Equals torch's
+    ``ScheduleZBVZeroBubble`` order.
+
+``gpipe``, ``bf``, ``bfw`` and ``cp`` are built for either placement
+(``--placement``); the 1F1B family (``1f1b``, ``interleaved-1f1b``, ``zb``)
+is looping only and ``zbv`` V only ([Note: placement] in :mod:`hints.tasks`).
 
 [Note: bfw]
     With variable microbatch cost (sequence length, image count) the tail of a
@@ -57,6 +66,19 @@ Built-ins (``BUILTIN_HINTS``):
     workload model (estimated per-microbatch compute summed over stages);
     without costs every microbatch weighs the same and ``bfw`` runs
     microbatches in index order in both passes.
+
+[Note: zbv]
+    Rank ``r`` holds stage ``r`` (chunk 0, on the way down the ranks) and
+    stage ``2p-1-r`` (chunk 1, on the way back). Its order: ``2(p-r)-1``
+    chunk-0 forwards; ``r`` pairs (chunk-1 F, chunk-0 F); ``p-r`` triples
+    (chunk-1 F, I, W); then the steady state, one chunk-0 F, I, W and one
+    chunk-1 F, I, W per step; then a cool-down of ``r`` pairs of input
+    gradients (chunk 0, chunk 1) and ``p-r`` chunk-0 (I, W), and the
+    remaining weight gradients, chunk 1 first. It is built for at least
+    ``2p-1`` microbatches and the extra ones are left out, as torch does.
+    With ``F = I = W`` and ``m >= 2p-1`` no rank idles between its first
+    task and its last, and every rank peaks at ``2p`` chunks in flight, the
+    activation memory of 1F1B (``tests/test_simulator.py``).
 
 [Note: cost-ranked hints]
     Microbatch contents change every iteration, so an order of microbatch
@@ -79,7 +101,19 @@ from itertools import chain, repeat
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 from hints.errors import HintError
-from hints.tasks import B, F, I, PipelineShape, Task, W, cyclic_gc_paused
+from hints.tasks import (
+    LOOPING,
+    PLACEMENTS,
+    V,
+    B,
+    F,
+    I,
+    PipelineShape,
+    Task,
+    W,
+    check_placement,
+    cyclic_gc_paused,
+)
 
 if TYPE_CHECKING:
     from hints.costs import CostModel
@@ -153,24 +187,20 @@ def as_cost_ranked(hint: HintOrder, costs: Sequence[float], name: str | None = N
 # -- generators ----------------------------------------------------------
 
 
-def _local_stages(rank: int, ranks: int, chunks: int) -> range:
-    return range(rank, ranks * chunks, ranks)
-
-
-def gpipe(ranks: int, chunks: int, microbatches: int) -> RankOrders:
+def gpipe(ranks: int, chunks: int, microbatches: int, placement: str = LOOPING) -> RankOrders:
     """All forwards chunk by chunk, then all backwards (reverse chunks, ascending microbatches)."""
     mbs = list(range(microbatches))
-    return _breadth_first(ranks, chunks, mbs, mbs)
+    return _breadth_first(PipelineShape(ranks, chunks, microbatches, placement=placement), mbs, mbs)
 
 
-def breadth_first(ranks: int, chunks: int, microbatches: int) -> RankOrders:
+def breadth_first(ranks: int, chunks: int, microbatches: int, placement: str = LOOPING) -> RankOrders:
     """torch's LoopedBFS: forwards ascending, backwards in reverse chunk and microbatch order."""
     mbs = list(range(microbatches))
-    return _breadth_first(ranks, chunks, mbs, mbs[::-1])
+    return _breadth_first(PipelineShape(ranks, chunks, microbatches, placement=placement), mbs, mbs[::-1])
 
 
 def breadth_first_weighted(
-    ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None
+    ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None, placement: str = LOOPING
 ) -> RankOrders:
     """Breadth-first with the heaviest microbatches first in both passes ([Note: bfw])."""
     if costs is None:
@@ -178,15 +208,13 @@ def breadth_first_weighted(
     if len(costs) != microbatches:
         raise HintError(f"bfw needs one cost per microbatch: got {len(costs)} for {microbatches}")
     heavy_first = heaviest_first(costs)
-    return _breadth_first(ranks, chunks, heavy_first, heavy_first)
+    return _breadth_first(PipelineShape(ranks, chunks, microbatches, placement=placement), heavy_first, heavy_first)
 
 
-def _breadth_first(
-    ranks: int, chunks: int, forward_mbs: Sequence[int], backward_mbs: Sequence[int]
-) -> RankOrders:
+def _breadth_first(shape: PipelineShape, forward_mbs: Sequence[int], backward_mbs: Sequence[int]) -> RankOrders:
     orders: RankOrders = []
-    for rank in range(ranks):
-        stages = _local_stages(rank, ranks, chunks)
+    for rank in range(shape.ranks):
+        stages = shape.stages_of_rank(rank)
         order = [Task(stage, F, mb) for stage in stages for mb in forward_mbs]
         order += [Task(stage, B, mb) for stage in reversed(stages) for mb in backward_mbs]
         orders.append(order)
@@ -194,7 +222,8 @@ def _breadth_first(
 
 
 def by_priority(
-    ranks: int, chunks: int, microbatches: int, priorities: Mapping[Task, Sequence[float]] | None = None
+    ranks: int, chunks: int, microbatches: int, priorities: Mapping[Task, Sequence[float]] | None = None,
+    placement: str = LOOPING,
 ) -> RankOrders:
     """Each rank's tasks (split backward) by descending priority; equal priorities keep task-id order.
 
@@ -205,7 +234,7 @@ def by_priority(
     if priorities is None:
         raise HintError("cp ranks tasks by their critical path, so it needs expected task durations: "
                         "use it with rrfp simulate or rrfp run (which know the workload)")
-    shape = PipelineShape(ranks, chunks, microbatches, split_backward=True)
+    shape = PipelineShape(ranks, chunks, microbatches, split_backward=True, placement=placement)
     orders: RankOrders = []
     for rank in range(ranks):
         tasks = list(shape.tasks_of_rank(rank))  # task-id order
@@ -318,6 +347,50 @@ def zero_bubble(ranks: int, chunks: int, microbatches: int) -> RankOrders:
     ]
 
 
+def zero_bubble_v(ranks: int, chunks: int, microbatches: int) -> RankOrders:
+    """ZB-V ([Note: zbv]): V placement, two chunks per rank, split backward (torch's ``ScheduleZBVZeroBubble``)."""
+    if chunks != 2:
+        raise HintError(f"zbv places two chunks on each rank in a V (2p = {2 * ranks} stages); "
+                        f"got --chunks {chunks}")
+    return [_zbv_rank(rank, ranks, microbatches) for rank in range(ranks)]
+
+
+def _zbv_rank(rank: int, ranks: int, microbatches: int) -> list[Task]:
+    """One rank's ZB-V order: built for at least ``2p-1`` microbatches, then the extra ones left out."""
+    built = max(2 * ranks - 1, microbatches)
+    down, up = rank, 2 * ranks - 1 - rank  # chunk 0 (the way down the ranks) and chunk 1 (the way back)
+    issued = {(stage, kind): 0 for stage in (down, up) for kind in (F, I, W)}
+    order: list[Task] = []
+
+    def issue(stage: int, *kinds) -> None:
+        for kind in kinds:
+            order.append(Task(stage, kind, issued[(stage, kind)]))
+            issued[(stage, kind)] += 1
+
+    for _ in range(2 * (ranks - rank) - 1):  # warm-up: chunk-0 forwards until the V turns back here
+        issue(down, F)
+    for _ in range(rank):
+        issue(up, F)
+        issue(down, F)
+    for _ in range(ranks - rank):  # chunk 1 starts its backwards; its W fills the wait for chunk 0's
+        issue(up, F, I, W)
+    while issued[(up, F)] < issued[(down, F)] or issued[(down, F)] < built:  # steady state
+        if issued[(down, F)] < built:
+            issue(down, F)
+        issue(down, I, W)
+        issue(up, F, I, W)
+    for _ in range(rank):  # cool-down: input gradients first, weight gradients fill the drain
+        issue(down, I)
+        issue(up, I)
+    for _ in range(ranks - rank):
+        issue(down, I, W)
+    while issued[(up, W)] < issued[(up, I)]:
+        issue(up, W)
+    while issued[(down, W)] < issued[(down, I)]:
+        issue(down, W)
+    return [task for task in order if task.microbatch < microbatches]
+
+
 def one_f_one_b_family(ranks: int, chunks: int, microbatches: int, warmup_offset: int = 0,
                        weight_lag: Callable[[int], int] | None = None) -> HintOrder:
     """A member of the 1F1B family, for tuning: 1F1B (``interleaved-1f1b`` with chunks >= 2, ``zb``'s
@@ -355,6 +428,12 @@ class BuiltinHint:
     takes_costs: bool = False  # per-microbatch estimated costs (bfw)
     takes_priorities: bool = False  # a priority per task, computed from the task graph (cp)
     chunks: str = "any"  # human-readable requirement, for `rrfp hints list`
+    placements: tuple[str, ...] = (LOOPING,)  # the first is the default; more: the generator takes placement=
+
+    @property
+    def placement(self) -> str:
+        """Its own placement, what it is built for when none is asked."""
+        return self.placements[0]
 
     @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
     def build(
@@ -364,41 +443,55 @@ class BuiltinHint:
         microbatches: int,
         costs: Sequence[float] | None = None,
         priorities: Mapping[Task, Sequence[float]] | None = None,
+        placement: str | None = None,
     ) -> HintOrder:
-        shape = PipelineShape(ranks, chunks, microbatches, self.split_backward)
+        placement = self.placements[0] if placement is None else check_placement(placement, "--placement")
+        if placement not in self.placements:
+            raise HintError(f"{self.name} places stages {_PLACED[self.placements[0]]}; it has no "
+                            f"{placement} order (use --placement {self.placements[0]}, or a hint for {placement})")
+        shape = PipelineShape(ranks, chunks, microbatches, self.split_backward, placement)
+        extra = {"placement": placement} if len(self.placements) > 1 else {}
         if self.takes_costs:
-            rank_orders = self.generator(ranks, chunks, microbatches, costs)
+            rank_orders = self.generator(ranks, chunks, microbatches, costs, **extra)
         elif self.takes_priorities:
-            rank_orders = self.generator(ranks, chunks, microbatches, priorities)
+            rank_orders = self.generator(ranks, chunks, microbatches, priorities, **extra)
         else:
-            rank_orders = self.generator(ranks, chunks, microbatches)
+            rank_orders = self.generator(ranks, chunks, microbatches, **extra)
         provenance: dict[str, object] = {"generator": self.name}
         if self.takes_costs and costs is not None:
             provenance["costs"] = [float(c) for c in costs]
         return HintOrder(shape, tuple(tuple(o) for o in rank_orders), self.name, provenance)
 
 
+_PLACED = {LOOPING: "in a loop (stage k on rank k % p)", V: "in a V (rank r holds stages r and 2p-1-r)"}
+assert set(_PLACED) == set(PLACEMENTS)
+
 BUILTIN_HINTS: dict[str, BuiltinHint] = {
     hint.name: hint
     for hint in (
-        BuiltinHint("gpipe", "all forwards, then all backwards (chunk by chunk)", gpipe),
+        BuiltinHint("gpipe", "all forwards, then all backwards (chunk by chunk)", gpipe, placements=(LOOPING, V)),
         BuiltinHint("1f1b", "one-forward-one-backward after a warmup (PipeDream-flush)", one_f_one_b, chunks="1"),
         BuiltinHint(
             "interleaved-1f1b", "Megatron's interleaved 1F1B over virtual stages",
             interleaved_one_f_one_b, chunks=">= 2",
         ),
-        BuiltinHint("bf", "breadth-first, looping placement (torch LoopedBFS)", breadth_first),
+        BuiltinHint("bf", "breadth-first (torch LoopedBFS with looping placement)", breadth_first,
+                    placements=(LOOPING, V)),
         BuiltinHint(
             "bfw", "breadth-first, heaviest microbatches first (needs workload costs)",
-            breadth_first_weighted, takes_costs=True,
+            breadth_first_weighted, takes_costs=True, placements=(LOOPING, V),
         ),
         BuiltinHint(
             "zb", "zero-bubble 1F1B: split backward, W deferred into the drain (ZB-H1)",
             zero_bubble, split_backward=True,
         ),
         BuiltinHint(
+            "zbv", "zero-bubble V: two chunks per rank in a V, split backward (ZB-V)",
+            zero_bubble_v, split_backward=True, chunks="2", placements=(V,),
+        ),
+        BuiltinHint(
             "cp", "critical path first: longest remaining path to the end, from expected durations",
-            by_priority, split_backward=True, takes_priorities=True,
+            by_priority, split_backward=True, takes_priorities=True, placements=(LOOPING, V),
         ),
     )
 }
@@ -411,35 +504,44 @@ def builtin_hint(
     microbatches: int,
     costs: Sequence[float] | None = None,
     priorities: Mapping[Task, Sequence[float]] | None = None,
+    placement: str | None = None,
 ) -> HintOrder:
-    """Build a built-in hint by name; unknown names raise :class:`HintError` listing the choices."""
+    """Build a built-in hint by name; unknown names raise :class:`HintError` listing the choices.
+
+    ``placement`` None is the hint's own (V for ``zbv``, looping for the others).
+    """
     hint = BUILTIN_HINTS.get(name)
     if hint is None:
         raise HintError(f"unknown hint {name!r}; built-ins are {', '.join(BUILTIN_HINTS)}")
-    return hint.build(ranks, chunks, microbatches, costs, priorities)
+    return hint.build(ranks, chunks, microbatches, costs, priorities, placement)
 
 
 def applicable_builtins(
     ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None,
-    priorities: Mapping[Task, Sequence[float]] | None = None,
+    priorities: Mapping[Task, Sequence[float]] | None = None, placement: str = LOOPING,
 ) -> dict[str, HintOrder]:
-    """Every built-in that can be generated for this shape, built (used by ``--compare``).
+    """Every built-in that can be generated for this shape (with this placement), built (used by ``--compare``).
 
     ``cp`` is included only when ``priorities`` are given.
     """
     built = {}
     for name, hint in BUILTIN_HINTS.items():
-        if hint.takes_priorities and priorities is None:
+        if (hint.takes_priorities and priorities is None) or placement not in hint.placements:
             continue
         try:
-            built[name] = hint.build(ranks, chunks, microbatches, costs, priorities)
+            built[name] = hint.build(ranks, chunks, microbatches, costs, priorities, placement)
         except HintError:
             continue
     return built
 
 
-def baseline_hint_name(chunks: int) -> str:
-    """The fixed-order 1F1B every speedup is measured against (interleaved when chunks >= 2)."""
+def baseline_hint_name(chunks: int, placement: str = LOOPING) -> str:
+    """The fixed order every speedup is measured against: 1F1B (interleaved when chunks >= 2), or ZB-V for V.
+
+    Its per-rank peak in flight is also what the ``1f1b`` memory budget allows (``runtime.arbiter``).
+    """
+    if placement == V:
+        return "zbv"
     return "1f1b" if chunks == 1 else "interleaved-1f1b"
 
 
@@ -476,4 +578,5 @@ __all__ = [
     "one_f_one_b",
     "peak_in_flight",
     "zero_bubble",
+    "zero_bubble_v",
 ]

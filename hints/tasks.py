@@ -3,10 +3,20 @@
 Convention used throughout rrfp
 -------------------------------
 * ``p`` ranks, ``v`` chunks per rank (virtual stages), ``m`` microbatches.
-* The model is cut into ``S = p * v`` *model stages* ``0 .. S-1``. Placement is
-  *looping* (Megatron's interleaving, torch's looped schedules): stage ``k``
-  lives on rank ``k % p`` as its chunk ``k // p``. Chunk 0 of every rank holds
-  the stages ``0 .. p-1``.
+* The model is cut into ``S = p * v`` *model stages* ``0 .. S-1``; stage ``k``
+  is chunk ``k // p`` of its rank. *Placement* says which rank
+  ([Note: placement]):
+
+  - ``looping`` (Megatron's interleaving, torch's looped schedules, the
+    default): stage ``k`` lives on rank ``k % p``.
+  - ``v`` (ZB-V, DualPipeV; torch's ``style="v"``): chunk ``c`` of rank ``r``
+    is stage ``c*p + r`` for even ``c`` and ``c*p + (p-1-r)`` for odd ``c``.
+    rrfp takes exactly two chunks: rank ``r`` holds stages ``r`` and
+    ``2p-1-r``, so the first and last stages share rank 0 and the turn
+    (stages ``p-1`` and ``p``) is on rank ``p-1``.
+
+  Either way chunk 0 of every rank holds the stages ``0 .. p-1``, rank ``r``
+  holding stage ``r``.
 * A task is one unit of compute on one stage for one microbatch:
   ``F`` forward, ``B`` full backward, or, for a *split* backward (zero-bubble
   style), ``I`` (gradient with respect to the stage input, what the previous
@@ -29,6 +39,18 @@ This module imports nothing heavier than the standard library.
     build refers back to itself, so they run under :func:`cyclic_gc_paused`;
     reference counting still frees everything, and the collector looks at
     what they kept once, when it resumes.
+
+[Note: placement]
+    Placement decides only which rank runs a stage; the dependency rule
+    (``runtime.deps``) is written on model stages and does not change. What
+    follows from it: which messages cross ranks (in V the turn ``F(p-1) ->
+    F(p)`` and ``B(p) -> B(p-1)`` stay on rank ``p-1``, and the loss, on
+    stage ``2p-1``, is computed on rank 0), in which order a microbatch
+    visits a rank's chunks, and so which orders make sense as hints (``zbv``
+    and torch's V schedules are V orders; the 1F1B family is looping). A V
+    shape has exactly two chunks per rank: the V orders rrfp knows (ZB-V,
+    DualPipeV, torch's) are all two-chunk orders, and the memory budget's
+    ``1f1b`` baseline for V is the ZB-V order's peak.
 """
 
 from __future__ import annotations
@@ -115,9 +137,25 @@ class Task(NamedTuple):
         return Task(int(match.group(1)), Kind(match.group(2)), int(match.group(3)))
 
 
+LOOPING, V = "looping", "v"
+PLACEMENTS = (LOOPING, V)
+
+
+def check_placement(placement: object, where: str = "placement") -> str:
+    """``placement`` if it is one of :data:`PLACEMENTS`, else a :class:`UserError` naming them."""
+    if placement not in PLACEMENTS:
+        raise UserError(f"{placement!r} is not a placement; choose from {', '.join(PLACEMENTS)}", where)
+    return placement  # type: ignore[return-value]
+
+
+def default_chunks(placement: str) -> int:
+    """Chunks per rank when none are given: 2 under V placement (the only count it takes), else 1."""
+    return 2 if placement == V else 1
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineShape:
-    """``ranks`` x ``chunks`` model stages (looping placement) and ``microbatches``.
+    """``ranks`` x ``chunks`` model stages placed ``placement`` ([Note: placement]), and ``microbatches``.
 
     ``split_backward`` says whether every backward is split into ``I`` + ``W``.
     """
@@ -126,12 +164,20 @@ class PipelineShape:
     chunks: int
     microbatches: int
     split_backward: bool = False
+    placement: str = LOOPING
 
     def __post_init__(self) -> None:
         for name in ("ranks", "chunks", "microbatches"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"must be a whole number >= 1, got {value!r}", f"shape {name}")
+        check_placement(self.placement, "shape placement")
+        if self.placement == V and self.chunks != 2:
+            odd = ", an odd number" if self.chunks % 2 else ""
+            raise UserError(
+                f"V placement puts two chunks on each rank (stages r and 2p-1-r), so it needs 2p = "
+                f"{2 * self.ranks} stages; got {self.chunks} chunk(s) per rank{odd} ({self.stages} stages)",
+                "shape placement")
 
     # -- placement ---------------------------------------------------------
     @property
@@ -139,16 +185,19 @@ class PipelineShape:
         return self.ranks * self.chunks
 
     def rank_of(self, stage: int) -> int:
-        return stage % self.ranks
+        chunk, position = divmod(stage, self.ranks)
+        return self.ranks - 1 - position if self.placement == V and chunk % 2 else position
 
     def chunk_of(self, stage: int) -> int:
         return stage // self.ranks
 
     def stage_of(self, rank: int, chunk: int) -> int:
-        return chunk * self.ranks + rank
+        position = self.ranks - 1 - rank if self.placement == V and chunk % 2 else rank
+        return chunk * self.ranks + position
 
-    def stages_of_rank(self, rank: int) -> range:
-        return range(rank, self.stages, self.ranks)
+    def stages_of_rank(self, rank: int) -> list[int]:
+        """The rank's stages in chunk order."""
+        return [self.stage_of(rank, chunk) for chunk in range(self.chunks)]
 
     # -- task kinds --------------------------------------------------------
     @property
@@ -198,7 +247,8 @@ class PipelineShape:
 
     def describe(self) -> str:
         split = ", split backward" if self.split_backward else ""
-        return f"{self.ranks} ranks x {self.chunks} chunks, {self.microbatches} microbatches{split}"
+        placed = " (V)" if self.placement == V else ""
+        return f"{self.ranks} ranks x {self.chunks} chunks{placed}, {self.microbatches} microbatches{split}"
 
     def to_json(self) -> dict:
         return {
@@ -206,4 +256,5 @@ class PipelineShape:
             "chunks": self.chunks,
             "microbatches": self.microbatches,
             "split_backward": self.split_backward,
+            "placement": self.placement,
         }

@@ -16,9 +16,24 @@ dropped. torch is imported lazily, only here.
     number from its issue order. This is a no-op on a correct order; when it
     changes something the hint's provenance says where.
 
-Only looping placement is supported (stage ``k`` on rank ``k % p``): torch's
-V-shaped schedules (``ZBVZeroBubble``, ``DualPipeV``) are refused with a
-clear error, as are fused ``OVERLAP_F_B`` actions.
+The placement ([Note: placement] in :mod:`hints.tasks`) is read off the
+stage ids torch puts on each rank (:func:`hints.hintfile.infer_placement`):
+looping for the looped schedules, V for ``ZBVZeroBubble`` and ``DualPipeV``
+(two stages per rank, so ``--chunks`` defaults to 2 for them).
+
+[Note: DualPipeV as rrfp tasks]
+    DualPipeV issues two things rrfp's task model does not have. An
+    ``OVERLAP_F_B`` action runs a forward and a full backward of two chunks
+    at once (in DeepSeek's runtime, one's compute hides the other's
+    communication); rrfp runs its two sub-actions one after the other, in
+    torch's order. And it mixes full backwards (``B``) with split ones
+    (``I`` + ``W``) in one schedule, where an rrfp shape splits every
+    backward or none: the hint is split, and each ``B`` becomes ``I``
+    followed at once by ``W``, the same work in the same slot, whose input
+    gradient leaves after ``I`` instead of after the whole ``B`` (a
+    schedule of the unsplit graph becomes one of the split graph that is no
+    slower, as in ``runtime.bounds.split_bound``). The provenance records
+    both (``overlapped_pairs_run_in_turn``, ``full_backwards_split``).
 """
 
 from __future__ import annotations
@@ -29,7 +44,7 @@ from collections import defaultdict
 from hints.errors import HintError
 from hints.hintfile import hint_from_task_orders
 from hints.orders import HintOrder
-from hints.tasks import Kind, Task
+from hints.tasks import I, V, W, Kind, Task
 
 # torch schedule names accepted by `rrfp hints import` (torch's own names, case-insensitive).
 TORCH_SCHEDULES = (
@@ -38,17 +53,20 @@ TORCH_SCHEDULES = (
     "Interleaved1F1B",
     "LoopedBFS",
     "InterleavedZeroBubble",
+    "ZBVZeroBubble",
+    "DualPipeV",
 )
-_V_SHAPED = {"zbvzerobubble", "dualpipev"}
+V_SCHEDULES = frozenset({"zbvzerobubble", "dualpipev"})  # lower case, without "Schedule": V placement
 
 
-def import_torch_schedule(name: str, ranks: int, microbatches: int, chunks: int = 1) -> HintOrder:
-    """The per-rank order of torch schedule ``name`` (``1F1B``, ``ScheduleGPipe``, ...) as a hint."""
+def import_torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None = None,
+                          placement: str | None = None) -> HintOrder:
+    """The per-rank order of torch schedule ``name`` (``1F1B``, ``ScheduleGPipe``, ...) as a hint.
+
+    ``chunks`` None is 1 for a single-stage schedule and 2 for the others; ``placement``, when given, must
+    be the one torch's stage ids follow.
+    """
     key = name.removeprefix("Schedule") if name.lower().startswith("schedule") else name
-    if key.lower() in _V_SHAPED:
-        raise HintError(
-            f"torch schedule {name!r} places stages in a V shape; rrfp supports looping placement only"
-        )
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
@@ -63,6 +81,8 @@ def import_torch_schedule(name: str, ranks: int, microbatches: int, chunks: int 
             f"unknown torch schedule {name!r}; supported: {', '.join(TORCH_SCHEDULES)}"
         ) from None
     single = issubclass(schedule_class, torch_schedules.PipelineScheduleSingle)
+    if chunks is None:
+        chunks = 1 if single else 2
     if single and chunks != 1:
         raise HintError(f"torch schedule {name!r} runs one stage per rank; use --chunks 1")
     if not single and chunks < 2:
@@ -74,20 +94,26 @@ def import_torch_schedule(name: str, ranks: int, microbatches: int, chunks: int 
                         f"{microbatches} microbatches: {err}") from None
 
     orders: list[list[Task]] = []
+    overlapped = 0
     for rank, rank_actions in enumerate(actions):
         order = []
         for action in rank_actions:
             if action is None:
                 continue
-            letter = action.computation_type.value
-            if letter == "OVERLAP_F_B":
-                raise HintError(f"torch schedule {name!r} fuses forward and backward (OVERLAP_F_B); not supported")
-            if letter not in "FBIW" or action.microbatch_index is None:
-                continue
-            order.append(Task(action.stage_index, Kind(letter), action.microbatch_index))
+            parts = action.sub_actions if action.sub_actions else (action,)
+            overlapped += len(parts) > 1  # [Note: DualPipeV as rrfp tasks]
+            for part in parts:
+                letter = part.computation_type.value
+                if letter in ("F", "B", "I", "W") and part.microbatch_index is not None:
+                    order.append(Task(part.stage_index, Kind(letter), part.microbatch_index))
         orders.append(order)
+    orders, split_backwards = _split_full_backwards(orders)
 
     provenance: dict[str, object] = {"source": f"torch.distributed.pipelining.{schedule_class.__name__}"}
+    if overlapped:
+        provenance["overlapped_pairs_run_in_turn"] = overlapped
+    if split_backwards:
+        provenance["full_backwards_split"] = split_backwards
     try:
         import torch
 
@@ -98,7 +124,28 @@ def import_torch_schedule(name: str, ranks: int, microbatches: int, chunks: int 
         orders, repaired = _number_by_issue_order(orders)
         if repaired:
             provenance["renumbered"] = repaired
-    return hint_from_task_orders(orders, f"torch {schedule_class.__name__}", f"torch-{key.lower()}", provenance)
+    if placement is None and key.lower() in V_SCHEDULES:
+        placement = V  # checked against torch's stage ids; on one rank both placements fit, and it is V's
+    return hint_from_task_orders(orders, f"torch {schedule_class.__name__}", f"torch-{key.lower()}", provenance,
+                                 placement)
+
+
+def _split_full_backwards(orders: list[list[Task]]) -> tuple[list[list[Task]], int]:
+    """[Note: DualPipeV as rrfp tasks]: in an order that splits some backwards, every ``B`` becomes ``I``, ``W``."""
+    if not any(task.kind in (I, W) for order in orders for task in order):
+        return orders, 0
+    count = 0
+    split: list[list[Task]] = []
+    for order in orders:
+        tasks = []
+        for task in order:
+            if task.kind is Kind.BACKWARD:
+                tasks += [Task(task.stage, I, task.microbatch), Task(task.stage, W, task.microbatch)]
+                count += 1
+            else:
+                tasks.append(task)
+        split.append(tasks)
+    return split, count
 
 
 def _number_by_issue_order(orders: list[list[Task]]) -> tuple[list[list[Task]], list[str]]:

@@ -35,7 +35,7 @@ def _validate_rank(shape: PipelineShape, rank: int, order: Sequence[Task], where
         if owner != rank:
             raise HintError(
                 f"task {task} (step {step}) belongs to rank {owner} (stage {task.stage} of {shape.stages}, "
-                f"looping placement)",
+                f"{shape.placement} placement)",
                 where,
             )
         if task in position:

@@ -55,6 +55,25 @@ Rules (:data:`RULES`, the one table every other module derives from):
     sequence of ranks. Budgets below ``v`` (one microbatch) are rejected up
     front by :meth:`MemoryBudget.per_rank`.
 
+    The proof, re-checked for V placement ([Note: placement] in
+    :mod:`hints.tasks`). There a microbatch meets its chunks on a rank in no
+    fixed rank order: it goes down the ranks through chunk 0 (stage ``r`` on
+    rank ``r``), turns on rank ``p-1``, and comes back up through chunk 1
+    (stage ``2p-1-r``), so rank ``p-1`` runs its two chunks back to back and
+    rank 0 runs its chunk 1 last. The proof uses none of that; it uses two
+    facts, and both hold for every placement in which chunk 0 of rank ``r``
+    is stage ``r``: (1) *a later-chunk forward is reserved*: a later chunk's
+    stage is ``>= p`` and the microbatch's stages run in increasing order, so
+    its chunk-0 forward on that rank (stage ``r < p``) ran before and
+    reserved its slot; (2) *the next task of a stuck admitted microbatch is
+    an admission further down*: it is input-ready, so held back, so an
+    admission, i.e. a chunk-0 forward ``F(r', j)``; ``j`` was admitted on
+    ``r`` at stage ``r``, so stage ``r' > r``, and chunk-0 stage ``r'`` is on
+    rank ``r'``. The sequence of full ranks still increases, and the rule is
+    the same code for both placements (``TaskGraph.admits`` marks the
+    chunk-0 forwards). ``test_properties`` checks that no seeded budget >=
+    ``v`` deadlocks, with looping and V shapes.
+
 [Note: lookahead admission]
     Greedy readiness loses to fixed order at tight memory in one way: the
     hint's head ``h`` is a forward whose input is being computed upstream,
@@ -109,8 +128,8 @@ from operator import not_
 from typing import NamedTuple, Sequence
 
 from hints.errors import UserError
-from hints.orders import microbatches_per_round
-from hints.tasks import PipelineShape, Task
+from hints.orders import microbatches_per_round, peak_in_flight, zero_bubble_v
+from hints.tasks import V, W, PipelineShape, Task
 from runtime.deps import TaskGraph, prerequisites
 
 
@@ -126,10 +145,12 @@ class Policy(str, Enum):
 class MemoryBudget:
     """``--memory-budget``: ``1f1b`` (default), ``<k>x`` (k times that), or a slot count.
 
-    ``1f1b`` is, per rank, the most microbatch-chunks the baseline 1F1B order
-    of the shape keeps in flight on that rank (``1f1b`` for one chunk,
-    ``interleaved-1f1b`` for more): ``min(warmup_r + 1, m * v)`` with the
-    warmup of :mod:`hints.orders`.
+    ``1f1b`` is, per rank, the most microbatch-chunks the baseline order of
+    the shape keeps in flight on that rank: 1F1B's (``1f1b`` for one chunk,
+    ``interleaved-1f1b`` for more), ``min(warmup_r + 1, m * v)`` with the
+    warmup of :mod:`hints.orders`; under V placement, ZB-V's (``zbv``, whose
+    peak is ``2p`` on every rank once ``m >= 2p - 1``: the activation memory
+    of 1F1B, ``p`` microbatches of a ``1/p`` stage, in half-size chunks).
     """
 
     spec: str
@@ -177,8 +198,10 @@ class MemoryBudget:
 
 
 def one_f_one_b_bounds(shape: PipelineShape) -> list[int]:
-    """Per-rank peak in-flight microbatch-chunks of the baseline 1F1B order of ``shape``."""
+    """Per-rank peak in-flight microbatch-chunks of the baseline order of ``shape`` (1F1B; ZB-V under V)."""
     p, v, m = shape.ranks, shape.chunks, shape.microbatches
+    if shape.placement == V:
+        return [peak_in_flight(order, W) for order in zero_bubble_v(p, v, m)]
     if v == 1:
         warmups = [p - 1 - r for r in range(p)]
     else:

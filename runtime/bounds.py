@@ -48,7 +48,7 @@ O(n) heap operations.
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 from hints.tasks import PipelineShape
@@ -106,7 +106,7 @@ def split_bound(shape: PipelineShape, table: Durations) -> LowerBound:
     best makespan is therefore at most the unsplit one's, and a lower bound for
     the split graph bounds both.
     """
-    split_shape = PipelineShape(shape.ranks, shape.chunks, shape.microbatches, split_backward=True)
+    split_shape = replace(shape, split_backward=True)
     graph = TaskGraph.build(split_shape)
     compute, transfer = table.for_graph(graph)
     return makespan_lower_bound(graph, compute, transfer)

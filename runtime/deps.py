@@ -14,6 +14,12 @@ Rules (``S`` model stages, see :mod:`hints.tasks` for conventions):
   is computed locally, ``B/I(k+1, i)`` (the output gradient, sent over a link).
 * ``W(k, i)`` needs ``I(k, i)`` (same rank).
 
+The rules name model stages, never ranks: placement ([Note: placement] in
+:mod:`hints.tasks`) only decides which of these inputs cross a link. Under V
+placement ``F(p-1, i) -> F(p, i)`` and ``B/I(p, i) -> B/I(p-1, i)`` stay on
+rank ``p-1`` (the turn), and stage ``S-1``, whose backward needs no message,
+is on rank 0.
+
 Task ids
 --------
 :class:`TaskGraph` numbers the tasks of a shape ``0 .. n-1`` (rank by rank,
@@ -106,7 +112,7 @@ class TaskGraph:
                     first = len(stage_kinds) * m
                     stage_kinds.append((stage, kind))
                     rank.extend(repeat(r, m))
-                    admits.extend(repeat(kind is F and stage < shape.ranks, m))
+                    admits.extend(repeat(kind is F and shape.chunk_of(stage) == 0, m))
                     frees.extend(repeat(kind is final, m))
                     is_forward.extend(repeat(kind is F, m))
                     needs = prerequisites(Task(stage, kind, 0), shape)
@@ -160,7 +166,7 @@ class TaskGraph:
     @staticmethod
     def _tid(shape: PipelineShape, kind_slot: dict, stage: int, kind, mb: int) -> int:
         per_chunk = len(kind_slot) * shape.microbatches
-        return (stage % shape.ranks) * shape.chunks * per_chunk + (stage // shape.ranks) * per_chunk \
+        return shape.rank_of(stage) * shape.chunks * per_chunk + shape.chunk_of(stage) * per_chunk \
             + kind_slot[kind] * shape.microbatches + mb
 
     @cached_property

@@ -22,6 +22,8 @@ under the fixed policy.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from hints.tasks import PipelineShape, Task
 from runtime.bounds import longest_paths
 from runtime.deps import TaskGraph
@@ -42,7 +44,7 @@ def list_priorities(shape: PipelineShape, expected: Durations) -> dict[str, dict
     every order made from them is consistent with one topological order of the graph (it completes in
     fixed order too).
     """
-    split = PipelineShape(shape.ranks, shape.chunks, shape.microbatches, split_backward=True)
+    split = replace(shape, split_backward=True)
     graph = TaskGraph.build(split)
     compute, transfer = expected.for_graph(graph)
     order, _, tail = longest_paths(graph, compute, transfer)

@@ -34,6 +34,37 @@ def test_1f1b_bound_is_the_baseline_orders_peak(p, v, m):
     assert one_f_one_b_bounds(hint.shape) == peaks
 
 
+@pytest.mark.parametrize("p,m", [(4, 8), (4, 3), (8, 32), (2, 1), (3, 5), (1, 4)])
+def test_1f1b_bound_under_v_is_zbvs_peak(p, m):
+    # [Note: placement]: the baseline of a V shape is ZB-V; its peak in fixed order is the budget, and
+    # once m >= 2p - 1 it is 2p on every rank (1F1B's p microbatches of a 1/p stage, in half chunks).
+    hint = builtin_hint("zbv", p, 2, m)
+    graph = TaskGraph.build(hint.shape)
+    peaks = simulate(hint, unit_durations(graph), "fixed", graph=graph).peak_in_flight
+    assert one_f_one_b_bounds(hint.shape) == peaks == MemoryBudget.parse("1f1b").per_rank(hint.shape)
+    if m >= 2 * p - 1:
+        assert peaks == [2 * p] * p
+
+
+def test_v_placement_graph():
+    # Rank r holds stages r and 2p-1-r. The turn (stages 3 and 4) is on rank 3 and hands off without a
+    # message; stage 7, whose backward needs no gradient (the loss), is on rank 0; the chunk-0 forwards
+    # (stages 0..3) are the admissions on both placements.
+    shape = PipelineShape(4, 2, 2, placement="v")
+    assert [shape.stages_of_rank(r) for r in range(4)] == [[0, 7], [1, 6], [2, 5], [3, 4]]
+    assert [shape.rank_of(k) for k in range(8)] == [0, 1, 2, 3, 3, 2, 1, 0]
+    graph = TaskGraph.build(shape)
+    tid = lambda text: graph.tid(Task.parse(text))  # noqa: E731
+    assert tid("4F0") in graph.local_consumers[tid("3F0")] and not graph.remote_consumers[tid("3F0")]
+    assert tid("3B0") in graph.local_consumers[tid("4B0")]
+    assert graph.remote_consumers[tid("4F0")] == (tid("5F0"),) and graph.rank[tid("5F0")] == 2
+    assert graph.rank[tid("7B0")] == 0 and graph.prereq_count[tid("7B0")] == 1
+    assert [graph.tasks[t] for t in range(len(graph)) if graph.admits[t]] == \
+        [Task.parse(f"{k}F{i}") for k in range(4) for i in range(2)]
+    assert graph.links() == {(0, 1), (1, 2), (2, 3), (3, 2), (2, 1), (1, 0)}
+    assert [graph.tasks[t] for t in range(len(graph))] == list(shape.tasks())
+
+
 def test_budget_per_rank_and_floor():
     shape = PipelineShape(4, 1, 8)
     assert MemoryBudget.parse("1f1b").per_rank(shape) == [4, 3, 2, 1]

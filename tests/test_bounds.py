@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from hints.orders import applicable_builtins
-from hints.tasks import PipelineShape
+from hints.tasks import PLACEMENTS, V, PipelineShape
 from runtime.arbiter import MemoryBudget
 from runtime.bounds import LowerBound, jackson_preemptive_bound, makespan_lower_bound, split_bound
 from runtime.deps import TaskGraph, prerequisites
@@ -198,14 +198,15 @@ def test_rank_bounds_match_the_closed_form(shape, seed, latency):
 
 @settings(max_examples=120)
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.booleans(),
-       st.integers(0, 2**20), st.sampled_from([0.0, 0.0, 0.3, 1.0]))
-def test_no_schedule_beats_the_bound(p, v, m, split, recorded_split, seed, latency):
-    shape = PipelineShape(p, v, m, split)
+       st.integers(0, 2**20), st.sampled_from([0.0, 0.0, 0.3, 1.0]), st.sampled_from(PLACEMENTS))
+def test_no_schedule_beats_the_bound(p, v, m, split, recorded_split, seed, latency, placement):
+    v = 2 if placement == V else v  # a V shape has two chunks per rank
+    shape = PipelineShape(p, v, m, split, placement)
     table = random_table(shape, seed, latency, recorded_split)
     bound = split_bound(shape, table)
     assert isinstance(bound, LowerBound)
 
-    hints = list(applicable_builtins(p, v, m, costs=table.microbatch_costs).values())
+    hints = list(applicable_builtins(p, v, m, costs=table.microbatch_costs, placement=placement).values())
     hints.append(random_order_hint(shape, seed))  # the drawn split flag, any order
     budgets = [MemoryBudget.parse("1f1b"), MemoryBudget.parse("2x")]
     for hint in hints:

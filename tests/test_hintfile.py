@@ -11,6 +11,7 @@ order, that rank and the task.
 from __future__ import annotations
 
 import copy
+from dataclasses import replace
 import importlib.util
 import json
 from pathlib import Path
@@ -29,8 +30,10 @@ from hints.hintfile import (
 from hints.orders import BUILTIN_HINTS, applicable_builtins, builtin_hint
 from hints.tasks import PipelineShape, Task
 
-# (ranks, chunks, microbatches); 1f1b only fits the first, interleaved-1f1b only the second.
-ROUND_TRIP_SHAPES = [(4, 1, 8), (3, 2, 6), (2, 1, 3)]
+# (ranks, chunks, microbatches, placement); 1f1b only fits the first, interleaved-1f1b only the second,
+# zbv only the V ones.
+ROUND_TRIP_SHAPES = [(4, 1, 8, "looping"), (3, 2, 6, "looping"), (2, 1, 3, "looping"), (3, 2, 6, "v"),
+                     (1, 2, 3, "v")]
 
 requires_torch = pytest.mark.skipif(
     importlib.util.find_spec("torch") is None, reason="torch is not installed"
@@ -39,8 +42,8 @@ requires_torch = pytest.mark.skipif(
 
 def _fitting_builtins():
     """(name, shape) pairs where the built-in can be generated for the shape."""
-    return [pytest.param(name, shape, id=f"{name}-p{shape[0]}v{shape[1]}m{shape[2]}")
-            for shape in ROUND_TRIP_SHAPES for name in applicable_builtins(*shape)]
+    return [pytest.param(name, shape, id=f"{name}-p{shape[0]}v{shape[1]}m{shape[2]}-{shape[3]}")
+            for shape in ROUND_TRIP_SHAPES for name in applicable_builtins(*shape[:3], placement=shape[3])]
 
 
 def _write_json(path: Path, data) -> Path:
@@ -61,8 +64,8 @@ def _load_error(path: Path) -> str:
 
 @pytest.mark.parametrize("name,shape", _fitting_builtins())
 def test_json_round_trip_of_every_builtin(tmp_path, name, shape):
-    ranks, chunks, microbatches = shape
-    original = builtin_hint(name, ranks, chunks, microbatches)
+    ranks, chunks, microbatches, placement = shape
+    original = builtin_hint(name, ranks, chunks, microbatches, placement=placement)
     path = tmp_path / f"{name}.json"
     save_hint(original, path)
 
@@ -73,6 +76,7 @@ def test_json_round_trip_of_every_builtin(tmp_path, name, shape):
     assert loaded.name == original.name
     assert dict(loaded.provenance) == dict(original.provenance)
     assert json.loads(path.read_text())["format"] == HINT_FORMAT
+    assert json.loads(path.read_text())["placement"] == placement
 
 
 def test_json_round_trip_keeps_bfw_costs(tmp_path):
@@ -105,6 +109,32 @@ def test_json_file_is_the_documented_format(tmp_path):
     }
 
 
+def test_json_without_placement_is_looping_and_v_is_read(tmp_path):
+    data = hint_to_json(builtin_hint("zbv", 2, 2, 4))
+    assert data["placement"] == "v" and "placement" not in data["shape"]  # beside the shape, as documented
+    assert load_hint(_write_json(tmp_path / "v.json", data)).shape.placement == "v"
+    # The same orders read as looping (no placement key) put stage 3 on rank 1, where rank 0 lists it.
+    del data["placement"]
+    assert "rank 0: task 3F0 (step 3) belongs to rank 1 (stage 3 of 4, looping placement)" in \
+        _load_error(_write_json(tmp_path / "looping.json", data))
+
+
+@pytest.mark.parametrize("chunks", [1, 3, 4])
+def test_v_file_whose_stage_count_is_not_2p(tmp_path, chunks):
+    data = hint_to_json(builtin_hint("gpipe", 2, chunks, 2))
+    data["placement"] = "v"
+    message = _load_error(_write_json(tmp_path / "h.json", data))
+    assert message.startswith(f"{tmp_path / 'h.json'}: shape: shape placement: V placement puts two chunks")
+    assert f"got {chunks} chunk(s) per rank" in message
+    assert ("an odd number" in message) == bool(chunks % 2)
+
+
+def test_unknown_placement(tmp_path):
+    data = hint_to_json(builtin_hint("gpipe", 2, 1, 2))
+    data["placement"] = "zigzag"
+    assert "placement 'zigzag' is not one of 'looping', 'v'" in _load_error(_write_json(tmp_path / "h.json", data))
+
+
 def test_json_without_name_takes_the_file_stem(tmp_path):
     data = hint_to_json(builtin_hint("gpipe", 2, 1, 2))
     del data["name"], data["provenance"], data["placement"]
@@ -118,17 +148,44 @@ def test_json_without_name_takes_the_file_stem(tmp_path):
 
 @pytest.mark.parametrize("name,shape", _fitting_builtins())
 def test_torch_csv_round_trip_of_every_builtin(tmp_path, name, shape):
-    ranks, chunks, microbatches = shape
-    original = builtin_hint(name, ranks, chunks, microbatches)
+    ranks, chunks, microbatches, placement = shape
+    original = builtin_hint(name, ranks, chunks, microbatches, placement=placement)
     path = tmp_path / f"{name}.csv"
     save_torch_csv(original, path)
 
     loaded = load_hint(path)
 
     assert loaded.orders == original.orders
-    assert loaded.shape == original.shape  # shape inferred from the tasks, split backward included
+    # The shape is inferred from the tasks, split backward and placement included; on one rank both
+    # placements map every stage to rank 0, and the CSV reads as looping unless told otherwise.
+    assert loaded.shape == (original.shape if ranks > 1 else replace(original.shape, placement="looping"))
+    assert load_hint(path, placement).shape == original.shape
     assert loaded.name == name  # the file stem
     assert loaded.provenance["source"] == "torch-csv"
+
+
+def test_torch_csv_of_a_v_order_infers_its_placement(tmp_path):
+    original = builtin_hint("zbv", 3, 2, 6)
+    path = tmp_path / "zbv.csv"
+    save_torch_csv(original, path)
+    loaded = load_hint(path)
+    assert loaded.shape == original.shape and loaded.shape.placement == "v"
+    assert loaded.orders == original.orders
+    assert load_hint(path, "v").orders == original.orders  # stated and checked
+    with pytest.raises(HintError, match="does not follow the looping placement: looping placement puts stage 3 "
+                                        "on rank 0, not 2"):
+        load_hint(path, "looping")
+
+
+def test_torch_csv_whose_mapping_follows_neither_placement(tmp_path):
+    # Stage 1 on rank 0 and stage 2 on rank 1: neither looping (1 -> rank 1) nor V (1 -> rank 1) puts it so.
+    path = tmp_path / "odd.csv"
+    path.write_text("0F0,1F0,1B0,0B0\n2F0,3F0,3B0,2B0\n")
+    message = _load_error(path)
+    assert message == (f"{path}: the stage-to-rank mapping does not follow either placement: looping placement "
+                       f"puts stage 1 on rank 1, not 0; V placement puts stage 1 on rank 1, not 0")
+    path.write_text("0F0,1F0,2F0,2B0,1B0,0B0\n3F0,4F0,5F0,5B0,4B0,3B0\n")  # 3 chunks: V cannot hold them
+    assert "V placement needs 2p = 4 stages, not 6" in _load_error(path)
 
 
 def test_torch_csv_is_one_row_per_rank_in_torch_grammar(tmp_path):
@@ -399,12 +456,43 @@ def test_torch_interleaved_zero_bubble_equals_zb(ranks, microbatches):
 
 
 @requires_torch
-@pytest.mark.parametrize("name", ["ZBVZeroBubble", "ScheduleZBVZeroBubble", "DualPipeV"])
-def test_torch_v_shaped_schedules_are_refused(name):
+@pytest.mark.parametrize("name", ["ZBVZeroBubble", "ScheduleZBVZeroBubble"])
+@pytest.mark.parametrize("ranks,microbatches", [(1, 3), (2, 3), (4, 8), (4, 5), (3, 12), (8, 32)])
+def test_torch_zbv_equals_builtin(name, ranks, microbatches):
     from hints.torch_import import import_torch_schedule
 
-    with pytest.raises(HintError, match="V shape"):
-        import_torch_schedule(name, 4, 8, 2)
+    imported = import_torch_schedule(name, ranks, microbatches)  # V schedules default to 2 chunks
+    builtin = builtin_hint("zbv", ranks, 2, microbatches)
+    assert imported.shape == builtin.shape == PipelineShape(ranks, 2, microbatches, True, "v")
+    assert imported.orders == builtin.orders
+
+
+@requires_torch
+def test_torch_dualpipev_is_imported_in_a_v():
+    from hints.torch_import import import_torch_schedule
+    from runtime.simulator import check_completes
+
+    hint = import_torch_schedule("DualPipeV", 4, 8, 2)
+    assert hint.shape == PipelineShape(4, 2, 8, True, "v")
+    # [Note: DualPipeV as rrfp tasks]: overlapped pairs run in turn, full backwards become I then W.
+    assert hint.provenance["overlapped_pairs_run_in_turn"] > 0
+    assert hint.provenance["full_backwards_split"] > 0
+    rank3 = [str(t) for t in hint.orders[3]]
+    assert rank3[:4] == ["3F0", "4F0", "3F1", "4F1"]  # rank p-1 holds both stages of the turn
+    check_completes(hint)
+
+
+@requires_torch
+@pytest.mark.parametrize("name,chunks,placement,match", [
+    ("ZBVZeroBubble", 3, None, "ZBV requires exactly 2 stages per rank"),
+    ("DualPipeV", 2, "looping", "does not follow the looping placement"),
+    ("Interleaved1F1B", 2, "v", "does not follow the v placement"),
+])
+def test_torch_import_checks_the_placement(name, chunks, placement, match):
+    from hints.torch_import import import_torch_schedule
+
+    with pytest.raises(HintError, match=match):
+        import_torch_schedule(name, 4, 8, chunks, placement)
 
 
 @requires_torch
@@ -470,6 +558,21 @@ def test_resolve_unknown_name(tmp_path, monkeypatch):
         resolve_hint("nosuch", 4, 1, 8)
     for builtin in BUILTIN_HINTS:
         assert builtin in str(info.value)
+
+
+def test_resolve_placement(tmp_path):
+    assert resolve_hint("zbv", 2, None, 4).shape.placement == "v"  # zbv's own placement, 2 chunks
+    assert resolve_hint("gpipe", 2, None, 4, placement="v").shape == PipelineShape(2, 2, 4, placement="v")
+    with pytest.raises(HintError, match=r"zbv places stages in a V .*; it has no looping order"):
+        resolve_hint("zbv", 2, 2, 4, placement="looping")
+    with pytest.raises(HintError, match=r"zb places stages in a loop .*; it has no v order"):
+        resolve_hint("zb", 2, 2, 4, placement="v")
+    with pytest.raises(UserError, match="V placement puts two chunks on each rank"):
+        resolve_hint("zbv", 2, 1, 4)
+    path = tmp_path / "v.json"
+    save_hint(builtin_hint("zbv", 2, 2, 4), path)
+    with pytest.raises(HintError, match="the file is for placement v but --placement looping was asked"):
+        resolve_hint(str(path), placement="looping")
 
 
 @pytest.mark.parametrize(

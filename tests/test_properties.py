@@ -3,7 +3,9 @@
 For every case: each task runs exactly once, one task at a time per rank,
 every dependency holds (with its transfer latency), the ``ready`` policy never
 exceeds its memory budget and never deadlocks, and ``fixed`` either runs the
-hint exactly or reports a deadlock (never hangs).
+hint exactly or reports a deadlock (never hangs). Shapes are drawn with both
+placements (a V shape has two chunks per rank), so the reservation rule's
+proof for V ([Note: memory budget and chunk deadlock]) is checked too.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from hypothesis import given, strategies as st
 
 from hints.errors import UserError
 from hints.orders import HintOrder, applicable_builtins, builtin_hint
-from hints.tasks import PipelineShape
+from hints.tasks import PLACEMENTS, V, PipelineShape
 from runtime.arbiter import MemoryBudget
 from runtime.deps import TaskGraph, prerequisites
 from runtime.simulator import ScheduleDeadlock, simulate
@@ -77,22 +79,32 @@ def check_run(result, hint, compute, transfer, budgets):
     assert result.makespan == makespan
 
 
+placements = st.sampled_from(PLACEMENTS)
+
+
+def chunks_for(placement: str, v: int) -> int:
+    """A drawn chunk count, or the two chunks a V shape has."""
+    return 2 if placement == V else v
+
+
 @st.composite
 def scenarios(draw):
     p = draw(st.integers(1, 5))
-    v = draw(st.integers(1, 3))
+    placement = draw(placements)
+    v = chunks_for(placement, draw(st.integers(1, 3)))
     m = draw(st.integers(1, 8))
-    name = draw(st.sampled_from(list(applicable_builtins(p, v, m))))
+    name = draw(st.sampled_from(list(applicable_builtins(p, v, m, placement=placement))))
     seed = draw(st.integers(0, 2**20))
     latency = draw(st.sampled_from([0.0, 0.0, 0.2, 1.0]))
     budget = draw(st.one_of(st.sampled_from(["1f1b", "2x", "1.5x"]), st.integers(v, v * m + 2).map(str)))
-    return p, v, m, name, seed, latency, budget
+    return p, v, m, placement, name, seed, latency, budget
 
 
 @given(scenarios())
 def test_builtin_hints_under_both_policies(case):
-    p, v, m, name, seed, latency, budget_text = case
-    hint = builtin_hint(name, p, v, m, costs=[random.Random(seed + i).random() for i in range(m)])
+    p, v, m, placement, name, seed, latency, budget_text = case
+    hint = builtin_hint(name, p, v, m, costs=[random.Random(seed + i).random() for i in range(m)],
+                        placement=placement)
     graph = TaskGraph.build(hint.shape)
     compute, transfer = random_durations(graph, seed, latency)
     fixed = simulate(hint, (compute, transfer), "fixed", graph=graph)
@@ -105,9 +117,12 @@ def test_builtin_hints_under_both_policies(case):
 
 
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
-       st.sampled_from([0.0, 0.5]))
-def test_random_orders_ready_never_deadlocks_fixed_reports(p, v, m, split, seed, latency):
-    shape = PipelineShape(p, v, m, split)
+       st.sampled_from([0.0, 0.5]), placements)
+def test_random_orders_ready_never_deadlocks_fixed_reports(p, v, m, split, seed, latency, placement):
+    # [Note: memory budget and chunk deadlock]: any structurally valid order, any budget that holds one
+    # microbatch, either placement: the ready policy completes within the budget.
+    v = chunks_for(placement, v)
+    shape = PipelineShape(p, v, m, split, placement)
     hint = random_order_hint(shape, seed)
     graph = TaskGraph.build(shape)
     compute, transfer = random_durations(graph, seed, latency)
@@ -146,12 +161,13 @@ def unknown_as_zero(estimates):
 
 
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
-       st.sampled_from([0.0, 0.5]), st.booleans())
-def test_lookahead_never_deadlocks_and_keeps_the_budget(p, v, m, split, seed, latency, builtin):
+       st.sampled_from([0.0, 0.5]), st.booleans(), placements)
+def test_lookahead_never_deadlocks_and_keeps_the_budget(p, v, m, split, seed, latency, builtin, placement):
     # [Note: lookahead admission]: waits only on pending events, so whatever the estimates say, every
     # task runs, every dependency holds and the budget is kept; builtin and random orders alike.
-    shape = PipelineShape(p, v, m, split)
-    hints = applicable_builtins(p, v, m) if builtin else {}
+    v = chunks_for(placement, v)
+    shape = PipelineShape(p, v, m, split, placement)
+    hints = applicable_builtins(p, v, m, placement=placement) if builtin else {}
     hints = [h for h in hints.values() if h.shape.split_backward == split] or [random_order_hint(shape, seed)]
     hint = hints[seed % len(hints)]
     graph = TaskGraph.build(hint.shape)
@@ -165,12 +181,14 @@ def test_lookahead_never_deadlocks_and_keeps_the_budget(p, v, m, split, seed, la
 
 
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
-       st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 0.3]))
-def test_fixed_without_events_equals_the_event_loop(p, v, m, split, seed, latency, overhead):
+       st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 0.3]), placements)
+def test_fixed_without_events_equals_the_event_loop(p, v, m, split, seed, latency, overhead, placement):
     # [Note: exact order without events]: record=False takes the arithmetic path, record=True the event
     # loop; every time, order and peak must be the same (and a deadlock is reported either way).
-    shape = PipelineShape(p, v, m, split)
-    builtins = [h for h in applicable_builtins(p, v, m).values() if h.shape.split_backward == split]
+    v = chunks_for(placement, v)
+    shape = PipelineShape(p, v, m, split, placement)
+    builtins = [h for h in applicable_builtins(p, v, m, placement=placement).values()
+                if h.shape.split_backward == split]
     hint = builtins[seed % len(builtins)] if builtins and seed % 3 else random_order_hint(shape, seed)
     graph = TaskGraph.build(hint.shape)
     compute, transfer = random_durations(graph, seed, latency)

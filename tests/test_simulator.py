@@ -9,6 +9,7 @@ import pytest
 
 from hints.orders import BUILTIN_HINTS, builtin_hint
 from hints.errors import HintError
+from hints.tasks import Kind, Task
 from runtime.deps import TaskGraph
 from runtime.simulator import ScheduleDeadlock, check_completes, simulate
 from runtime.variability import VariabilityModel, sample_durations
@@ -54,6 +55,72 @@ def test_zero_bubble_h1_bubble(p, m):
     result = run(builtin_hint("zb", p, 1, m), f=1.0, b=2.0, w=1.0)
     assert result.makespan == 3 * m + (p - 1)
     assert run(builtin_hint("1f1b", p, 1, m)).makespan == 3 * (m + p - 1)
+
+
+@pytest.mark.parametrize("p,m", [(1, 3), (2, 3), (3, 5), (4, 8), (4, 16), (8, 15), (8, 32)])
+def test_zero_bubble_v(p, m):
+    # ZB-V (Qi et al., "Pipeline Parallelism with Controllable Memory", 2024; torch's ScheduleZBVZeroBubble):
+    # with F = I = W = 1 per chunk and m >= 2p-1 no rank is ever idle between its first task (rank r starts
+    # when microbatch 0 reaches stage r, at r) and its last: 6m busy units each, so the makespan is
+    # 6m + p - 1. Its activation memory is 1F1B's, p microbatches of a 1/p stage: 2p half-size chunks
+    # in flight on every rank.
+    hint = builtin_hint("zbv", p, 2, m)
+    result = run(hint, f=1.0, b=2.0, w=1.0)
+    assert result.makespan == 6 * m + p - 1
+    for rank in range(p):
+        tids = result.executed[rank]
+        assert min(result.start[t] for t in tids) == rank
+        assert max(result.end[t] for t in tids) - rank == result.busy[rank] == 6 * m
+    assert result.peak_in_flight == [2 * p] * p
+
+
+def dualpipe_semantics(graph, actions, compute, transfer):
+    """Latencies that make the simulator run torch's DualPipeV actions as DeepSeek's runtime does
+    ([Note: DualPipeV as rrfp tasks]): an overlapped F&B pair's outputs leave together at the pair's end
+    (its forward's message waits for the backward), and a full B's input gradient leaves at its end (the
+    I that rrfp made of it waits for its W)."""
+    transfer = list(transfer)
+    for rank_actions in actions:
+        for action in filter(None, rank_actions):
+            parts = action.sub_actions or (action,)
+            for part in parts:
+                if part.computation_type.value == "B":  # became I then W: the gradient leaves after W
+                    stage, mb = part.stage_index, part.microbatch_index
+                    transfer[graph.tid(Task(stage, Kind.BACKWARD_INPUT, mb))] += \
+                        compute[graph.tid(Task(stage, Kind.BACKWARD_WEIGHT, mb))]
+            if len(parts) == 2:  # the forward's activation leaves with the backward (I + W)
+                forward, backward = parts
+                assert (forward.computation_type.value, backward.computation_type.value) == ("F", "B")
+                tid = graph.tid(Task(forward.stage_index, Kind.FORWARD, forward.microbatch_index))
+                transfer[tid] += sum(compute[graph.tid(Task(backward.stage_index, kind, backward.microbatch_index))]
+                                     for kind in (Kind.BACKWARD_INPUT, Kind.BACKWARD_WEIGHT))
+    return compute, transfer
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (3, 6), (4, 8), (4, 16), (8, 16), (8, 32)])
+def test_dualpipev_bubble_and_memory(p, m):
+    # DeepSeek's DualPipe README: DualPipeV on p devices (PP = 2p stages) has a bubble of
+    # (PP/2 - 1)(F&B + B - 3W) and PP + 1 chunk activations per device. rrfp runs an overlapped pair one
+    # task after the other, so F&B = F + B; with F = 1, B = 2, W = 1 per chunk every device works
+    # 2m(F + B) = 6m, and the makespan is 6m + (p - 1)(F + B + B - 3W) = 6m + 2(p - 1) under DualPipe's
+    # semantics. As rrfp tasks (the activation and input gradient leave as soon as F and I end) the same
+    # order keeps every rank busy like ZB-V: 6m + p - 1.
+    pytest.importorskip("torch")
+    from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
+
+    from hints.torch_import import import_torch_schedule
+
+    hint = import_torch_schedule("DualPipeV", p, m)
+    graph = TaskGraph.build(hint.shape)
+    compute, transfer = unit_durations(graph, f=1.0, b=2.0, w=1.0)
+    as_rrfp = simulate(hint, (compute, transfer), "fixed", graph=graph)
+    assert as_rrfp.makespan == 6 * m + p - 1
+    assert as_rrfp.peak_in_flight == [2 * p + 1] * p
+    actions = get_schedule_ops("DualPipeV", p, m, 2)
+    as_dualpipe = simulate(hint, dualpipe_semantics(graph, actions, compute, transfer), "fixed", graph=graph)
+    f, b, w = 1.0, 2.0, 1.0
+    assert as_dualpipe.makespan == 2 * m * (f + b) + (p - 1) * ((f + b) + b - 3 * w)
+    assert as_dualpipe.peak_in_flight == [2 * p + 1] * p
 
 
 def test_latency_adds_per_hop_in_fill_and_drain():

@@ -1,6 +1,6 @@
 """Regenerate the golden files: `python tests/golden/make_golden.py` (review the diff before committing).
 
-builtin_orders.json: the text order of every built-in hint on a few shapes.
+builtin_orders.json: the text order of every built-in hint on a few shapes (looping and V placement).
 sim_makespans.json: fixed/ready makespans of every built-in on seeded workloads.
 """
 
@@ -11,34 +11,42 @@ from pathlib import Path
 
 from hints.orders import applicable_builtins, builtin_hint
 from runtime.simulator import simulate
+from hints.tasks import LOOPING, V
 from runtime.variability import VariabilityModel, sample_durations
 
 HERE = Path(__file__).parent
-ORDER_SHAPES = [(4, 1, 8), (3, 1, 5), (4, 2, 8), (2, 3, 4)]
+ORDER_SHAPES = [(4, 1, 8, LOOPING), (3, 1, 5, LOOPING), (4, 2, 8, LOOPING), (2, 3, 4, LOOPING), (4, 2, 8, V),
+                (3, 2, 4, V)]
 SIM_CASES = [
-    ("multimodal", 4, 1, 8, 0.2, 0.001),
-    ("language", 4, 2, 8, 0.1, 0.0),
-    ("uniform", 3, 1, 6, 0.3, 0.002),
+    ("multimodal", 4, 1, 8, 0.2, 0.001, LOOPING),
+    ("language", 4, 2, 8, 0.1, 0.0, LOOPING),
+    ("uniform", 3, 1, 6, 0.3, 0.002, LOOPING),
+    ("multimodal", 4, 2, 8, 0.2, 0.001, V),
+    ("language", 3, 2, 6, 0.1, 0.002, V),
 ]
+
+
+def _key(p: int, v: int, m: int, placement: str) -> str:
+    return f"p={p} v={v} m={m}" + (" placement=v" if placement == V else "")
 
 
 def builtin_orders() -> dict:
     golden = {}
-    for p, v, m in ORDER_SHAPES:
-        for name, hint in applicable_builtins(p, v, m).items():
-            golden[f"{name} p={p} v={v} m={m}"] = [" ".join(o) for o in hint.text_orders()]
+    for p, v, m, placement in ORDER_SHAPES:
+        for name, hint in applicable_builtins(p, v, m, placement=placement).items():
+            golden[f"{name} {_key(p, v, m, placement)}"] = [" ".join(o) for o in hint.text_orders()]
     return golden
 
 
 def sim_makespans() -> dict:
     golden = {}
-    for workload, p, v, m, jitter, latency in SIM_CASES:
+    for workload, p, v, m, jitter, latency, placement in SIM_CASES:
         model = VariabilityModel(workload=workload, jitter=jitter, comm_latency=latency)
-        table = sample_durations(model, builtin_hint("gpipe", p, v, m).shape, seed=7)
-        for name, hint in applicable_builtins(p, v, m, table.microbatch_costs).items():
+        table = sample_durations(model, builtin_hint("gpipe", p, v, m, placement=placement).shape, seed=7)
+        for name, hint in applicable_builtins(p, v, m, table.microbatch_costs, placement=placement).items():
             for policy in ("fixed", "ready"):
                 result = simulate(hint, table, policy)
-                golden[f"{workload} p={p} v={v} m={m} {name} {policy}"] = {
+                golden[f"{workload} {_key(p, v, m, placement)} {name} {policy}"] = {
                     "makespan": result.makespan, "bubble_fraction": result.bubble_fraction}
     return golden
 
