@@ -316,8 +316,10 @@ class _Reader:
         values = {}
         for annotation in event.debug_annotations:
             which = annotation.WhichOneof("value")
-            values[keys.get(annotation.name_iid) or annotation.name or "#"] = \
-                getattr(annotation, which) if which else None
+            key = keys.get(annotation.name_iid) or annotation.name or "#"
+            value = getattr(annotation, which) if which else None
+            if isinstance(key, str) and not isinstance(value, bytes):  # damaged text reads as bytes: as if absent
+                values[key] = value
         return values
 
     def _slice(self, track: tuple[int, str, int], begun: tuple, end: int) -> None:
