@@ -44,7 +44,7 @@ import polars as pl
 
 from hints.errors import UserError
 from hints.orders import HintOrder
-from hints.tasks import PipelineShape, Task
+from hints.tasks import LOOPING, PipelineShape, Task
 from profiler.reader import TraceFrames
 from runtime.deps import prerequisites
 from runtime.variability import Durations
@@ -55,7 +55,9 @@ def pipeline_shape(frames: TraceFrames) -> PipelineShape:
     if meta is None:
         raise UserError("the trace has no rrfp metadata", frames.path)
     split = frames.tasks.filter(pl.col("kind").is_in(["I", "W"])).height > 0
-    return PipelineShape(int(meta["stages"]), int(meta["chunks"]), int(meta["microbatches"]), split)
+    # Traces written before placement was recorded are all looping.
+    return PipelineShape(int(meta["stages"]), int(meta["chunks"]), int(meta["microbatches"]), split,
+                         meta.get("placement", LOOPING))
 
 
 def traced_iterations(frames: TraceFrames) -> list[int]:
@@ -617,6 +619,7 @@ class Sensitivity:
     replayed_s: dict[int, float]  # iteration -> the traced hint and rule replayed
     rows: list  # runtime.evaluate.Row, medians over the iterations; the first is the traced hint
     budget: str
+    baseline: str = "1f1b fixed"  # what speedups are over (runtime.evaluate.Comparison.baseline)
 
     @property
     def errors(self) -> dict[int, float]:
@@ -626,7 +629,7 @@ class Sensitivity:
     def to_json(self) -> dict:
         own = self.rows[0].makespan
         return {
-            "iterations": self.iterations, "memory_budget": self.budget,
+            "iterations": self.iterations, "memory_budget": self.budget, "baseline": self.baseline,
             "task_overhead_s": self.overhead_s,
             "overhead_calibration": None if self.overhead is None else {
                 "median_s": self.overhead.per_task_s, "mean_s": self.overhead.mean_s,
@@ -686,7 +689,7 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     # iteration's window starts at its first task.
     replayed = {it: c.row(own_name, rule).makespan - overhead for it, c in zip(iterations, comparisons)}
     return Sensitivity(iterations, overhead, calibration, {i: measured[i] for i in iterations}, replayed, rows,
-                       str(budget))
+                       str(budget), comparisons[0].baseline)
 
 
 def replayable_iterations(frames: TraceFrames, complete: Sequence[int]) -> list[int]:
@@ -722,7 +725,7 @@ def summary(frames: TraceFrames) -> dict:
         "trace": frames.path,
         "job": meta.get("job"),
         "workload": meta.get("workload"),
-        "shape": f"{meta.get('stages')} ranks x {meta.get('chunks')} chunks, {meta.get('microbatches')} microbatches",
+        "shape": pipeline_shape(frames).describe(),
         "policy": meta.get("policy"),
         "hint": meta.get("hint"),
         "memory_budget": meta.get("memory_budget"),

@@ -48,6 +48,7 @@ from typing import Any, Iterator
 import polars as pl
 
 from hints.errors import UserError
+from hints.tasks import LOOPING, PLACEMENTS
 from profiler.schema import (PACKET_FIELD, SCHEMA, FramingError, decode_track_uuid, next_field,
                             rank_trace_files)
 
@@ -433,6 +434,8 @@ class _Reader:
                     raise TraceError(f"rank {rank}'s metadata has no valid {key!r} (corrupt trace?)", self.name)
             if min(meta["stages"], meta["chunks"], meta["microbatches"]) < 1:
                 raise TraceError(f"rank {rank}'s metadata has an impossible shape (corrupt trace?)", self.name)
+            if meta.get("placement", LOOPING) not in PLACEMENTS:  # absent before placement was recorded: looping
+                raise TraceError(f"rank {rank}'s metadata has no valid 'placement' (corrupt trace?)", self.name)
 
     def _transfers(self) -> pl.DataFrame:
         rows = []

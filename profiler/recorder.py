@@ -228,12 +228,14 @@ class _PacketWriter:
         descriptor.process.process_name = f"rank {rank}"
         for kind in ("iterations", "compute", "decisions", "ready set", "in flight", "activation bytes"):
             self._track(kind, 0, now, counter=kind in COUNTERS.values())
-        from runtime.plan import hint_spec
+        from runtime.plan import hint_spec, run_shape
 
         c = setup.config
+        shape = run_shape(c)
         meta = {
             "schema": SCHEMA, "rank": rank, "world": setup.world, "job": setup.job, "workload": c.workload,
-            "stages": c.stages, "chunks": c.chunks, "microbatches": c.microbatches, "policy": c.policy,
+            "stages": shape.ranks, "chunks": shape.chunks, "placement": shape.placement,
+            "microbatches": shape.microbatches, "policy": c.policy,
             "rule": c.rule().name,
             "hint": hint_spec(c), "memory_budget": c.memory_budget, "budget_slots": setup.budget or 0,
             "clock_offset_ns": setup.clock_offset_ns, "clock_error_ns": setup.clock_error_ns,

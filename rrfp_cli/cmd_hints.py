@@ -12,7 +12,7 @@ from rich.text import Text
 from hints.hintfile import hint_to_json, save_hint, save_torch_csv
 from hints.orders import BUILTIN_HINTS, HintOrder
 from hints.torch_import import TORCH_SCHEDULES
-from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Stages
+from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Stages, placement_value
 from rrfp_cli.output import Column, Output, print_table
 
 app = typer.Typer(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
@@ -27,27 +27,29 @@ MICROBATCH_COLOURS = (
 KIND_STYLE = {"F": "", "B": "reverse ", "I": "reverse ", "W": "underline "}
 
 
-def resolve_hint(spec: str, stages, chunks, microbatches) -> HintOrder:
+def resolve_hint(spec: str, stages, chunks, microbatches, placement=None) -> HintOrder:
     """A hint as the other commands build it (``cp`` from uniform durations: no workload here)."""
     from runtime.evaluate import resolve
 
-    return resolve(spec, stages, chunks, microbatches)
+    return resolve(spec, stages, chunks, microbatches, placement=placement_value(placement))
 
 
 @app.command("list")
 def list_hints(json_mode: JsonFlag = False) -> None:
     """List the built-in hints and the torch schedules that can be imported."""
     rows = [
-        {"name": h.name, "chunks": h.chunks, "split_backward": h.split_backward, "summary": h.summary}
+        {"name": h.name, "chunks": h.chunks, "split_backward": h.split_backward, "placements": list(h.placements),
+         "summary": h.summary}
         for h in BUILTIN_HINTS.values()
     ]
     torch_rows = [f"torch:{name}" for name in TORCH_SCHEDULES]
 
     def render(console: Console) -> None:
         print_table(console, [Column("name", text=True, key=True), Column("chunks", text=True),
-                              Column("backward", text=True), Column("order", text=True)],
-                    [[row["name"], row["chunks"], "I + W" if row["split_backward"] else "B", row["summary"]]
-                     for row in rows], title="Built-in hints")
+                              Column("backward", text=True), Column("placement", text=True),
+                              Column("order", text=True)],
+                    [[row["name"], row["chunks"], "I + W" if row["split_backward"] else "B",
+                      ", ".join(row["placements"]), row["summary"]] for row in rows], title="Built-in hints")
         console.print("Also: " + ", ".join(torch_rows) + " (imported from torch.distributed.pipelining), "
                       "or a hint file (rrfp-hint/1 JSON, torch CSV).")
 
@@ -60,10 +62,11 @@ def show(
     stages: Stages = None,
     microbatches: Microbatches = None,
     chunks: Chunks = None,
+    placement: Placement = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """Draw a hint as a coloured grid, one row per rank (colour = microbatch)."""
-    order = resolve_hint(hint, stages, chunks, microbatches)
+    order = resolve_hint(hint, stages, chunks, microbatches, placement)
     Output(json_mode).result(hint_to_json(order), lambda console: render_grid(console, order))
 
 
@@ -73,12 +76,13 @@ def check(
     stages: Stages = None,
     microbatches: Microbatches = None,
     chunks: Chunks = None,
+    placement: Placement = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """Validate a hint and check that it completes when run in exactly its order."""
     from runtime.simulator import check_completes
 
-    order = resolve_hint(hint, stages, chunks, microbatches)
+    order = resolve_hint(hint, stages, chunks, microbatches, placement)
     check_completes(order)
     shape = order.shape
     Output(json_mode).result(
@@ -94,6 +98,7 @@ def export(
     stages: Stages = None,
     microbatches: Microbatches = None,
     chunks: Chunks = None,
+    placement: Placement = None,
     torch_csv: Annotated[Optional[Path], typer.Option("--torch-csv", help="Write torch's per-rank CSV "
                                                       "(PipelineScheduleMulti._load_csv, compute_only).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write an rrfp-hint/1 JSON file.")] = None,
@@ -102,7 +107,7 @@ def export(
     """Write a hint as rrfp-hint/1 JSON (--out) and/or torch CSV (--torch-csv)."""
     if torch_csv is None and out is None:
         raise typer.BadParameter("give --out FILE.json and/or --torch-csv FILE.csv", param_hint="--out")
-    order = resolve_hint(hint, stages, chunks, microbatches)
+    order = resolve_hint(hint, stages, chunks, microbatches, placement)
     written = []
     if out is not None:
         save_hint(order, out)

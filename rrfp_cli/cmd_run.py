@@ -32,11 +32,12 @@ def _opt(*names: str, help: str, panel: str = RUN, **kw):
 def run(
     workload: Annotated[Optional[str], _opt("--workload", help=f"gpt, multimodal or emulated [default {D.workload}]")] = None,
     stages: Annotated[Optional[int], _opt("--stages", "-p", help=f"Pipeline ranks [default {D.stages}]")] = None,
-    chunks: Annotated[Optional[int], _opt("--chunks", "-v", help="Model chunks per rank [default 1]")] = None,
+    chunks: Annotated[Optional[int], _opt("--chunks", "-v", help="Model chunks per rank [default 1; 2 under V placement]")] = None,
     microbatches: Annotated[Optional[int], _opt("--microbatches", "-m", help=f"Per iteration [default {D.microbatches}]")] = None,
+    placement: Annotated[Optional[str], _opt("--placement", help="looping (stage k on rank k % p) or v (rank r holds stages r and 2p-1-r) [default: the hint's own]")] = None,
     tp: Annotated[Optional[int], _opt("--tp", help="Tensor-parallel degree (only 1 for now)")] = None,
     dp: Annotated[Optional[int], _opt("--dp", help="Data-parallel degree (only 1 for now)")] = None,
-    hint: Annotated[Optional[str], _opt("--hint", help="Built-in, hint file or torch:SCHEDULE [default 1f1b / interleaved-1f1b]")] = None,
+    hint: Annotated[Optional[str], _opt("--hint", help="Built-in, hint file or torch:SCHEDULE [default 1f1b / interleaved-1f1b / zbv under V]")] = None,
     policy: Annotated[Optional[str], _opt("--policy", help=f"ready or fixed [default {D.policy}]")] = None,
     lookahead: Annotated[Optional[LookaheadChoice], _opt("--lookahead", help="ready only: on = no backward that would delay a forward already on its way; off = greedy [default on]")] = None,
     memory_budget: Annotated[Optional[str], _opt("--memory-budget", help="1f1b, 2x, or slots per rank [default 1f1b]")] = None,
@@ -102,9 +103,15 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
     from runtime.worker import Job, WorkerOptions
 
     # [Note: equal memory] in runtime.evaluate: the speedup over fixed 1F1B mixes what the hint's
-    # structure gives with what readiness adds; the same hint in fixed order separates the two.
-    configs = ([config.with_overrides(policy="fixed", hint=None, lookahead=None),
-                config.with_overrides(policy="fixed", lookahead=None), config] if compare else [config])
+    # structure gives with what readiness adds; the same hint in fixed order separates the two. The
+    # baseline keeps the job's placement (under V it is ZB-V, hints.orders.baseline_hint_name).
+    configs = [config]
+    if compare:
+        from runtime.plan import run_shape
+
+        baseline = config.with_overrides(policy="fixed", hint=None, lookahead=None,
+                                         placement=run_shape(config).placement)
+        configs = [baseline, config.with_overrides(policy="fixed", lookahead=None), config]
     named = {_job_name(c): c for c in configs}  # a hint that is 1f1b in fixed order runs once
     preflight(list(named.values()))  # bad input fails before anything is written
     root = _claim_run_dir(config)

@@ -9,8 +9,9 @@ import typer
 from rich.console import Console
 
 from hints.errors import UserError
-from hints.hintfile import TORCH_PREFIX, resolve_hint
+from hints.hintfile import TORCH_PREFIX, hint_placement, resolve_hint
 from hints.orders import BUILTIN_HINTS, baseline_hint_name
+from hints.tasks import LOOPING, PipelineShape, default_chunks
 from rrfp_cli.options import (
     BackwardRatio,
     Chunks,
@@ -23,6 +24,7 @@ from rrfp_cli.options import (
     LookaheadOpt,
     MemoryBudgetOpt,
     Microbatches,
+    Placement,
     PolicyChoice,
     PolicyOpt,
     Seed,
@@ -33,6 +35,7 @@ from rrfp_cli.options import (
     Workload,
     WorkloadChoice,
     lookahead_flag,
+    placement_value,
     variability_model,
 )
 from rrfp_cli.output import Column, Output, format_seconds, print_pairs, print_table, time_unit
@@ -42,10 +45,11 @@ def simulate(
     stages: Stages = None,
     chunks: Chunks = None,
     microbatches: Microbatches = None,
+    placement: Placement = None,
     hint: Annotated[
         Optional[str],
         typer.Option("--hint", help="Built-in name, hint file, or torch:SCHEDULE. "
-                     "Default: 1f1b (interleaved-1f1b with --chunks >= 2)."),
+                     "Default: 1f1b (interleaved-1f1b with --chunks >= 2, zbv with --placement v)."),
     ] = None,
     policy: PolicyOpt = PolicyChoice.ready,
     lookahead: LookaheadOpt = None,
@@ -70,7 +74,6 @@ def simulate(
     json_mode: JsonFlag = False,
 ) -> None:
     """Simulate one hint and policy, or --compare all built-ins, on sampled or recorded durations."""
-    from hints.tasks import PipelineShape
     from runtime.arbiter import MemoryBudget, rule_for
     from runtime.bounds import split_bound
     from runtime.evaluate import builtin_candidates, concrete, durations_for, resolve
@@ -78,20 +81,22 @@ def simulate(
 
     out = Output(json_mode)
     budget = MemoryBudget.parse(memory_budget)
-    hint_spec = hint or baseline_hint_name(chunks or 1)
+    asked = placement_value(placement)
+    hint_spec = hint or baseline_hint_name(chunks or default_chunks(asked or LOOPING), asked or LOOPING)
     file_hint = None
     if hint_spec not in BUILTIN_HINTS and not hint_spec.startswith(TORCH_PREFIX):
-        file_hint = resolve_hint(hint_spec, stages, chunks, microbatches)
+        file_hint = resolve_hint(hint_spec, stages, chunks, microbatches, placement=asked)
         stages, chunks, microbatches = (file_hint.shape.ranks, file_hint.shape.chunks,
                                         file_hint.shape.microbatches)
-    chunks = chunks or 1
+    placed = file_hint.shape.placement if file_hint else hint_placement(hint_spec, asked)
+    chunks = chunks or default_chunks(placed)
     if stages is None or microbatches is None:
         raise UserError("give --stages and --microbatches (or a hint file that fixes them)", "rrfp simulate")
     if compare and lookahead is not None:
         raise UserError("--compare runs ready with and without lookahead side by side; drop --lookahead",
                         "--lookahead")
 
-    shape = PipelineShape(stages, chunks, microbatches)
+    shape = PipelineShape(stages, chunks, microbatches, placement=placed)
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
                               straggler_slowdown, comm_latency, comm_jitter)
     table = durations_for(shape, model, seed, durations, durations_iteration, comm_latency)
@@ -103,7 +108,8 @@ def simulate(
 
     if not compare:
         rule = rule_for(policy.value, lookahead_flag(lookahead), hint_spec)
-        order = concrete(file_hint, table) if file_hint else resolve(hint_spec, stages, chunks, microbatches, table)
+        order = (concrete(file_hint, table) if file_hint
+                 else resolve(hint_spec, stages, chunks, microbatches, table, placed))
         began = time.perf_counter()
         result = run_simulation(order, table, rule, budget, overhead=task_overhead)
         elapsed = time.perf_counter() - began
@@ -119,7 +125,7 @@ def simulate(
 
     hints = builtin_candidates(shape, table)
     if file_hint is not None or hint_spec.startswith(TORCH_PREFIX):
-        extra = file_hint or resolve(hint_spec, stages, chunks, microbatches)
+        extra = file_hint or resolve(hint_spec, stages, chunks, microbatches, placement=placed)
         hints[extra.name] = extra
     with out.progress("simulating", total=len(DEFAULT_RULES) * len(hints)) as advance:
         comparison = run_compare(hints, table, budget, overhead=task_overhead, advance=advance)
@@ -156,6 +162,7 @@ def _render_compare(console: Console, comparison) -> None:
     fixed_over = {r.hint for r in over if r.rule == "fixed"}
     best = min(r.makespan for r in within)
     unit, write = time_unit([r.makespan for r in rows])
+    versus_base = comparison.versus_label
 
     def cells(row, versus: bool) -> list[str]:
         shown = [row.hint, row.label, write(row.makespan), f"{row.speedup:.3f}x"]
@@ -166,13 +173,13 @@ def _render_compare(console: Console, comparison) -> None:
 
     def columns(versus: bool) -> list[Column]:
         return [Column("hint", text=True, key=True), Column("rule", text=True, key=True), Column("makespan"),
-                Column("vs 1F1B"), *([Column("vs fixed")] if versus else []), Column("/bound"), Column("memory")]
+                Column(versus_base), *([Column("vs fixed")] if versus else []), Column("/bound"), Column("memory")]
 
     print_table(console, columns(True), [cells(r, True) for r in within],
                 title=f"{shape.describe()}: at equal memory (budget {comparison.budget} = "
                       f"{_compact(comparison.slots)} slots per rank); makespan in {unit}",
                 row_styles=["bold green" if r.makespan == best else None for r in within])
-    notes = [f"vs 1F1B: speedup over {comparison.baseline}; vs fixed: over the same hint in fixed order "
+    notes = [f"{versus_base}: speedup over {comparison.baseline}; vs fixed: over the same hint in fixed order "
              f"(what readiness itself adds); / bound: makespan over the lower bound "
              f"{format_seconds(comparison.bound.value)} ({comparison.bound.binding}); memory: peak "
              f"microbatch-chunks in flight summed over ranks, over the budget's sum; ready+la: ready with "

@@ -264,9 +264,11 @@ def sensitivity_command(
 
 
 def _render_sensitivity(console: Console, result, data: dict) -> None:
+    from runtime.evaluate import versus_label
+
     own = result.rows[0].makespan
     columns = [Column("hint", text=True, key=True), Column("rule", text=True, key=True), Column("simulated"),
-               Column("vs traced"), Column("vs 1F1B"), Column("/bound")]
+               Column("vs traced"), Column(versus_label(result.baseline)), Column("/bound")]
     rows = [[row.hint, row.label + ("" if row.within_budget else " (over budget)"), f"{row.makespan * 1e3:.2f}",
              f"{own / row.makespan:.3f}x", f"{row.speedup:.3f}x", f"{row.over_bound:.3f}"] for row in result.rows]
     print_table(console, columns, rows, title=f"hint sensitivity at the traced budget ({result.budget}): "
@@ -435,7 +437,7 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None] | None)
     meta = next(iter(frames.meta.values()))
     replay = ["rrfp", "simulate", "--durations", str(path), "--durations-iteration", str(realized[0].iteration),
               "--stages", str(shape.ranks), "--chunks", str(shape.chunks), "--microbatches", str(shape.microbatches),
-              "--hint", str(meta.get("hint")), "--policy", str(meta.get("policy"))]
+              "--placement", shape.placement, "--hint", str(meta.get("hint")), "--policy", str(meta.get("policy"))]
     if meta.get("policy") == "ready":
         replay += ["--memory-budget", str(meta.get("memory_budget"))]
         # Traces older than the lookahead rule (no "rule") ran greedy readiness.

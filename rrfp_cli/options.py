@@ -14,6 +14,7 @@ from typing import Annotated, Optional
 
 import typer
 
+from hints.tasks import PLACEMENTS
 from runtime.arbiter import Policy
 
 SHAPE = "Pipeline shape"
@@ -22,6 +23,9 @@ VARIABILITY = "Variability model"
 
 # The policies come from the arbiter's rule table (runtime.arbiter.RULES), the one place they are defined.
 PolicyChoice = Enum("PolicyChoice", {policy.value: policy.value for policy in Policy}, type=str)
+
+
+PlacementChoice = Enum("PlacementChoice", {placement: placement for placement in PLACEMENTS}, type=str)
 
 
 class LookaheadChoice(str, Enum):
@@ -41,9 +45,15 @@ Stages = Annotated[
 ]
 Chunks = Annotated[
     Optional[int],
-    typer.Option("--chunks", "-v", min=1, help="Model chunks per rank (virtual stages, looping placement); "
-                 "default 1, or what a hint file says.",
+    typer.Option("--chunks", "-v", min=1, help="Model chunks per rank (virtual stages); "
+                 "default 1 (2 under V placement), or what a hint file says.",
                  rich_help_panel=SHAPE),
+]
+Placement = Annotated[
+    Optional[PlacementChoice],
+    typer.Option("--placement", help="Which rank holds each model stage: looping (stage k on rank k % p) or v "
+                 "(rank r holds stages r and 2p-1-r; 2 chunks). Default: the hint's own (v for zbv and "
+                 "torch's V schedules, what a file says, else looping).", rich_help_panel=SHAPE),
 ]
 Microbatches = Annotated[
     Optional[int],
@@ -121,6 +131,10 @@ DurationsFile = Annotated[
 
 def lookahead_flag(choice: "LookaheadChoice | None") -> bool | None:
     return None if choice is None else choice is LookaheadChoice.on
+
+
+def placement_value(choice: "PlacementChoice | None") -> str | None:
+    return None if choice is None else choice.value
 
 
 def variability_model(

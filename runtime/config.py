@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hints.errors import UserError
-from hints.tasks import Task
+from hints.tasks import PLACEMENTS, Task
 from runtime.arbiter import ArbiterRule, MemoryBudget, Policy, rule_for
 
 RUN_WORKLOADS = ("gpt", "multimodal", "emulated")
@@ -33,11 +33,12 @@ class RunConfig:
 
     workload: str = "gpt"
     stages: int = 2
-    chunks: int = 1
+    chunks: int | None = None  # None: 1, or 2 under V placement (runtime.plan.run_shape)
     microbatches: int = 8
+    placement: str | None = None  # looping or v; None: the hint's own (hints.hintfile.hint_placement)
     tp: int = 1
     dp: int = 1
-    hint: str | None = None  # None: 1f1b (interleaved-1f1b with chunks >= 2)
+    hint: str | None = None  # None: 1f1b (interleaved-1f1b with chunks >= 2, zbv under V placement)
     policy: str = "ready"
     lookahead: bool | None = None  # ready policy: None = the hint's default (runtime.arbiter.rule_for)
     memory_budget: str = "1f1b"
@@ -90,9 +91,13 @@ class RunConfig:
         _check_choice("emulate", self.emulate, EMULATE_MODELS)
         _check_choice("device", self.device, DEVICES)
         _check_choice("backend", self.backend, BACKENDS)
-        for name in ("stages", "chunks", "microbatches", "iters", "hidden", "heads", "layers_per_stage",
+        if self.placement is not None:
+            _check_choice("placement", self.placement, PLACEMENTS)
+        for name in ("stages", "microbatches", "iters", "hidden", "heads", "layers_per_stage",
                      "vocab", "samples", "tp", "dp"):
             _check_int(name, getattr(self, name), 1)
+        if self.chunks is not None:
+            _check_int("chunks", self.chunks, 1)
         _check_int("seed", self.seed, 0)
         if self.nproc is not None:
             _check_int("nproc", self.nproc, 1)
@@ -112,7 +117,7 @@ class RunConfig:
             raise UserError("tensor and data parallelism are not supported yet; use 1", which)
         if self.hidden % self.heads:
             raise UserError(f"--hidden {self.hidden} must be a multiple of --heads {self.heads}", "--hidden")
-        if self.workload == "multimodal" and self.stages * self.chunks < 2:
+        if self.workload == "multimodal" and self.stages * (self.chunks or 1) < 2:
             raise UserError("the multimodal model needs at least 2 model stages (vision, language)", "--stages")
         if not isinstance(self.delay, dict):
             raise UserError("must map tasks to seconds, e.g. {\"1B0\" = 0.3}", "--delay")

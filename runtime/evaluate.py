@@ -40,7 +40,7 @@ from hints.orders import (
     baseline_hint_name,
     resolve_cost_ranked,
 )
-from hints.tasks import PipelineShape
+from hints.tasks import PipelineShape, default_chunks
 from runtime.arbiter import RULES, ArbiterRule, MemoryBudget
 from runtime.bounds import LowerBound, split_bound
 from runtime.deps import TaskGraph
@@ -60,23 +60,25 @@ def durations_for(shape: PipelineShape, model: VariabilityModel | None = None, s
 
 
 def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int | None,
-            table: Durations | None = None) -> HintOrder:
+            table: Durations | None = None, placement: str | None = None) -> HintOrder:
     """``spec`` for the shape; ``bfw`` and ``cp`` take their inputs from ``table.expected()``.
 
     Without a table ``bfw`` keeps index order and ``cp`` uses uniform durations (``rrfp hints show cp``).
+    ``placement`` None is the hint's own (see :func:`hints.hintfile.resolve_hint`).
     """
     builtin = BUILTIN_HINTS.get(spec)
     if builtin is None or not (builtin.takes_costs or builtin.takes_priorities):
-        return resolve_hint(spec, ranks, chunks, microbatches)
+        return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
     if ranks is None or microbatches is None:
         raise UserError(f"hint {spec!r} needs --stages and --microbatches")
-    shape = PipelineShape(ranks, chunks or 1, microbatches)
+    placement = placement or builtin.placement
+    shape = PipelineShape(ranks, chunks or default_chunks(placement), microbatches, placement=placement)
     if table is None:
         if not builtin.takes_priorities:
-            return resolve_hint(spec, ranks, chunks, microbatches)
+            return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
         table = sample_durations(VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
     costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities)
-    return resolve_hint(spec, ranks, chunks, microbatches, costs, priorities)
+    return resolve_hint(spec, ranks, chunks, microbatches, costs, priorities, placement)
 
 
 def concrete(hint: HintOrder, table: Durations) -> HintOrder:
@@ -102,7 +104,7 @@ def ranking_costs(hint: HintOrder, table: Durations) -> list[float]:
 def builtin_candidates(shape: PipelineShape, table: Durations) -> dict[str, HintOrder]:
     """Every built-in that applies to ``shape``, with ``bfw`` and ``cp`` from the table's expectation."""
     costs, priorities = _expected_inputs(shape, table, True)
-    return applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities)
+    return applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)
 
 
 def _expected_inputs(shape: PipelineShape, table: Durations, priorities: bool):
@@ -154,6 +156,11 @@ class Comparison:
     def row(self, hint: str, rule: str) -> Row | None:
         return next((r for r in self.rows if r.hint == hint and r.rule == rule), None)
 
+    @property
+    def versus_label(self) -> str:
+        """How tables head the speedup over the baseline: ``vs 1F1B``, or ``vs ZB-V`` under V placement."""
+        return versus_label(self.baseline)
+
     def to_json(self) -> dict:
         return {"shape": self.shape.to_json(), "baseline": self.baseline, "memory_budget": str(self.budget),
                 "memory_budget_slots": self.slots, "lower_bound": self.bound.value,
@@ -164,6 +171,11 @@ class Comparison:
 DEFAULT_RULES = ("fixed", "greedy", "lookahead")
 
 
+def versus_label(baseline: str) -> str:
+    """The column head for speedups over ``baseline`` (a :attr:`Comparison.baseline`, ``"<hint> fixed"``)."""
+    return "vs ZB-V" if baseline.startswith("zbv") else "vs 1F1B"
+
+
 def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
             rules: Sequence[str] = DEFAULT_RULES, overhead: float = 0.0,
             own: tuple[str, str] | None = None, advance: Callable[[int], None] | None = None) -> Comparison:
@@ -171,27 +183,28 @@ def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
 
     The graph is compiled once per shape (split or not) and reused. ``own`` is
     a ``(hint name, rule)`` pair run under that rule only (a traced hint).
-    Speedups are over fixed-order 1F1B (interleaved with chunks >= 2), which
-    is always run. ``advance(n)`` reports progress.
+    Speedups are over the baseline of the first hint's placement (fixed-order
+    1F1B, interleaved with chunks >= 2; ZB-V under V), which is always run.
+    ``advance(n)`` reports progress.
     """
     first = next(iter(hints.values()))
-    shape = PipelineShape(first.shape.ranks, first.shape.chunks, first.shape.microbatches)
-    baseline_name = baseline_hint_name(shape.chunks)
+    shape = PipelineShape(first.shape.ranks, first.shape.chunks, first.shape.microbatches,
+                          placement=first.shape.placement)
+    baseline_name = baseline_hint_name(shape.chunks, shape.placement)
     plan: list[tuple[str, HintOrder, ArbiterRule]] = []
     if baseline_name not in hints or "fixed" not in rules:
-        plan.append((baseline_name, resolve(baseline_name, shape.ranks, shape.chunks, shape.microbatches),
-                     RULES["fixed"]))
+        plan.append((baseline_name, resolve(baseline_name, shape.ranks, shape.chunks, shape.microbatches,
+                                            placement=shape.placement), RULES["fixed"]))
     for name, hint in hints.items():
         chosen = [own[1]] if own is not None and name == own[0] else rules
         plan += [(name, hint, RULES[rule]) for rule in chosen]
     slots = budget.per_rank(shape)
-    graphs: dict[bool, TaskGraph] = {}
+    graphs: dict[PipelineShape, TaskGraph] = {}
     rows: list[Row] = []
     for name, hint, rule in plan:
-        split = hint.shape.split_backward
-        if split not in graphs:
-            graphs[split] = TaskGraph.build(hint.shape)
-        result = simulate(concrete(hint, table), table, rule, budget, graph=graphs[split], overhead=overhead)
+        if hint.shape not in graphs:
+            graphs[hint.shape] = TaskGraph.build(hint.shape)
+        result = simulate(concrete(hint, table), table, rule, budget, graph=graphs[hint.shape], overhead=overhead)
         rows.append(_row(name, rule, result, slots))
         if advance:
             advance(1)

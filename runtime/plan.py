@@ -14,14 +14,16 @@ iteration starts (``Workload.expected``); every other hint is built once.
 from __future__ import annotations
 
 from hints.errors import UserError
+from hints.hintfile import hint_placement
 from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name
-from hints.tasks import PipelineShape
+from hints.tasks import LOOPING, PipelineShape, default_chunks
 from runtime.arbiter import MemoryBudget
 from runtime.evaluate import concrete, resolve
 
 
 def hint_spec(config) -> str:
-    return config.hint or baseline_hint_name(config.chunks)
+    placement = config.placement or LOOPING
+    return config.hint or baseline_hint_name(config.chunks or default_chunks(placement), placement)
 
 
 def _per_iteration(spec: str) -> bool:
@@ -40,9 +42,10 @@ class HintPlan:
     def for_iteration(self, iteration: int) -> HintOrder:
         c = self.config
         if _per_iteration(self.spec):
-            return resolve(self.spec, c.stages, c.chunks, c.microbatches, self.workload.expected(iteration))
+            return resolve(self.spec, c.stages, c.chunks, c.microbatches, self.workload.expected(iteration),
+                           c.placement)
         if self._static is None:
-            self._static = resolve(self.spec, c.stages, c.chunks, c.microbatches)
+            self._static = resolve(self.spec, c.stages, c.chunks, c.microbatches, placement=c.placement)
         if self._static.cost_ranked:  # [Note: cost-ranked hints]: slots -> this iteration's microbatches
             return concrete(self._static, self.workload.expected(iteration))
         return self._static
@@ -51,13 +54,15 @@ class HintPlan:
 def validate_run(config) -> HintOrder:
     """Resolve and check the job's hint and budget; raises ``UserError`` before anything starts."""
     # bfw and cp are checked as built without costs: their shape and validity do not depend on them.
-    hint = resolve(hint_spec(config), config.stages, config.chunks, config.microbatches)
+    hint = resolve(hint_spec(config), config.stages, config.chunks, config.microbatches,
+                   placement=config.placement)
     shape = hint.shape
-    if (shape.ranks, shape.chunks, shape.microbatches) != (config.stages, config.chunks, config.microbatches):
+    run = run_shape(config)
+    if (shape.ranks, shape.chunks, shape.microbatches, shape.placement) != \
+            (run.ranks, run.chunks, run.microbatches, run.placement):
         from hints.errors import HintError
 
-        raise HintError(f"the hint is for {shape.describe()} but the run has {config.stages} stages x "
-                        f"{config.chunks} chunks, {config.microbatches} microbatches", "--hint")
+        raise HintError(f"the hint is for {shape.describe()} but the run has {run.describe()}", "--hint")
     _check_task_flags(config, shape)
     rule = config.rule()
     if rule.uses_budget:
@@ -80,4 +85,7 @@ def _check_task_flags(config, shape: PipelineShape) -> None:
 
 
 def run_shape(config) -> PipelineShape:
-    return PipelineShape(config.stages, config.chunks, config.microbatches)
+    """The job's shape (full backward): its placement is the one asked, else the hint's own."""
+    placement = hint_placement(hint_spec(config), config.placement)
+    return PipelineShape(config.stages, config.chunks or default_chunks(placement), config.microbatches,
+                         placement=placement)

@@ -207,7 +207,73 @@ def test_simulate_recorded_durations(tmp_path):
     assert abs(data["makespan"] - (4 + 2 - 1) * 0.03) < 1e-9
 
 
+def test_simulate_v_placement(tmp_path):
+    # zbv is a V order: --placement v and 2 chunks by default. Uniform default, F = 5 ms per chunk and
+    # I = W = 5 ms: ZB-V keeps every rank busy from its start (rank r at r * 5 ms) for 6m * 5 ms.
+    data = ok_json(tmp_path, "simulate", "--hint", "zbv", "-p", "4", "-m", "8", "--policy", "fixed")
+    assert data["shape"] == {"ranks": 4, "chunks": 2, "microbatches": 8, "split_backward": True, "placement": "v"}
+    assert data["makespan"] == pytest.approx((6 * 8 + 3) * 0.005, abs=1e-12)
+    assert data["peak_in_flight"] == [8] * 4
+    compared = ok_json(tmp_path, "simulate", "--placement", "v", "-p", "4", "-m", "8", "--compare")
+    assert compared["baseline"] == "zbv fixed" and compared["memory_budget_slots"] == [8] * 4
+    assert {row["hint"] for row in compared["rows"]} == {"gpipe", "bf", "bfw", "zbv", "cp"}
+    assert "vs ZB-V" in ok(tmp_path, "simulate", "--placement", "v", "-p", "4", "-m", "8", "--compare").stdout
+    torch_zbv = ok_json(tmp_path, "simulate", "--hint", "torch:ZBVZeroBubble", "-p", "4", "-m", "8",
+                        "--policy", "fixed")
+    assert torch_zbv["makespan"] == data["makespan"] and torch_zbv["shape"]["placement"] == "v"
+
+
+def test_v_hints_export_check_and_show(tmp_path):
+    out = ok(tmp_path, "hints", "export", "zbv", "-p", "3", "-m", "6", "--out", "v.json", "--torch-csv", "v.csv")
+    assert "3 ranks x 2 chunks (V), 6 microbatches" in out.stdout
+    assert json.loads((tmp_path / "v.json").read_text())["placement"] == "v"
+    for name in ("v.json", "v.csv"):  # the CSV's placement is inferred from its stage ids
+        assert ok_json(tmp_path, "hints", "check", name)["shape"]["placement"] == "v"
+    assert "5F0" in ok(tmp_path, "hints", "show", "gpipe", "--placement", "v", "-p", "3", "-m", "2").stdout
+
+
 # -- bad input: one error line, exit 2 ---------------------------------------------------
+
+
+@pytest.mark.parametrize("args, message", [
+    (["simulate", "--hint", "zbv", "-p", "4", "-v", "3", "-m", "8"],
+     "error: shape placement: V placement puts two chunks on each rank (stages r and 2p-1-r), so it needs "
+     "2p = 8 stages; got 3 chunk(s) per rank, an odd number (12 stages)"),
+    (["simulate", "--placement", "v", "-p", "4", "-v", "4", "-m", "8"],
+     "error: shape placement: V placement puts two chunks on each rank (stages r and 2p-1-r), so it needs "
+     "2p = 8 stages; got 4 chunk(s) per rank (16 stages)"),
+    (["simulate", "--hint", "torch:ZBVZeroBubble", "-p", "4", "-v", "1", "-m", "8"],
+     "error: shape placement: V placement puts two chunks on each rank (stages r and 2p-1-r), so it needs "
+     "2p = 8 stages; got 1 chunk(s) per rank, an odd number (4 stages)"),
+    (["simulate", "--hint", "zb", "--placement", "v", "-p", "4", "-m", "8"],
+     "error: zb places stages in a loop (stage k on rank k % p); it has no v order"),
+    (["hints", "show", "zbv", "--placement", "looping", "-p", "2", "-m", "4"],
+     "error: zbv places stages in a V (rank r holds stages r and 2p-1-r); it has no looping order"),
+    (["simulate", "--placement", "w", "-p", "4", "-m", "8"], "error: Invalid value for '--placement'"),
+])
+def test_error_v_shapes(tmp_path, args, message):
+    assert user_error(tmp_path, *args).startswith(message)
+
+
+def test_error_v_hint_file_with_odd_chunks(tmp_path):
+    data = json.loads(ok(tmp_path, "hints", "export", "gpipe", "-p", "2", "-v", "3", "-m", "2", "--out",
+                         "g.json").stdout and (tmp_path / "g.json").read_text())
+    data["placement"] = "v"
+    (tmp_path / "g.json").write_text(json.dumps(data))
+    line = user_error(tmp_path, "simulate", "--hint", "g.json")
+    assert line.startswith("error: g.json: shape: shape placement: V placement puts two chunks on each rank")
+    assert "got 3 chunk(s) per rank, an odd number" in line
+
+
+def test_error_csv_that_follows_neither_placement(tmp_path):
+    (tmp_path / "odd.csv").write_text("0F0,1F0,1B0,0B0\n2F0,3F0,3B0,2B0\n")
+    assert user_error(tmp_path, "simulate", "--hint", "odd.csv") == (
+        "error: odd.csv: the stage-to-rank mapping does not follow either placement: looping placement puts "
+        "stage 1 on rank 1, not 0; V placement puts stage 1 on rank 1, not 0")
+    ok(tmp_path, "hints", "export", "zbv", "-p", "2", "-m", "4", "--torch-csv", "v.csv")
+    assert user_error(tmp_path, "hints", "check", "v.csv", "--placement", "looping") == (
+        "error: v.csv: the stage-to-rank mapping does not follow the looping placement: looping placement puts "
+        "stage 2 on rank 0, not 1")
 
 
 def test_error_malformed_json_hint(tmp_path):

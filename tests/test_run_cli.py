@@ -53,6 +53,32 @@ def test_compare_runs_fixed_then_ready(tmp_path):
     assert (tmp_path / "c" / "ready-zb@2x" / "durations.parquet").exists()
 
 
+def test_v_placement_run_compare_and_traces(tmp_path):
+    # zbv runs in a V with 2 chunks by default; --compare's baseline keeps the placement (fixed zbv, so the
+    # baseline and the same hint in fixed order are one job), and the traces say V all the way to the replay.
+    result = run_rrfp(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters",
+                      "2", "--forward-time", "0.004", "--hint", "zbv", "--compare", "--out", "v", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert [j["job"] for j in data["jobs"]] == ["fixed-zbv", "ready-zbv@1f1b"]
+    assert json.loads((tmp_path / "v" / "ready-zbv@1f1b" / "config.json").read_text())["placement"] is None
+    summary = run_rrfp(tmp_path, "trace", "summary", "v/ready-zbv@1f1b", "--json")
+    assert summary.returncode == 0, summary.stderr
+    assert json.loads(summary.stdout)["shape"] == "2 ranks x 2 chunks (V), 4 microbatches, split backward"
+    export = run_rrfp(tmp_path, "trace", "export", "v/ready-zbv@1f1b", "--durations", "d.csv", "--json")
+    assert export.returncode == 0, export.stderr
+    replay = json.loads(export.stdout)["durations"]["replay"]
+    assert "--placement v" in replay and "--hint zbv" in replay
+    replayed = run_rrfp(tmp_path, *replay.split()[1:], "--json")  # the printed command runs as printed
+    assert replayed.returncode == 0, replayed.stderr
+    assert json.loads(replayed.stdout)["shape"]["placement"] == "v"
+    sensitivity = run_rrfp(tmp_path, "trace", "sensitivity", "v/ready-zbv@1f1b", "--json")
+    assert sensitivity.returncode == 0, sensitivity.stderr
+    assert json.loads(sensitivity.stdout)["baseline"] == "zbv fixed"
+    tuned = one_error_line(run_rrfp(tmp_path, "tune-hint", "v/ready-zbv@1f1b", "--out", "t"))
+    assert "rrfp tune-hint searches looping orders only" in tuned
+
+
 def test_human_output_has_a_summary(tmp_path):
     result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
                   "--out", "h")
@@ -92,6 +118,10 @@ def test_config_file_lookahead_and_bad_value(tmp_path):
     (["--policy", "fixed", "--memory-budget", "abc"], "error: --memory-budget: 'abc' is not a budget"),
     (["--fail-at", "9F0"], "error: --fail-at: 9F0 is not a task of this run (2 ranks x 1 chunks, 8 microbatches)"),
     (["--hang-at", "0I1"], "error: --hang-at: 0I1 is not a task of this run"),  # 1f1b does not split B
+    (["--hint", "zbv", "--chunks", "3"], "error: shape placement: V placement puts two chunks on each rank"),
+    (["--placement", "v", "--chunks", "1"], "so it needs 2p = 4 stages; got 1 chunk(s) per rank, an odd number"),
+    (["--hint", "zb", "--placement", "v"], "zb places stages in a loop (stage k on rank k % p); it has no v order"),
+    (["--placement", "w"], "error: --placement: 'w' is not one of looping, v"),
     (["--delay", "9B0=0.1"], "error: --delay: 9B0 is not a task of this run"),
     (["--fail-at", "1F0@7", "--iters", "2"], "error: --fail-at: '1F0@7' is never reached: the run has 2 iterations"),
     (["--trace-iters", "10:20", "--iters", "2"], "error: --trace-iters: '10:20' traces nothing: the run has 2"),

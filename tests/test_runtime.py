@@ -147,3 +147,39 @@ def test_emulated_runs_and_writes_replayable_durations(tmp_path):
     table = pl.read_parquet(tmp_path / "run" / "emu" / "durations.parquet")
     assert table.columns == ["iteration", "stage", "kind", "microbatch", "duration"]
     assert table.height == 2 * 2 * 4 * 2
+
+
+def v_jobs(stages: int, microbatches: int, workloads: tuple[str, ...]) -> list[dict]:
+    """V placement ([Note: placement] in hints.tasks): zbv in fixed order and ready (with and without
+    lookahead), torch's DualPipeV in fixed order, and gpipe placed in a V, ready."""
+    jobs = []
+    for workload in workloads:
+        base = dict(workload=workload, stages=stages, microbatches=microbatches, iters=ITERS, seed=stages,
+                    forward_time=0.002)
+        runs = [("zbv-fixed", dict(hint="zbv", policy="fixed")),
+                ("zbv-ready", dict(hint="zbv", policy="ready", lookahead=True)),
+                ("zbv-greedy-2x", dict(hint="zbv", policy="ready", lookahead=False, memory_budget="2x")),
+                ("dualpipev-fixed", dict(hint="torch:DualPipeV", policy="fixed")),
+                ("gpipe-v-ready", dict(hint="gpipe", placement="v", policy="ready"))]
+        jobs += [{"name": f"{workload}-{name}", "config": {**base, **extra}} for name, extra in runs]
+    return jobs
+
+
+@pytest.mark.parametrize("stages,microbatches,workloads", [(2, 4, ("gpt", "emulated", "multimodal")),
+                                                           (4, 8, ("gpt",))])
+def test_v_placement_matches_single_process(tmp_path, stages, microbatches, workloads):
+    # The turn (stages p-1 and p) hands off on rank p-1 without a message, and the loss is computed on
+    # rank 0 (stage 2p-1): results must still equal the unpartitioned model's.
+    jobs = v_jobs(stages, microbatches, workloads)
+    results = run_jobs(tmp_path, stages, jobs)
+    zbv = builtin_hint("zbv", stages, 2, microbatches)
+    for job in jobs:
+        check_against_reference(results, job)
+        check_budget(results, job)
+        assert run_shape(RunConfig(**job["config"])).placement == "v"
+        if job["name"].endswith("zbv-fixed"):
+            for rank, rank_results in results.items():
+                assert rank_results[job["name"]]["executed"] == [str(t) for t in zbv.orders[rank]], job["name"]
+        # Rank 0 ran the last model stage (the loss) and rank p-1 both stages of the turn.
+        assert f"{2 * stages - 1}F0" in results[0][job["name"]]["executed"]
+        assert {f"{stages - 1}F0", f"{stages}F0"} <= set(results[stages - 1][job["name"]]["executed"])
