@@ -286,6 +286,31 @@ def _integral(value):
     return int(value) if isinstance(value, float) else value
 
 
+IDLE_CAUSES = ("dependency", "budget_held", "misalignment", "dispatch")
+
+
+def idle_segments(frames: TraceFrames, dispatch_s: float | None = None) -> pl.DataFrame:
+    """Every idle gap between two tasks of a rank, cut where [Note: bubble categories] cuts it.
+
+    One row per non-empty segment: ``rank``, ``iteration``, ``cause`` (one of :data:`IDLE_CAUSES`),
+    ``start_ns``, ``end_ns``. A gap runs dependency, budget-held, misalignment, dispatch, in that order,
+    so its segments tile it; summed per rank they are :func:`bubbles`' columns of the same names.
+    """
+    tasks = ready_times(frames)
+    dispatch_ns = (_calibrated(tasks) if dispatch_s is None else dispatch_s * 1e9) if tasks.height else 0.0
+    rows = []
+    for (rank, iteration), gaps in _gaps(tasks, _held_back(frames), dispatch_ns, keep=True).items():
+        for gap in gaps:
+            start = gap["gap_start_ns"]
+            for cause in IDLE_CAUSES:
+                length = gap[f"{cause}_ns"]
+                if length > 0:
+                    rows.append((rank, iteration, cause, _integral(start), _integral(start + length)))
+                    start += length
+    return pl.DataFrame(rows, schema={"rank": pl.Int64, "iteration": pl.Int64, "cause": pl.Utf8,
+                                      "start_ns": pl.Int64, "end_ns": pl.Int64}, orient="row")
+
+
 # -- hint conformance ------------------------------------------------------------
 
 

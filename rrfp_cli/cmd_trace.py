@@ -457,20 +457,41 @@ def _ranges(values: list[int]) -> str:
 @app.command("timeline")
 def timeline_command(
     run: RunArg,
-    png: Annotated[Path, typer.Option("--png", help="Where to write the picture.")],
+    other: Annotated[Optional[Path], typer.Argument(
+        help="A second run, drawn under the first on the same time axis.", metavar="[OTHER]")] = None,
+    svg: Annotated[Optional[Path], typer.Option("--svg", help="Write the picture as SVG (for papers).")] = None,
+    png: Annotated[Optional[Path], typer.Option("--png", help="Write the picture as PNG.")] = None,
     iteration: Iteration = None,
     iterations: Iterations = None,
     width: Annotated[int, typer.Option("--width", min=400, help="Width in pixels.")] = 1600,
     force: Force = False,
     json_mode: JsonFlag = False,
 ) -> None:
-    """A static PNG of one iteration (default: the last): ranks as rows, tasks coloured by microbatch."""
+    """A picture of one iteration (default: the last): ranks as rows, tasks coloured by microbatch, idle time
+    hatched by cause. An `rrfp run --compare` directory, or RUN and OTHER, are drawn as panels on one time axis."""
+    from hints.errors import UserError
+    from profiler.reader import job_runs
     from profiler.timeline import save_timeline
 
-    check_new_file(png, force, "--png")
+    if svg is None and png is None:
+        raise UserError("give --svg FILE and/or --png FILE: where to write the picture", "timeline")
+    for path, flag in ((svg, "--svg"), (png, "--png")):
+        if path is not None:
+            check_new_file(path, force, flag)
     out = Output(json_mode)
-    path = save_timeline(_load(run, out, iteration, iterations), png, None, width)
-    _emit(out, {"png": str(path)}, lambda console: console.print(f"wrote {path}"))
+    loaded = []
+    for given in (run, other):
+        if given is not None:
+            for job in job_runs(given) or [given]:
+                frames = _load(job, out, iteration, iterations)
+                loaded.append((str(next(iter(frames.meta.values())).get("job") or job.name), job, frames))
+    names = [name for name, _, _ in loaded]  # a panel is its job's name, or its path when two jobs share one
+    runs = [(name if names.count(name) == 1 else str(path), frames) for name, path, frames in loaded]
+    written = save_timeline(runs, svg, png, None, width)
+    _emit(out, {"written": [str(p) for p in written], "panels": [title for title, _ in runs],
+                **({"svg": str(svg)} if svg is not None else {}), **({"png": str(png)} if png is not None else {})},
+          lambda console: console.print(f"wrote {', '.join(str(p) for p in written)} "
+                                        f"({len(runs)} panel{'s' if len(runs) > 1 else ''})"))
 
 
 @app.command("merge")

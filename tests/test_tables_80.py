@@ -84,8 +84,17 @@ def test_a_compare_directory_answers_for_each_job(compared, command):
 
 def test_a_compare_directory_is_still_refused_where_one_trace_is_needed(compared, tmp_path):
     root, run, _ = compared
-    done = run_rrfp(root, "trace", "timeline", str(run), "--png", str(tmp_path / "t.png"))
+    done = run_rrfp(root, "trace", "export", str(run), "--parquet", str(tmp_path / "pq"))
     assert done.returncode == 2 and "holds several jobs (fixed-1f1b, fixed-zb, ready-zb@2x)" in done.stderr
+
+
+def test_a_compare_directory_is_drawn_as_one_panel_per_job(compared, tmp_path):
+    root, run, _ = compared
+    done = run_rrfp(root, "trace", "timeline", str(run), "--svg", str(tmp_path / "t.svg"), "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["panels"] == JOBS
+    titles = [line for line in (tmp_path / "t.svg").read_text().splitlines() if 'font-weight="bold"' in line]
+    assert [job for job in JOBS for line in titles if f">{job}: " in line] == JOBS
 
 
 @pytest.mark.parametrize("args", [

@@ -170,6 +170,7 @@ def _destinations(tmp_path: Path) -> dict[str, Path]:
 
 OUTPUTS = {  # subcommand -> its arguments writing to `path`
     "timeline --png": lambda run, path: ["timeline", run, "--png", path],
+    "timeline --svg": lambda run, path: ["timeline", run, "--svg", path],
     "export --parquet": lambda run, path: ["export", run, "--parquet", path],
     "export --durations": lambda run, path: ["export", run, "--durations", path],
     "merge --out": lambda run, path: ["merge", run, "--out", path],
