@@ -26,7 +26,7 @@ from typing import Sequence
 
 from hints.costs import CostModel
 from hints.errors import UserError
-from hints.tasks import LOOPING, PipelineShape
+from hints.tasks import PipelineShape
 from profiler.analysis import (
     complete_iterations,
     dispatch_overhead,
@@ -62,10 +62,8 @@ def from_runs(runs: Sequence[str | Path], shape: PipelineShape | None, holdout: 
     for run in runs:
         frames = read_trace(run)
         run_shape = pipeline_shape(frames)
-        if run_shape.placement != LOOPING:
-            raise UserError(f"the run places stages in a V ({run_shape.describe()}); rrfp tune-hint searches "
-                            f"looping orders only (the 1F1B family and list orders of looping shapes)", str(run))
-        unsplit = PipelineShape(run_shape.ranks, run_shape.chunks, run_shape.microbatches)
+        unsplit = PipelineShape(run_shape.ranks, run_shape.chunks, run_shape.microbatches,
+                                placement=run_shape.placement)
         if shape is not None and (shape.ranks, shape.chunks, shape.microbatches) != \
                 (unsplit.ranks, unsplit.chunks, unsplit.microbatches):
             raise UserError(f"the trace is of {unsplit.describe()} but {shape.describe()} was asked "

@@ -33,12 +33,14 @@ from rrfp_cli.options import (
     Jitter,
     JsonFlag,
     Microbatches,
+    Placement,
     PolicyChoice,
     PolicyOpt,
     Stages,
     StragglerProb,
     StragglerSlowdown,
     WorkloadChoice,
+    placement_value,
     variability_model,
 )
 from rrfp_cli.output import Column, Output, jsonable, print_table, shell_lines
@@ -64,6 +66,7 @@ def tune_hint(
     stages: Stages = None,
     chunks: Chunks = None,
     microbatches: Microbatches = None,
+    placement: Placement = None,
     policy: PolicyOpt = PolicyChoice.ready,
     memory_budget: Annotated[str, typer.Option(
         "--memory-budget", help="1f1b, 2x, a slot count, or auto (a Pareto table of makespan vs memory; "
@@ -129,7 +132,8 @@ def tune_hint(
 
     source = _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, scenarios, seed, keep_first,
                         variability_model(workload or WorkloadChoice.uniform, forward_time, backward_ratio, jitter,
-                                          straggler_prob, straggler_slowdown, comm_latency, 0.0))
+                                          straggler_prob, straggler_slowdown, comm_latency, 0.0),
+                        placement_value(placement))
     if memory_budget != "auto":
         MemoryBudget.parse(memory_budget).per_rank(source["set"].shape)
 
@@ -192,19 +196,20 @@ def _new_directory(out: Path) -> Path:
     return out
 
 
-def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, count, seed, keep_first, model
-               ) -> dict[str, Any]:
-    from hints.tasks import PipelineShape
+def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, count, seed, keep_first, model,
+               placement: str | None = None) -> dict[str, Any]:
+    from hints.tasks import LOOPING, PipelineShape, default_chunks
     from runtime.scenarios import from_model
 
     asked = None
     if stages is not None and microbatches is not None:
-        asked = PipelineShape(stages, chunks or 1, microbatches)
+        asked = PipelineShape(stages, chunks or default_chunks(placement), microbatches,
+                              placement=placement or LOOPING)
     if runs:
         from profiler.tune_sources import from_runs
 
         traced = from_runs(runs, asked, holdout, count, count, seed, keep_first)
-        _check_shape_flags(traced.scenarios.shape, stages, chunks, microbatches)
+        _check_shape_flags(traced.scenarios.shape, stages, chunks, microbatches, placement)
         return {"set": traced.scenarios, "overhead": traced.overhead, "cost_model": traced.cost_model,
                 "traced": _traced_candidate(traced), "replay": traced.replay, "config": traced.config,
                 "meta": traced.meta, "inputs": {"runs": [str(r) for r in runs]}}
@@ -221,10 +226,11 @@ def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout,
             "inputs": {"workload": model.workload, "model": model.__dict__}}
 
 
-def _check_shape_flags(shape, stages, chunks, microbatches) -> None:
-    """Each of -p/-v/-m given beside a trace must match it (all three together are checked by from_runs)."""
+def _check_shape_flags(shape, stages, chunks, microbatches, placement=None) -> None:
+    """Each of -p/-v/-m/--placement given beside a trace must match it (-p/-v/-m together: from_runs)."""
     for flag, given, actual in (("--stages", stages, shape.ranks), ("--chunks", chunks, shape.chunks),
-                                ("--microbatches", microbatches, shape.microbatches)):
+                                ("--microbatches", microbatches, shape.microbatches),
+                                ("--placement", placement, shape.placement)):
         if given is not None and given != actual:
             raise UserError(f"the trace is of {shape.describe()} but {flag} {given} was asked", flag)
 
@@ -293,7 +299,8 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
                        backward_ratio=model.backward_ratio, jitter=model.jitter)
         shape = outcome.evaluator.shape
         job.update(stages=shape.ranks, chunks=shape.chunks, microbatches=shape.microbatches,
-                   hint=candidate.builtin or "hint.json", policy=str(rule.policy), memory_budget=outcome.budget)
+                   placement=shape.placement, hint=candidate.builtin or "hint.json", policy=str(rule.policy),
+                   memory_budget=outcome.budget)
         if rule.policy.value == "ready":
             job["lookahead"] = rule.lookahead
         _write_toml(staging / "job.toml", job, data, target)
@@ -332,7 +339,10 @@ def _summary_line(data: dict) -> str:
     line = f"wrote {data['written']['job.toml']}: {v['hint']} ({v['rule']})"
     gain = p.get("gain_over_fixed_1f1b")
     if gain:
-        line += f", predicted {gain['estimate']:+.1%} over fixed 1F1B on held-out scenarios"
+        from runtime.tune import baseline_label
+
+        line += (f", predicted {gain['estimate']:+.1%} over {baseline_label(data['shape'].get('placement'))} "
+                 "on held-out scenarios")
     return line + f"; check a run of it with: rrfp tune-hint --check RUN --report {data['written']['report.json']}"
 
 

@@ -48,7 +48,7 @@ from hints.orders import (
     by_priority,
     one_f_one_b_family,
 )
-from hints.tasks import PipelineShape, Task
+from hints.tasks import LOOPING, PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.evaluate import resolve
 from runtime.priorities import list_priorities
@@ -96,36 +96,39 @@ class SearchResult:
 
 def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_model=None) -> list[Candidate]:
     """Every starting candidate (see the module docstring), in a fixed order."""
-    p, v, m = shape.ranks, shape.chunks, shape.microbatches
+    p, v, m, placement = shape.ranks, shape.chunks, shape.microbatches, shape.placement
     candidates: list[Candidate] = []
 
     def add(name: str, family: str, hint: HintOrder | None = None, builtin: str | None = None) -> None:
         for rule in rules:
             candidates.append(Candidate(name, family, rule, hint, builtin))
 
-    for name in [*applicable_builtins(p, v, m), "cp"]:
+    for name in [*applicable_builtins(p, v, m, placement=placement), "cp"]:
         per_scenario = BUILTIN_HINTS[name].takes_costs or BUILTIN_HINTS[name].takes_priorities
-        add(name, "built-in", None if per_scenario else resolve(name, p, v, m), name if per_scenario else None)
-    baseline = baseline_hint_name(v)
+        add(name, "built-in", None if per_scenario else resolve(name, p, v, m, placement=placement),
+            name if per_scenario else None)
+    baseline = baseline_hint_name(v, placement)
     if "fixed" not in rules:
-        candidates.append(Candidate(baseline, "baseline", "fixed", resolve(baseline, p, v, m)))
+        candidates.append(Candidate(baseline, "baseline", "fixed", resolve(baseline, p, v, m, placement=placement)))
 
-    for offset in (-2, -1, 1, 2, 4):
-        add(f"1f1b-family warmup {offset:+d}", "parametric", one_f_one_b_family(p, v, m, offset))
-    lags: dict[str, Callable[[int], int]] = {"0": lambda r: 0, "r": lambda r: r, "2r": lambda r: 2 * r,
-                                              "end": lambda r: v * m}
-    for offset in (-1, 0, 1, 2):
-        for label, lag in lags.items():
-            if offset == 0 and label == "r":
-                continue  # that is zb
-            add(f"zb-family warmup {offset:+d}, W lag {label}", "parametric", one_f_one_b_family(p, v, m, offset, lag))
+    if placement == LOOPING:  # the 1F1B family places stages looping (zbv is V's counterpart, a built-in)
+        for offset in (-2, -1, 1, 2, 4):
+            add(f"1f1b-family warmup {offset:+d}", "parametric", one_f_one_b_family(p, v, m, offset))
+        lags: dict[str, Callable[[int], int]] = {"0": lambda r: 0, "r": lambda r: r, "2r": lambda r: 2 * r,
+                                                  "end": lambda r: v * m}
+        for offset in (-1, 0, 1, 2):
+            for label, lag in lags.items():
+                if offset == 0 and label == "r":
+                    continue  # that is zb
+                add(f"zb-family warmup {offset:+d}, W lag {label}", "parametric",
+                    one_f_one_b_family(p, v, m, offset, lag))
 
     for name, priority in list_priorities(shape, mean).items():
-        hint = by_priority(p, v, m, priority)
-        add(name, "priority", HintOrder(PipelineShape(p, v, m, True), tuple(map(tuple, hint)), name,
-                                        {"generator": name}))
+        hint = by_priority(p, v, m, priority, placement)
+        add(name, "priority", HintOrder(PipelineShape(p, v, m, True, placement=placement), tuple(map(tuple, hint)),
+                                        name, {"generator": name}))
 
-    index_orders = {n: resolve(n, p, v, m) for n in applicable_builtins(p, v, m)
+    index_orders = {n: resolve(n, p, v, m, placement=placement) for n in applicable_builtins(p, v, m, placement=placement)
                     if not (BUILTIN_HINTS[n].takes_costs or BUILTIN_HINTS[n].takes_priorities)}
     slots_heavy_first = [float(m - i) for i in range(m)]  # slot k already is microbatch k: ranks stay as written
     for name, hint in index_orders.items():

@@ -107,7 +107,8 @@ def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, see
     best = result.best
     builtin = result.best_of("built-in") or best
     baseline = next((s for s in result.scored if s.candidate.family == "baseline"
-                     or (s.candidate.rule == "fixed" and s.candidate.name == baseline_hint_name(evaluator.shape.chunks))),
+                     or (s.candidate.rule == "fixed"
+                         and s.candidate.name == baseline_hint_name(evaluator.shape.chunks, evaluator.shape.placement))),
                     None)
     held = {"tuned": evaluator.makespans(best.candidate, "holdout"),
             "best built-in": evaluator.makespans(builtin.candidate, "holdout")}
@@ -138,7 +139,8 @@ def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, see
     # At the 1f1b budget nothing written out may be slower than fixed 1F1B on the held-out scenarios.
     if baseline is not None and evaluator.budget.spec == "1f1b" and \
             objective(held["chosen"]) > objective(held["fixed 1F1B"]):
-        reason += "; but it is slower than fixed 1F1B on the held-out scenarios: keeping fixed 1F1B"
+        name = baseline_label(evaluator.shape.placement)
+        reason += f"; but it is slower than {name} on the held-out scenarios: keeping {name}"
         chosen, kept, held["chosen"] = baseline, False, held["fixed 1F1B"]
     return Verdict(chosen, kept, reason, held, gain)
 
@@ -196,6 +198,11 @@ def report(outcome: TuneOutcome, context: dict) -> dict:
         "pareto": outcome.pareto,
         **context,
     }
+
+
+def baseline_label(placement: str) -> str:
+    """What the baseline every gain is measured against is called in text (report.json keys say fixed 1F1B)."""
+    return "fixed ZB-V" if placement == "v" else "fixed 1F1B"
 
 
 def _prediction(chosen: list[float], references: dict[str, list[float] | None],
@@ -275,6 +282,11 @@ def render_markdown(data: dict) -> str:
     lines += [f"Shape: {shape['ranks']} ranks x {shape['chunks']} chunks, {shape['microbatches']} microbatches. "
               f"Objective: {data['objective']} makespan. Memory budget: {data['memory_budget']} "
               f"({min(data['memory_budget_slots'])}..{max(data['memory_budget_slots'])} slots per rank).", ""]
+    if shape.get("placement", "looping") != "looping":
+        lines += [f"Placement: {shape['placement']}. The baseline this report calls fixed 1F1B is fixed "
+                  f"{baseline_hint_name(shape['chunks'], shape['placement'])} (ZB-V), V placement's counterpart: "
+                  "the 1f1b budget is its per-rank peak in flight, and the 1F1B family is not searched (it places "
+                  "stages looping).", ""]
     s = data["scenarios"]
     lines += [f"Scenarios: {s['tuning']} for tuning, {s['holdout']} held out, from {s['source']}.", ""]
     v = data["verdict"]
@@ -341,7 +353,7 @@ def chosen_hint(outcome: TuneOutcome) -> HintOrder:
     if candidate.hint is not None:
         return candidate.hint
     shape = outcome.evaluator.shape
-    return resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches)
+    return resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement)
 
 
 __all__ = ["AUTO_BUDGETS", "TuneOutcome", "Verdict", "chosen_hint", "decide", "render_markdown", "report", "tune",

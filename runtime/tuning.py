@@ -177,7 +177,8 @@ class Evaluator:
     def graph(self, split: bool) -> TaskGraph:
         if split not in self._graphs:
             s = self.shape
-            self._graphs[split] = TaskGraph.build(PipelineShape(s.ranks, s.chunks, s.microbatches, split))
+            self._graphs[split] = TaskGraph.build(PipelineShape(s.ranks, s.chunks, s.microbatches, split,
+                                                                placement=s.placement))
         return self._graphs[split]
 
     def prepare(self) -> None:
@@ -205,7 +206,7 @@ class Evaluator:
             if hint is None:
                 s = self.shape
                 hint = self._builtins[key] = resolve(candidate.builtin, s.ranks, s.chunks, s.microbatches,
-                                                     scenario.table)
+                                                     scenario.table, s.placement)
             return hint
         return concrete(candidate.hint, scenario.table)
 

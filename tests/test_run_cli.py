@@ -75,8 +75,9 @@ def test_v_placement_run_compare_and_traces(tmp_path):
     sensitivity = run_rrfp(tmp_path, "trace", "sensitivity", "v/ready-zbv@1f1b", "--json")
     assert sensitivity.returncode == 0, sensitivity.stderr
     assert json.loads(sensitivity.stdout)["baseline"] == "zbv fixed"
-    tuned = one_error_line(run_rrfp(tmp_path, "tune-hint", "v/ready-zbv@1f1b", "--out", "t"))
-    assert "rrfp tune-hint searches looping orders only" in tuned
+    tuned = one_error_line(run_rrfp(tmp_path, "tune-hint", "v/ready-zbv@1f1b", "--placement", "looping",
+                                    "--out", "t"))
+    assert "--placement: the trace is of 2 ranks x 2 chunks (V)" in tuned and "looping was asked" in tuned
 
 
 def test_human_output_has_a_summary(tmp_path):

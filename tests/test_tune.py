@@ -334,6 +334,42 @@ def test_tune_hint_on_a_workload_model(tmp_path):
     assert chosen["row"] == "written out" and chosen["holdout"]["mean"] > 0
 
 
+def test_tune_hint_closes_the_loop_for_a_v_placement_run(tmp_path):
+    # run (zbv, V) -> tune-hint on its trace -> rrfp run --config -> --check, all in V placement.
+    base = run_rrfp(tmp_path, "run", "--workload", "emulated", "--emulate", "multimodal", "--stages", "2",
+                    "--microbatches", "6", "--iters", "5", "--forward-time", "0.004", "--jitter", "0.1",
+                    "--hint", "zbv", "--out", "r", "--json")
+    assert base.returncode == 0, base.stderr
+    result = run_rrfp(tmp_path, "tune-hint", "r", "--out", "tuned", "--time-budget", "3s", "--scenarios", "8",
+                      "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["shape"]["placement"] == "v" and data["shape"]["chunks"] == 2
+    families = {row["family"] for row in data["rows"]}
+    assert "parametric" not in families  # the 1F1B family places stages looping: not searched under V
+    assert 'placement = "v"' in (tmp_path / "tuned" / "job.toml").read_text()
+    report = (tmp_path / "tuned" / "report.md").read_text()
+    assert "Placement: v" in report and "fixed zbv" in report
+    rerun = run_rrfp(tmp_path, "run", "--config", "tuned/job.toml", "--iters", "3", "--out", "again", "--json")
+    assert rerun.returncode == 0, rerun.stderr
+    checked = run_rrfp(tmp_path, "tune-hint", "--check", "again", "--report", "tuned/report.json", "--json")
+    assert checked.returncode == 0, checked.stderr
+    assert json.loads(checked.stdout)["measured_makespan_s"] > 0
+
+
+def test_tune_hint_on_a_v_workload_model_searches_v_orders_only(tmp_path):
+    result = run_rrfp(tmp_path, "tune-hint", "--workload", "multimodal", "-p", "4", "-m", "8", "--placement", "v",
+                      "--jitter", "0.1", "--out", "m", "--time-budget", "2s", "--scenarios", "6", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["shape"]["placement"] == "v" and data["shape"]["chunks"] == 2
+    hint = json.loads((tmp_path / "m" / "hint.json").read_text()) if (tmp_path / "m" / "hint.json").exists() else {}
+    assert hint.get("placement", "v") == "v"
+    # at the 1f1b budget nothing written out is slower than fixed ZB-V, the V baseline
+    rows = {row["row"]: row for row in data["rows"]}
+    assert rows["written out"]["holdout"]["mean"] <= rows["best baseline"]["holdout"]["mean"] * (1 + 1e-12)
+
+
 def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path):
     import torch
 
