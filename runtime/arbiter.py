@@ -557,6 +557,11 @@ class LookaheadArbiter(ReadyArbiter):
         if self.unmet[h] and self._eta[h] is None:
             self._eta_relayed[h] = eta
 
+    def prediction_slots(self) -> tuple[list[int], list[float | None], list[float | None]]:
+        """``(unmet, firm, relayed)`` per hint rank: what the two methods above read and write, for a caller
+        that writes them inline, by the same rule (the simulator: [Note: inlined predictions])."""
+        return self.unmet, self._eta, self._eta_relayed
+
     def next_wakeup(self) -> float | None:
         return self._wakeup
 

@@ -215,3 +215,30 @@ def test_ready_runs_a_hint_that_fixed_cannot():
     hint = hint_from_text([["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]])
     result = run(hint, "ready", [2, 2])
     assert sorted(map(str, result.executed_tasks(1))) == ["1B0", "1B1", "1F0", "1F1"]
+
+
+@pytest.mark.parametrize("hint_name,chunks,placement", [("1f1b", 1, "looping"), ("zb", 1, "looping"),
+                                                        ("interleaved-1f1b", 2, "looping"), ("zbv", 2, "v"),
+                                                        ("cp", 1, "looping")])
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_inlined_predictions_give_what_the_method_calls_give(hint_name, chunks, placement, seed):
+    # [Note: inlined predictions]: the simulator writes a lookahead arbiter's predictions inline; an
+    # arbiter without prediction_slots gets the method calls. Both must give the same run, decision by decision.
+    from dataclasses import replace
+
+    from runtime.arbiter import RULES, LookaheadArbiter
+    from runtime.evaluate import resolve
+
+    class ByCalls(LookaheadArbiter):
+        prediction_slots = None  # the simulator falls back to expect_consumer / expect_consumer_relayed
+
+    model = VariabilityModel(workload="multimodal", jitter=0.3, comm_latency=0.002, straggler_prob=0.05)
+    table = sample_durations(model, resolve("1f1b" if chunks == 1 else "zbv" if placement == "v"
+                                            else "interleaved-1f1b", 4, chunks, 12).shape, seed)
+    hint = resolve(hint_name, 4, chunks, 12, table, placement)
+    inlined = simulate(hint, table, "lookahead", record=True)
+    by_calls = simulate(hint, table, replace(RULES["lookahead"], arbiter=ByCalls), record=True)
+    assert inlined.makespan == by_calls.makespan and inlined.executed == by_calls.executed
+    assert inlined.decisions == by_calls.decisions
+    if seed == 0:  # the predictions matter here: the lookahead run is not greedy's
+        assert inlined.executed != simulate(hint, table, "greedy").executed
