@@ -197,7 +197,7 @@ def _claim_run_dir(config: RunConfig) -> Path:
         if any(root.iterdir()):
             raise UserError(f"{root} already holds files; give a new or empty directory", "--out")
         return root
-    base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{config.workload}"
+    base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{_workload_tag(config)}"
     _make_dir(base.parent, "--out")
     for n in range(1, 1000):
         root = base if n == 1 else base.with_name(f"{base.name}-{n}")
@@ -223,7 +223,13 @@ def _make_dir(path: Path, flag: str) -> None:
 def _torchrun_out(config: RunConfig) -> str:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     tag = run_id if run_id != "none" else f"torchrun-{os.environ['MASTER_PORT']}"
-    return f"runs/{tag}-{config.workload}"
+    return f"runs/{tag}-{_workload_tag(config)}"
+
+
+def _workload_tag(config: RunConfig) -> str:
+    """The workload in a directory name: ``examples.llama_pipeline:build`` -> ``llama_pipeline-build``."""
+    module, _, factory = config.workload.partition(":")
+    return f"{module.rsplit('.', 1)[-1]}-{factory}" if factory else module
 
 
 def _merge_traces(jobs, config: RunConfig) -> None:

@@ -156,71 +156,37 @@ def _context(config, shape: PipelineShape, stages: Iterable[int], device=torch.d
                         tuple((k, k // shape.ranks) for k in stages), config.seed, device)
 
 
-class FactoryWorkload(Workload):
-    """A user's factory as a :class:`runtime.workloads.Workload` ([Note: the model protocol]).
+class BatchWorkload(Workload):
+    """Microbatches given as :class:`Batch` objects an iteration at a time, their costs from their features.
 
-    The factory is called lazily: once for the stages this rank builds
-    (:meth:`build_stage`, one call for all of them) and that call's data
-    iterator feeds :meth:`batch`. Microbatches are pulled an iteration at a
-    time, in order; an iteration's cost features are known before it runs
-    (:meth:`expected`).
+    What a user's model needs beyond the base :class:`runtime.workloads.Workload`:
+    :meth:`batches` says where an iteration's :class:`Batch` list comes from
+    (a factory's data iterator, or the caller of :class:`runtime.pipeline.ReadyPipeline`).
     """
 
-    def __init__(self, config, shape: PipelineShape, device: torch.device | None = None) -> None:
-        super().__init__(config, shape, device=device or torch.device("cpu"))
-        self.name = config.workload
-        self._factory = load_factory(config.workload)
-        self._model: PipelineModel | None = None
-        self._built: dict[int, nn.Module] = {}
-        self._data: Iterator[Batch] | None = None
+    def __init__(self, config, shape: PipelineShape, device: torch.device | None, loss, unit: str = "tokens",
+                 vision_stages: int = 0) -> None:
+        super().__init__(config, shape, unit=unit, device=device or torch.device("cpu"))
+        self.loss_fn, self.vision_stages = loss, vision_stages
         self._iteration = -1
         self._current: list[Microbatch] = []
-        self._skip = 0  # microbatches to drop first (a resumed run)
 
-    def prepare(self, stages: Iterable[int]) -> None:
-        """Call the factory for ``stages`` (this rank's); :meth:`build_stage` then hands their modules out."""
-        stages = sorted(stages)
-        with torch.random.fork_rng(devices=[]):  # whatever the factory draws, this process's RNG stays as it was
-            self._model = build_model(self._factory, _context(self.config, self.shape, stages, self.device))
-        self._built = dict(zip(stages, self._model.stages))
-        self.unit = self._model.unit
-
-    def build_stage(self, stage: int) -> nn.Module:
-        if stage not in self._built:  # not prepared for this stage (the reference, the checks): build them all
-            self.prepare(range(self.shape.stages))
-        return self._built.pop(stage)
-
-    def resume_at(self, step: int) -> None:
-        """The run resumes at iteration ``step``: skip what the first ``step`` iterations consumed."""
-        self._skip = step * self.shape.microbatches
-        self._iteration = step - 1
-
-    @property
-    def model(self) -> PipelineModel:
-        if self._model is None:
-            self.prepare([])
-        return self._model
+    def batches(self, iteration: int) -> list[Batch]:
+        raise NotImplementedError
 
     def _pull(self, iteration: int) -> list[Microbatch]:
         if iteration != self._iteration:
-            if iteration != self._iteration + 1:
-                raise RuntimeError(f"the data iterator is read in order: iteration {iteration} asked for after "
-                                   f"{self._iteration}")
-            if self._data is None:
-                self._data = iter(self.model.data)
-                if self._skip:
-                    next(itertools.islice(self._data, self._skip - 1, None), None)
-            items = list(itertools.islice(self._data, self.shape.microbatches))
-            if len(items) < self.shape.microbatches:
-                raise RuntimeError(f"the data iterator ran out at iteration {iteration} (it gave {len(items)} of "
-                                   f"{self.shape.microbatches} microbatches)")
+            items = list(self.batches(iteration))
+            if len(items) != self.shape.microbatches:
+                raise RuntimeError(f"iteration {iteration} has {len(items)} microbatches, not "
+                                   f"{self.shape.microbatches}")
             self._current = [self._microbatch(iteration, index, item) for index, item in enumerate(items)]
             self._iteration = iteration
         return self._current
 
     def _microbatch(self, iteration: int, index: int, item: Batch) -> Microbatch:
         if not isinstance(item, Batch):
-            raise RuntimeError(f"the data iterator must yield runtime.user_model.Batch, got {type(item).__name__}")
+            raise RuntimeError(f"a microbatch must be a runtime.user_model.Batch, got {type(item).__name__}")
         spec = MicrobatchSpec(index, max(1, int(item.tokens)), 1, (int(item.images),) if item.images else ())
         tensors = {name: t.to(self.device) for name, t in item.tensors.items()}
         units = item.units if item.units is not None else int(item.tokens)
@@ -230,10 +196,10 @@ class FactoryWorkload(Workload):
         return self._pull(iteration)[mb]
 
     def loss(self, outputs, batch) -> torch.Tensor:
-        return self.model.loss(outputs, batch)
+        return self.loss_fn(outputs, batch)
 
     def variability(self) -> VariabilityModel:
-        c, vision = self.config, self.model.vision_stages
+        c, vision = self.config, self.vision_stages
         if vision:
             return VariabilityModel(workload="multimodal", forward_time=c.forward_time, samples=1,
                                     vision_stages=vision, text_tokens=c.seq_len or 32, image_tokens=1)
@@ -245,8 +211,61 @@ class FactoryWorkload(Workload):
         if model.workload == "language":  # costs relative to this iteration's median microbatch
             median = max(1, int(statistics.median(s.seq_len for s in specs)))
             model = VariabilityModel(workload="language", forward_time=model.forward_time, samples=1,
-                                     seq_len_median=median, seq_len_min=1, seq_len_max=max(median, 1))
-        return expected_durations(model, self.shape, specs, source=f"cost features of {self.name}")
+                                     seq_len_median=median, seq_len_min=1, seq_len_max=median)
+        return expected_durations(model, self.shape, specs, source="the microbatches' cost features")
 
 
-__all__ = ["Batch", "FactoryWorkload", "ModelContext", "PipelineModel", "check_factory", "load_factory"]
+class FactoryWorkload(BatchWorkload):
+    """A user's factory as a :class:`runtime.workloads.Workload` ([Note: the model protocol]).
+
+    The factory is called once, for the stages this process builds
+    (:meth:`prepare`; all of them when nothing was prepared, as in the
+    single-process reference), and that call's data iterator feeds the
+    microbatches, an iteration at a time and in order.
+    """
+
+    def __init__(self, config, shape: PipelineShape, device: torch.device | None = None) -> None:
+        super().__init__(config, shape, device, loss=None)
+        self.name = config.workload
+        self._factory = load_factory(config.workload)
+        self._model: PipelineModel | None = None
+        self._built: dict[int, nn.Module] = {}
+        self._data: Iterator[Batch] | None = None
+        self._skip = 0  # microbatches to drop first (a resumed run)
+
+    def prepare(self, stages: Iterable[int]) -> None:
+        """Call the factory for ``stages`` (this rank's); :meth:`build_stage` then hands their modules out."""
+        stages = sorted(stages)
+        with torch.random.fork_rng(devices=[]):  # whatever the factory draws, this process's RNG stays as it was
+            self._model = build_model(self._factory, _context(self.config, self.shape, stages, self.device))
+        self._built = dict(zip(stages, self._model.stages))
+        self.unit, self.loss_fn, self.vision_stages = self._model.unit, self._model.loss, self._model.vision_stages
+
+    def build_stage(self, stage: int) -> nn.Module:
+        if stage not in self._built:  # nothing prepared for it (the reference, the checks): build every stage
+            self.prepare(range(self.shape.stages))
+        return self._built.pop(stage)
+
+    def resume_at(self, step: int) -> None:
+        """The run resumes at iteration ``step``: skip what the first ``step`` iterations consumed."""
+        self._skip = step * self.shape.microbatches
+        self._iteration = step - 1
+
+    def batches(self, iteration: int) -> list[Batch]:
+        if iteration != self._iteration + 1:
+            raise RuntimeError(f"the data iterator is read in order: iteration {iteration} asked for after "
+                               f"{self._iteration}")
+        if self._data is None:
+            if self._model is None:
+                self.prepare([])
+            self._data = iter(self._model.data)
+            if self._skip:
+                next(itertools.islice(self._data, self._skip - 1, None), None)
+        items = list(itertools.islice(self._data, self.shape.microbatches))
+        if len(items) < self.shape.microbatches:
+            raise RuntimeError(f"the data iterator ran out at iteration {iteration} (it gave {len(items)} of "
+                               f"{self.shape.microbatches} microbatches)")
+        return items
+
+
+__all__ = ["Batch", "BatchWorkload", "FactoryWorkload", "ModelContext", "PipelineModel", "check_factory", "load_factory"]
