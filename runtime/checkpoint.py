@@ -37,9 +37,9 @@ iteration ``step``). It holds the files of ``torch.distributed.checkpoint``
     with a manifest is always whole; a crash at any point leaves the previous
     checkpoint in place, and :func:`latest` ignores temporary directories
     (rank 0 clears them before the first iteration of the next attempt).
-    A checkpoint is written only after the iteration's loss was found finite
-    on every rank (the end-of-iteration all-gather is also that check), so no
-    checkpoint ever holds a step taken on a NaN or infinite loss.
+    Checkpoints are written after the end-of-iteration all-gather, which no
+    rank passes when the loss was NaN or infinite ([Note: non-finite losses]
+    in :mod:`runtime.worker`), so no checkpoint holds a step taken on one.
 
 :func:`check_resumable` runs before any rank starts: it refuses a directory
 without a checkpoint, or a checkpoint of another shape (stages, chunks,
