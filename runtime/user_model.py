@@ -231,7 +231,8 @@ class FactoryWorkload(BatchWorkload):
         self._model: PipelineModel | None = None
         self._built: dict[int, nn.Module] = {}
         self._data: Iterator[Batch] | None = None
-        self._skip = 0  # microbatches to drop first (a resumed run)
+        self._consumed = 0  # microbatches taken from the iterator so far
+        self._skip = 0  # microbatches the run has already trained on (a resumed run)
 
     def prepare(self, stages: Iterable[int]) -> None:
         """Call the factory for ``stages`` (this rank's); :meth:`build_stage` then hands their modules out."""
@@ -247,7 +248,11 @@ class FactoryWorkload(BatchWorkload):
         return self._built.pop(stage)
 
     def resume_at(self, step: int) -> None:
-        """The run resumes at iteration ``step``: skip what the first ``step`` iterations consumed."""
+        """The run resumes at iteration ``step``: skip what the first ``step`` iterations consumed.
+
+        Iteration 0 may have been read already (a cost-ranked hint's shape is found from it): the skip
+        counts what was taken.
+        """
         self._skip = step * self.shape.microbatches
         self._iteration = step - 1
 
@@ -259,9 +264,11 @@ class FactoryWorkload(BatchWorkload):
             if self._model is None:
                 self.prepare([])
             self._data = iter(self._model.data)
-            if self._skip:
-                next(itertools.islice(self._data, self._skip - 1, None), None)
+        if self._consumed < self._skip:
+            skipped = sum(1 for _ in itertools.islice(self._data, self._skip - self._consumed))
+            self._consumed += skipped
         items = list(itertools.islice(self._data, self.shape.microbatches))
+        self._consumed += len(items)
         if len(items) < self.shape.microbatches:
             raise RuntimeError(f"the data iterator ran out at iteration {iteration} (it gave {len(items)} of "
                                f"{self.shape.microbatches} microbatches)")
