@@ -194,6 +194,14 @@ class RankCheckpointer:
             for partial in self.folder.glob(".tmp-*"):
                 shutil.rmtree(partial, ignore_errors=True)
 
+    def save_if_due(self, step: int, config) -> float | None:
+        """After ``step`` iterations: save if ``--checkpoint-every`` divides ``step``; the seconds it took."""
+        if step % config.checkpoint_every:
+            return None
+        began = time.perf_counter()
+        self.save(step, config)
+        return time.perf_counter() - began
+
     def save(self, step: int, config) -> Path:
         """Collective: every rank calls it after the same iteration. Returns the checkpoint's path."""
         import torch.distributed.checkpoint as dcp

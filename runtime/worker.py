@@ -308,14 +308,14 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
             row = _metrics_row(iteration, gathered, wall, workload.unit)
             if config.skip_nonfinite:
                 row["skipped_step"] = not stepped
+            if checkpointer is not None:  # a collective, after the barrier above; its row follows it
+                row["checkpoint_seconds"] = checkpointer.save_if_due(iteration + 1, config)
             rows.append(row)
             losses.append(row["loss"])
             if metrics:
                 metrics.append(row)
             if bar:
                 bar.update(row)
-            if checkpointer is not None and (iteration + 1) % config.checkpoint_every == 0:
-                checkpointer.save(iteration + 1, config)  # a collective; after the barrier above
     finally:
         watchdog.disarm()
         if bar:

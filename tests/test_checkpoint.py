@@ -15,6 +15,7 @@ import sys
 import polars as pl
 import pytest
 
+from hints.errors import UserError
 from runtime import checkpoint
 from runtime.config import RunConfig
 from runtime.launch import free_port
@@ -97,13 +98,13 @@ def test_bad_checkpoint_and_factory_input_is_one_error_line(tmp_path):
     assert not (tmp_path / "x").exists()
 
 
-def test_a_checkpoint_of_another_model_is_found_by_its_parameters(tmp_path):
+def test_a_checkpoint_of_another_model_is_found_by_its_parameters(tmp_path, monkeypatch):
     run = run_rrfp(tmp_path, *TINY, "--iters", "1", "--checkpoint-every", "1", "--out", "t")
     assert run.returncode == 0, run.stderr
     path = checkpoint.latest(tmp_path / "t")
     wider = RunConfig(workload="tests.user_models:tiny_wider", stages=2, microbatches=3)
-    os.chdir(REPO)
-    with pytest.raises(checkpoint.UserError, match=r"another model: stage0.linear.bias is \[8\] there, \[16\] here"):
+    monkeypatch.chdir(REPO)  # where the factory's module is found
+    with pytest.raises(UserError, match=r"another model: stage0.linear.bias is \[8\] there, \[16\] here"):
         checkpoint._check_parameters(wider, path, "--resume")
 
 
@@ -137,6 +138,7 @@ def test_a_nan_loss_stops_the_run_and_is_never_checkpointed(tmp_path):
     assert metrics["skipped_step"].to_list() == [False, False, True, False]
     assert metrics["loss"][3] is not None and metrics["loss"][3] == metrics["loss"][3]  # finite again
     assert checkpoint.latest(tmp_path / "k").name == "step-00000004"
+    assert all(seconds > 0 for seconds in metrics["checkpoint_seconds"].to_list())  # one write per iteration
 
 
 def test_torchrun_restarts_a_killed_job_from_its_last_checkpoint(tmp_path):
@@ -155,7 +157,8 @@ def test_torchrun_restarts_a_killed_job_from_its_last_checkpoint(tmp_path):
         os.kill(victim["pid"], signal.SIGKILL)
         _, stderr = process.communicate(timeout=180)
     finally:
-        os.killpg(process.pid, signal.SIGKILL) if process.poll() is None else None
+        if process.poll() is None:  # never leave torchrun and its ranks behind
+            os.killpg(process.pid, signal.SIGKILL)
     assert process.returncode == 0, stderr[-3000:]
     metrics = pl.read_parquet(run / "metrics.parquet")
     assert metrics["iteration"].to_list() == list(range(10))
