@@ -109,7 +109,8 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
                         lambda: _failure_path(ctx, "stall").unlink(missing_ok=True))
     try:
         ctx.device, backend = _device_and_backend(config, local_rank, world)
-        dist.init_process_group(backend, timeout=timedelta(seconds=max(60.0, 2 * options.timeout)),
+        group_timeout = timedelta(seconds=max(60.0, 2 * options.timeout))
+        dist.init_process_group(backend, timeout=group_timeout, **_attempt_store(rank, world, group_timeout),
                                 **({"device_id": ctx.device} if backend == "nccl" else {}))
         from runtime.transport import Transport, measure_clock_offset, pipeline_links
 
@@ -138,6 +139,28 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _attempt_store(rank: int, world: int, timeout) -> dict[str, Any]:
+    """Under ``torchrun``'s agent store, a store of this restart attempt's own (``init_process_group`` kwargs).
+
+    [Note: restarted ranks and the agent's store] With ``torchrun
+    --max-restarts`` and its default static rendezvous, every attempt's ranks
+    share one TCPStore hosted by the agent, and torch prefixes nothing per
+    attempt. A restarted rank could then read the previous attempt's gloo
+    addresses (whichever rank writes its key last reads the others' stale
+    ones) and fail with "connection refused" or hang. Prefixing the store
+    with ``TORCHELASTIC_RESTART_COUNT`` gives each attempt its own keys.
+    Outside torchrun's agent store: no kwargs (the default ``env://``).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    import torch.distributed as dist
+
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"rrfp/attempt_{attempt}", agent), "rank": rank, "world_size": world}
 
 
 def _clock_domain(measured: tuple[int, int], group) -> tuple[int, int]:

@@ -19,7 +19,7 @@ from hints.errors import UserError
 from runtime import checkpoint
 from runtime.config import RunConfig
 from runtime.launch import free_port
-from tests.conftest import REPO, _INHERITED, run_rrfp
+from tests.conftest import REPO, _INHERITED, alive, run_rrfp
 from tests.test_faults import status, wait_for
 from tests.test_run_cli import one_error_line
 
@@ -157,8 +157,11 @@ def test_torchrun_restarts_a_killed_job_from_its_last_checkpoint(tmp_path):
         os.kill(victim["pid"], signal.SIGKILL)
         _, stderr = process.communicate(timeout=180)
     finally:
-        if process.poll() is None:  # never leave torchrun and its ranks behind
+        if process.poll() is None:  # never leave torchrun behind
             os.killpg(process.pid, signal.SIGKILL)
+        for rank in (0, 1):  # nor its ranks: the agent starts each in a session of its own
+            if (s := status(run, rank)) and alive(s["pid"]):
+                os.kill(s["pid"], signal.SIGKILL)
     assert process.returncode == 0, stderr[-3000:]
     metrics = pl.read_parquet(run / "metrics.parquet")
     assert metrics["iteration"].to_list() == list(range(10))
