@@ -1,4 +1,4 @@
-"""What a checkpoint costs on `rrfp run --workload gpt`: write time against step time, size, resume start-up.
+"""What a checkpoint costs on `rrfp run --workload gpt`: write time against step time, and size on disk.
 
     .venv/bin/python benchmarks/checkpoint_bench.py [--stages 4] [--hidden 256] [--layers-per-stage 2] [--iters 6]
 
@@ -6,10 +6,8 @@ One `rrfp run` (real processes, gloo, fixed 1F1B, fixed sequence length)
 writes a checkpoint after every iteration (`--checkpoint-every 1`); its
 `metrics.parquet` gives each iteration's step time and rank 0's checkpoint
 write time (`checkpoint_seconds`: the collective DCP save, the manifest, the
-rename, the deletion of the older one). Then `rrfp run --resume` continues
-the run for one more iteration and we time that command end to end against
-a fresh run of one iteration (the difference is what loading costs,
-start-up included). Medians exclude the first iteration.
+rename, the deletion of the older one), both measured in the same run, so
+their ratio holds on a loaded machine. Medians exclude the first iteration.
 """
 
 from __future__ import annotations
@@ -22,7 +20,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import polars as pl
@@ -30,14 +27,12 @@ import polars as pl
 REPO = Path(__file__).resolve().parents[1]
 
 
-def rrfp(cwd: Path, *args: str) -> float:
+def rrfp(cwd: Path, *args: str) -> None:
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    began = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "rrfp_cli", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=900)
     if done.returncode:
         raise SystemExit(f"rrfp {' '.join(args)} failed:\n{done.stderr}")
-    return time.perf_counter() - began
 
 
 def main() -> None:
@@ -58,20 +53,16 @@ def main() -> None:
         step = statistics.median(steady["wall_seconds"].to_list())
         write = statistics.median(steady["checkpoint_seconds"].to_list())
         (latest,) = (root / "ckpt" / "checkpoints").iterdir()
-        size = sum(f.stat().st_size for f in latest.iterdir())
+        files = list(latest.iterdir())
+        size = sum(f.stat().st_size for f in files)
         manifest = json.loads((latest / "rrfp-checkpoint.json").read_text())
-        resumed = rrfp(root, "run", "--resume", "ckpt", "--iters", str(args.iters + 1), "--checkpoint-every", "99")
-        fresh = rrfp(root, "run", *model, "--iters", "1", "--out", "fresh")
     print(f"# {platform.machine()}, {os.cpu_count()} cores, torch {__import__('torch').__version__}; "
           f"gpt {args.stages} stages x {args.layers_per_stage} layers, hidden {args.hidden}, "
           f"{2 * args.stages} microbatches of 2 x 64 tokens, {args.iters} iterations")
-    print(f"checkpoint size on disk            {size / 2**20:8.2f} MiB ({len(list(latest.iterdir()))} files)")
+    print(f"checkpoint size on disk            {size / 2**20:8.2f} MiB ({len(files)} files)")
     print(f"median step time                   {step * 1e3:8.1f} ms")
     print(f"median checkpoint write (rank 0)   {write * 1e3:8.1f} ms  ({write / step:.2f} x a step; "
           f"DCP save alone {manifest['save_seconds'] * 1e3:.1f} ms in the last one)")
-    print(f"rrfp run --resume, 1 iteration     {resumed:8.2f} s end to end")
-    print(f"fresh rrfp run, 1 iteration        {fresh:8.2f} s end to end  (difference: loading, "
-          f"{(resumed - fresh):+.2f} s)")
 
 
 if __name__ == "__main__":
