@@ -277,6 +277,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = make_optimizer(params, config)
     noise = _Injector(config, ctx.rank, workload)
+    _seed_rank(config, ctx.rank)
     checkpointer, start = _restore(ctx, job, workload, modules, optimizer, noise)
     if job.recorder:
         setup = RecorderSetup(ctx.rank, ctx.world, str(out_dir), job.name, config, ctx.device, ctx.clock_offset_ns,
@@ -381,6 +382,24 @@ def _step_allowed(ctx: RankContext, config, result, iteration: int) -> bool:
     flag = torch.tensor([1.0 if bad else 0.0])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.control_group)
     return flag.item() == 0.0
+
+
+def _seed_rank(config, rank: int) -> None:
+    """Seed this rank's global torch and Python RNGs from ``(--seed, rank)`` as a job starts.
+
+    torch seeds a new process's generator at random, so without this a model that draws from it
+    (dropout in a user's model) would train differently on every run, and a checkpoint's RNG states
+    would restore a stream no other run could reproduce.
+    """
+    import random
+
+    import torch
+
+    from runtime.workloads import mix_seed
+
+    seed = mix_seed(config.seed, 15485863, rank)
+    torch.manual_seed(seed)
+    random.seed(seed)
 
 
 def _restore(ctx: RankContext, job: Job, workload, modules: dict, optimizer, noise: "_Injector"):

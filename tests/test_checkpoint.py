@@ -56,11 +56,13 @@ def test_a_resumed_run_continues_bit_for_bit(gpt_runs):
     assert json.loads((run / "config.json").read_text())["iters"] == 4
 
 
-def test_a_user_model_resumes_its_data_stream_bit_for_bit(tmp_path):
-    # bfw ranks each iteration's microbatches by their cost features, read before the checkpoint is loaded
-    whole = run_rrfp(tmp_path, *TINY, "--hint", "bfw", "--iters", "4", "--out", "whole")
+def test_a_user_model_resumes_its_data_stream_and_rng_bit_for_bit(tmp_path):
+    # bfw ranks each iteration's microbatches by their cost features, read before the checkpoint is loaded;
+    # dropout draws from each rank's torch RNG, which the checkpoint restores
+    model = ("--workload", "tests.user_models:tiny_with_dropout", "--hint", "bfw")
+    whole = run_rrfp(tmp_path, *TINY, *model, "--iters", "4", "--out", "whole")
     assert whole.returncode == 0, whole.stderr
-    part = run_rrfp(tmp_path, *TINY, "--hint", "bfw", "--iters", "3", "--checkpoint-every", "2", "--out", "part")
+    part = run_rrfp(tmp_path, *TINY, *model, "--iters", "3", "--checkpoint-every", "2", "--out", "part")
     assert part.returncode == 0, part.stderr
     resumed = run_rrfp(tmp_path, "run", "--resume", "part", "--iters", "4")
     assert resumed.returncode == 0, resumed.stderr

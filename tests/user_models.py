@@ -11,13 +11,14 @@ from rrfp import Batch, ModelContext, PipelineModel
 
 
 class Linear(nn.Module):
-    def __init__(self, width: int) -> None:
+    def __init__(self, width: int, dropout: float = 0.0) -> None:
         super().__init__()
         self.linear = nn.Linear(width, width)
+        self.dropout = nn.Dropout(dropout)  # draws from this process's torch RNG, which checkpoints keep
 
     def forward(self, inputs, batch):
         x = batch.tensors["x"] if not inputs else inputs[0]
-        return (torch.tanh(self.linear(x)),)
+        return (self.dropout(torch.tanh(self.linear(x))),)
 
 
 def _data(width: int, seed: int):
@@ -31,16 +32,20 @@ def _loss(outputs, batch):
     return (outputs[0] ** 2).mean()
 
 
-def _model(ctx: ModelContext, width: int, loss=_loss) -> PipelineModel:
+def _model(ctx: ModelContext, width: int, loss=_loss, dropout: float = 0.0) -> PipelineModel:
     stages = []
     for stage, _ in ctx.placement:
         torch.manual_seed(ctx.seed + stage)
-        stages.append(Linear(width))
+        stages.append(Linear(width, dropout))
     return PipelineModel(stages=stages, loss=loss, data=_data(width, ctx.seed), unit="samples")
 
 
 def tiny(ctx: ModelContext) -> PipelineModel:
     return _model(ctx, 8)
+
+
+def tiny_with_dropout(ctx: ModelContext) -> PipelineModel:
+    return _model(ctx, 8, dropout=0.25)
 
 
 def tiny_wider(ctx: ModelContext) -> PipelineModel:
