@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 from runtime.config import RunConfig
 from runtime.plan import run_shape
@@ -38,3 +39,22 @@ def test_cost_features_reach_the_cost_ranked_hints():
     assert rows == [2, 3, 4]  # the tiny model's microbatches hold 2, 3, 4 rows and report them as tokens
     expected = workload.expected(0)
     assert expected.forward[0][0] < expected.forward[0][1] < expected.forward[0][2]
+
+
+def test_what_a_factory_returns_is_checked_in_one_line(monkeypatch):
+    from hints.errors import UserError
+    from runtime.user_model import ModelContext, PipelineModel, build_model
+
+    ctx = ModelContext(RunConfig(), ranks=2, chunks=1, microbatches=2, placement=((0, 0), (1, 0)), seed=0)
+
+    def raising(ctx):
+        raise ValueError("no such checkpoint of my own")
+
+    with pytest.raises(UserError, match="the factory raised ValueError: no such checkpoint of my own"):
+        build_model(raising, ctx)
+    with pytest.raises(UserError, match="must return a runtime.user_model.PipelineModel, got dict"):
+        build_model(lambda ctx: {}, ctx)
+    with pytest.raises(UserError, match="stage 1 is a str, not a torch.nn.Module"):
+        build_model(lambda ctx: PipelineModel([torch.nn.Linear(1, 1), "layer"], None, []), ctx)
+    with pytest.raises(UserError, match="unit must be tokens or samples, got 'images'"):
+        build_model(lambda ctx: PipelineModel([torch.nn.Linear(1, 1)] * 2, None, [], unit="images"), ctx)
