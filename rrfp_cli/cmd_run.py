@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -21,6 +22,7 @@ RUN = "Run"
 MODEL = "Model"
 VAR = "Variability (emulated: sampled durations; gpt/multimodal: injected delays)"
 TEST = "Failure testing"
+CKPT = "Checkpoints"
 D = RunConfig()  # defaults, for help texts
 TRACE_RECORDER = "profiler.recorder:TraceRecorder"
 
@@ -30,7 +32,7 @@ def _opt(*names: str, help: str, panel: str = RUN, **kw):
 
 
 def run(
-    workload: Annotated[Optional[str], _opt("--workload", help=f"gpt, multimodal or emulated [default {D.workload}]")] = None,
+    workload: Annotated[Optional[str], _opt("--workload", help=f"gpt, multimodal, emulated, or your model's package.module:factory [default {D.workload}]")] = None,
     stages: Annotated[Optional[int], _opt("--stages", "-p", help=f"Pipeline ranks [default {D.stages}]")] = None,
     chunks: Annotated[Optional[int], _opt("--chunks", "-v", help="Model chunks per rank [default 1; 2 under V placement]")] = None,
     microbatches: Annotated[Optional[int], _opt("--microbatches", "-m", help=f"Per iteration [default {D.microbatches}]")] = None,
@@ -68,21 +70,45 @@ def run(
     out: Annotated[Optional[str], _opt("--out", help="Run directory, new or empty [default runs/<timestamp>-<workload>, with -2, -3... if taken]")] = None,
     trace: Annotated[Optional[bool], _opt("--trace/--no-trace", help="Write a Perfetto trace, trace.pftrace [default on]")] = None,
     trace_iters: Annotated[Optional[str], _opt("--trace-iters", help="A:B traces iterations A..B-1 only (long jobs)")] = None,
+    checkpoint_every: Annotated[Optional[int], _opt("--checkpoint-every", help="Write a checkpoint (model, optimizer, RNG states, data position) after every K iterations", panel=CKPT)] = None,
+    skip_nonfinite: Annotated[Optional[bool], _opt("--skip-nonfinite/--stop-on-nonfinite", help="A NaN or infinite loss skips that optimizer step instead of stopping the run [default stop]", panel=CKPT)] = None,
+    resume: Annotated[Optional[Path], _opt("--resume", help="Continue RUN_DIR from its latest checkpoint, in RUN_DIR (its config.json, then --config, then flags)", panel=CKPT)] = None,
     config_file: Annotated[Optional[Path], _opt("--config", help="TOML file whose keys are these flags' names (flags win)")] = None,
     compare: Annotated[bool, _opt("--compare", help="Also run fixed-order 1F1B and the same hint in fixed order first, and compare (what the hint gives vs what readiness adds)")] = False,
     json_mode: Annotated[bool, _opt("--json", help="Print one JSON object instead of tables")] = False,
 ) -> None:
     """Train a model split into pipeline stages, one process per rank (or join a torchrun job)."""
     flags = {name: value for name, value in locals().items()
-             if value is not None and name not in ("config_file", "compare", "json_mode", "delay")}
+             if value is not None and name not in ("config_file", "compare", "json_mode", "delay", "resume")}
     if lookahead is not None:
         flags["lookahead"] = lookahead_flag(lookahead)
     if delay:
         flags["delay"] = _parse_delays(delay)
     file_values = load_toml(config_file) if config_file else {}
+    if resume is not None:
+        file_values = {**_resumed_values(resume, flags, compare), **file_values}
     config = build_config(file_values, flags, str(config_file or "flags"))
     out_dir = Output(json_mode)
-    _run(config, compare, out_dir)
+    _run(config, compare, out_dir, resume)
+
+
+def _resumed_values(run_dir: Path, flags: dict[str, Any], compare: bool) -> dict[str, Any]:
+    """``--resume RUN_DIR``: the configuration RUN_DIR ran with; the run continues there."""
+    from runtime.checkpoint import latest
+
+    if compare:
+        raise UserError("a --compare run cannot be resumed; resume one of its jobs' directories", "--resume")
+    if "out" in flags:
+        raise UserError("a resumed run continues in its own directory; drop --out", "--resume")
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a directory", "--resume")
+    if latest(run_dir) is None:
+        raise UserError(f"{run_dir} holds no checkpoint (runs write them with --checkpoint-every K)", "--resume")
+    try:
+        values = json.loads((run_dir / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"cannot read {run_dir / 'config.json'}: {err}", "--resume") from None
+    return {**values, "out": str(run_dir)}
 
 
 def _parse_delays(items: list[str]) -> dict[str, float]:
@@ -98,7 +124,7 @@ def _parse_delays(items: list[str]) -> dict[str, float]:
     return delays
 
 
-def _run(config: RunConfig, compare: bool, out: Output) -> None:
+def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = None) -> None:
     from runtime.launch import RunFailed, launch, preflight, under_torchrun
     from runtime.worker import Job, WorkerOptions
 
@@ -114,9 +140,11 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
         configs = [baseline, config.with_overrides(policy="fixed", lookahead=None), config]
     named = {_job_name(c): c for c in configs}  # a hint that is 1f1b in fixed order runs once
     preflight(list(named.values()))  # bad input fails before anything is written
-    root = _claim_run_dir(config)
+    checkpoint = _checkpoint_to_resume(config, resume)
+    root = Path(resume) if resume is not None else _claim_run_dir(config)
     recorder = TRACE_RECORDER if config.trace else None
-    jobs = [Job(name, c, str(root / name if compare else root), recorder=recorder) for name, c in named.items()]
+    jobs = [Job(name, c, str(root / name if compare else root), recorder=recorder, resume=checkpoint)
+            for name, c in named.items()]
     options = WorkerOptions(out_root=str(root), show_progress=not out.json_mode, timeout=config.timeout)
     began = time.perf_counter()
     try:
@@ -143,6 +171,19 @@ def _run(config: RunConfig, compare: bool, out: Output) -> None:
     out.result(data, lambda console: _render(console, data))
 
 
+def _checkpoint_to_resume(config: RunConfig, resume: Path | None) -> str | None:
+    """The checkpoint the job starts from: ``--resume``'s, or under ``torchrun --max-restarts`` a restarted
+    job's own latest one (``TORCHELASTIC_RESTART_COUNT`` > 0); checked against the job before any rank starts."""
+    from runtime.checkpoint import check_resumable, latest
+    from runtime.launch import under_torchrun
+
+    if resume is None and under_torchrun() and config.checkpoint_every \
+            and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
+        own = Path(config.out or _torchrun_out(config))
+        resume = own if latest(own) is not None else None
+    return None if resume is None else str(check_resumable(config, resume))
+
+
 def _claim_run_dir(config: RunConfig) -> Path:
     """Create the run directory before any rank starts; never reuse one that holds files.
 
@@ -163,7 +204,7 @@ def _claim_run_dir(config: RunConfig) -> Path:
         if any(root.iterdir()):
             raise UserError(f"{root} already holds files; give a new or empty directory", "--out")
         return root
-    base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{config.workload}"
+    base = Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{_workload_tag(config)}"
     _make_dir(base.parent, "--out")
     for n in range(1, 1000):
         root = base if n == 1 else base.with_name(f"{base.name}-{n}")
@@ -189,7 +230,13 @@ def _make_dir(path: Path, flag: str) -> None:
 def _torchrun_out(config: RunConfig) -> str:
     run_id = os.environ.get("TORCHELASTIC_RUN_ID", "none")
     tag = run_id if run_id != "none" else f"torchrun-{os.environ['MASTER_PORT']}"
-    return f"runs/{tag}-{config.workload}"
+    return f"runs/{tag}-{_workload_tag(config)}"
+
+
+def _workload_tag(config: RunConfig) -> str:
+    """The workload in a directory name: ``examples.llama_pipeline:build`` -> ``llama_pipeline-build``."""
+    module, _, factory = config.workload.partition(":")
+    return f"{module.rsplit('.', 1)[-1]}-{factory}" if factory else module
 
 
 def _merge_traces(jobs, config: RunConfig) -> None:

@@ -20,7 +20,7 @@ from hints.errors import UserError
 from hints.tasks import PLACEMENTS, Task
 from runtime.arbiter import ArbiterRule, MemoryBudget, Policy, rule_for
 
-RUN_WORKLOADS = ("gpt", "multimodal", "emulated")
+RUN_WORKLOADS = ("gpt", "multimodal", "emulated")  # or a user's factory, "package.module:factory"
 EMULATE_MODELS = ("uniform", "language", "multimodal")
 POLICIES = tuple(policy.value for policy in Policy)  # from the arbiter's rule table
 DEVICES = ("auto", "cpu", "cuda")
@@ -74,6 +74,9 @@ class RunConfig:
     trace: bool = True  # write a Perfetto trace (trace.pftrace in the run directory)
     trace_iters: str | None = None  # "A:B": trace iterations A..B-1 only (either side may be empty)
     out: str | None = None  # default runs/<timestamp>-<workload>
+    # checkpoints (runtime.checkpoint)
+    checkpoint_every: int | None = None  # write a checkpoint after every K iterations
+    skip_nonfinite: bool = False  # a NaN/inf loss skips the optimizer step instead of stopping the run
 
     def __post_init__(self) -> None:
         for name in ("hint", "out", "trace_iters", "fail_at", "hang_at"):  # a TOML file may give any type
@@ -86,7 +89,8 @@ class RunConfig:
             raise UserError(f"must be 1f1b, a multiple such as 2x, or slots, got {self.memory_budget!r}",
                             "--memory-budget")
         MemoryBudget.parse(self.memory_budget)  # checked under every policy: a typo is never ignored
-        _check_choice("workload", self.workload, RUN_WORKLOADS)
+        if not is_factory_path(self.workload):
+            _check_choice("workload", self.workload, RUN_WORKLOADS + ("package.module:factory",))
         _check_choice("policy", self.policy, POLICIES)
         _check_choice("emulate", self.emulate, EMULATE_MODELS)
         _check_choice("device", self.device, DEVICES)
@@ -101,6 +105,10 @@ class RunConfig:
         _check_int("seed", self.seed, 0)
         if self.nproc is not None:
             _check_int("nproc", self.nproc, 1)
+        if self.checkpoint_every is not None:
+            _check_int("checkpoint_every", self.checkpoint_every, 1)
+        if not isinstance(self.skip_nonfinite, bool):
+            raise UserError(f"must be true or false, got {self.skip_nonfinite!r}", "--skip-nonfinite")
         if self.seq_len is not None:
             _check_int("seq_len", self.seq_len, 1)
             if self.seq_len > 128:
@@ -176,6 +184,14 @@ class RunConfig:
 
     def delays_by_task(self) -> dict[Task, float]:
         return {Task.parse(text): float(seconds) for text, seconds in self.delay.items()}
+
+
+def is_factory_path(workload: object) -> bool:
+    """``package.module:factory``: a user's model ([Note: the model protocol] in runtime.user_model)."""
+    if not isinstance(workload, str):
+        return False
+    module, colon, name = workload.partition(":")
+    return bool(colon) and all(part.isidentifier() for part in module.split(".")) and name.isidentifier()
 
 
 def parse_window(spec: str | None, flag: str) -> tuple[int, int | None]:

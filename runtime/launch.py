@@ -47,6 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from hints.errors import Interrupted, UserError
+from runtime.config import is_factory_path
 from runtime.worker import STALL_EXIT_CODE, Job, StatusBoard, WorkerOptions, worker_main
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -146,6 +147,10 @@ def preflight(configs: list) -> None:
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless
     for config in configs:
         validate_run(config)
+    if is_factory_path(configs[0].workload):
+        from runtime.user_model import check_factory
+
+        check_factory(configs[0])
     _check_device(configs[0])
 
 

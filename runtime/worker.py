@@ -56,6 +56,7 @@ class Job:
     out_dir: str
     collect_grads: bool = False
     recorder: str | None = None  # "module:Class" implementing runtime.recording.Recorder
+    resume: str | None = None  # a checkpoint directory (runtime.checkpoint) to start from
 
 
 @dataclass(frozen=True)
@@ -108,7 +109,8 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
                         lambda: _failure_path(ctx, "stall").unlink(missing_ok=True))
     try:
         ctx.device, backend = _device_and_backend(config, local_rank, world)
-        dist.init_process_group(backend, timeout=timedelta(seconds=max(60.0, 2 * options.timeout)),
+        group_timeout = timedelta(seconds=max(60.0, 2 * options.timeout))
+        dist.init_process_group(backend, timeout=group_timeout, **_attempt_store(rank, world, group_timeout),
                                 **({"device_id": ctx.device} if backend == "nccl" else {}))
         from runtime.transport import Transport, measure_clock_offset, pipeline_links
 
@@ -137,6 +139,28 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _attempt_store(rank: int, world: int, timeout) -> dict[str, Any]:
+    """Under ``torchrun``'s agent store, a store of this restart attempt's own (``init_process_group`` kwargs).
+
+    [Note: restarted ranks and the agent's store] With ``torchrun
+    --max-restarts`` and its default static rendezvous, every attempt's ranks
+    share one TCPStore hosted by the agent, and torch prefixes nothing per
+    attempt. A restarted rank could then read the previous attempt's gloo
+    addresses (whichever rank writes its key last reads the others' stale
+    ones) and fail with "connection refused" or hang. Prefixing the store
+    with ``TORCHELASTIC_RESTART_COUNT`` gives each attempt its own keys.
+    Outside torchrun's agent store: no kwargs (the default ``env://``).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    import torch.distributed as dist
+
+    agent = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, is_master=False,
+                          timeout=timeout)
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    return {"store": dist.PrefixStore(f"rrfp/attempt_{attempt}", agent), "rank": rank, "world_size": world}
 
 
 def _clock_domain(measured: tuple[int, int], group) -> tuple[int, int]:
@@ -241,6 +265,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     out_dir.mkdir(parents=True, exist_ok=True)
     # The launcher validated the job (hint, budget, completion) before any rank started.
     workload = make_workload(config, run_shape(config), ctx.device)
+    workload.prepare(run_shape(config).stages_of_rank(ctx.rank))
     if ctx.rank == 0:
         _write_job_inputs(out_dir, config, workload)
     plan = HintPlan(config, workload)
@@ -251,13 +276,15 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     modules = {stage: workload.build_stage(stage).to(ctx.device) for stage in shape.stages_of_rank(ctx.rank)}
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = make_optimizer(params, config)
+    noise = _Injector(config, ctx.rank, workload)
+    _seed_rank(config, ctx.rank)
+    checkpointer, start = _restore(ctx, job, workload, modules, optimizer, noise)
     if job.recorder:
         setup = RecorderSetup(ctx.rank, ctx.world, str(out_dir), job.name, config, ctx.device, ctx.clock_offset_ns,
                               ctx.clock_error_ns, budgets[ctx.rank] if budgets else None)
         recorder = load_recorder_class(job.recorder)(setup)
     else:  # tests (collect_grads) check budgets from every decision; a plain run keeps nothing
         recorder = ListRecorder() if job.collect_grads else NullRecorder()
-    noise = _Injector(config, ctx.rank, workload)
     ctx.transport.latency = noise.latency
     executor = StageExecutor(
         ctx.rank, graph, workload, modules, ctx.transport, ctx.device, recorder=_Tracking(recorder, ctx),
@@ -267,9 +294,9 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     ctx.executor = executor
     bar = _ProgressBar(job, config) if ctx.rank == 0 and options.show_progress else None
     rows, losses, first = [], [], {}
-    metrics = MetricsLog(out_dir) if ctx.rank == 0 else None
+    metrics = MetricsLog(out_dir, resume_at=start) if ctx.rank == 0 else None
     try:
-        for iteration in range(config.iters):
+        for iteration in range(start, config.iters):
             ctx.current = {"job": job.name, "iteration": iteration}
             ctx.status.iteration(job.name, iteration)
             watchdog.arm()  # per iteration: set-up (model, workload) may take long on a loaded machine
@@ -287,7 +314,9 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
                                       for stage, m in modules.items() for name, p in m.named_parameters()
                                       if p.grad is not None}
             step_began = time.monotonic_ns()
-            optimizer.step()
+            stepped = _step_allowed(ctx, config, result, iteration)
+            if stepped:
+                optimizer.step()
             optimizer.zero_grad(set_to_none=True)
             watchdog.progress()
             if ctx.device.type == "cuda" and config.traces(iteration):
@@ -301,6 +330,10 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
             watchdog.disarm()
             wall = time.perf_counter() - began
             row = _metrics_row(iteration, gathered, wall, workload.unit)
+            if config.skip_nonfinite:
+                row["skipped_step"] = not stepped
+            if checkpointer is not None:  # a collective, after the barrier above; its row follows it
+                row["checkpoint_seconds"] = checkpointer.save_if_due(iteration + 1, config)
             rows.append(row)
             losses.append(row["loss"])
             if metrics:
@@ -317,6 +350,85 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     if isinstance(recorder, ListRecorder):
         first["max_decision_in_flight"] = max((d.in_flight for _, d in recorder.decisions), default=0)
     return {**first, "losses": losses, "metrics": rows if ctx.rank == 0 else None}
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss was NaN or infinite (the run stops before the optimizer step; see :func:`_step_allowed`)."""
+
+
+def _step_allowed(ctx: RankContext, config, result, iteration: int) -> bool:
+    """Whether this iteration's optimizer step may run: no when its loss was NaN or infinite.
+
+    [Note: non-finite losses] The loss is known on the rank of the last stage
+    only. By default that rank raises :class:`NonFiniteLoss` here, before
+    the end-of-iteration all-gather: no rank gets past that barrier, so no
+    checkpoint is written after the bad step ([Note: atomic checkpoints] in
+    :mod:`runtime.checkpoint`) and the launcher names this error as the root
+    cause. With ``--skip-nonfinite`` every rank learns it from one small
+    all-reduce and skips the step (the gradients are dropped, the optimizer's
+    state is untouched), and the metrics row says ``skipped_step``.
+    """
+    import math
+
+    bad = result.loss is not None and not math.isfinite(result.loss)
+    if not config.skip_nonfinite:
+        if bad:
+            raise NonFiniteLoss(f"the loss is {result.loss} at iteration {iteration}; stopped before the optimizer "
+                                f"step, so no checkpoint holds it (--skip-nonfinite skips such steps instead)")
+        return True
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if bad else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.control_group)
+    return flag.item() == 0.0
+
+
+def _seed_rank(config, rank: int) -> None:
+    """Seed this rank's global torch and Python RNGs from ``(--seed, rank)`` as a job starts.
+
+    torch seeds a new process's generator at random, so without this a model that draws from it
+    (dropout in a user's model) would train differently on every run, and a checkpoint's RNG states
+    would restore a stream no other run could reproduce.
+    """
+    import random
+
+    import torch
+
+    from runtime.workloads import mix_seed
+
+    seed = mix_seed(config.seed, 15485863, rank)
+    torch.manual_seed(seed)
+    random.seed(seed)
+
+
+def _restore(ctx: RankContext, job: Job, workload, modules: dict, optimizer, noise: "_Injector"):
+    """This job's checkpointer (None when it neither writes nor resumes) and the iteration it starts at.
+
+    Resuming loads model, optimizer and RNG states (a collective), moves the data to the checkpoint's
+    position, and sets this rank's trace of the earlier attempt aside (``trace-before-step-<N>/``) so
+    the new trace covers the resumed iterations only.
+    """
+    config = job.config
+    if not config.checkpoint_every and not job.resume:
+        return None, 0
+    from runtime.checkpoint import RankCheckpointer
+
+    checkpointer = RankCheckpointer(job.out_dir, ctx.rank, modules, optimizer, {"noise": noise.rng},
+                                    ctx.control_group)
+    checkpointer.clear_partial()
+    if not job.resume:
+        return checkpointer, 0
+    start = checkpointer.load(Path(job.resume))
+    workload.resume_at(start)
+    out_dir = Path(job.out_dir)
+    aside = out_dir / f"trace-before-step-{start}"
+    for old in ([out_dir / "trace" / f"rank{ctx.rank}.pftrace"]
+                + ([out_dir / "trace.pftrace"] if ctx.rank == 0 else [])):
+        if old.exists():
+            aside.mkdir(exist_ok=True)
+            old.replace(aside / old.name)
+    return (checkpointer if config.checkpoint_every else None), start
 
 
 def _gather_summaries(world: int, result, group, clock_offset_ns: int = 0) -> list[dict[str, Any]]:
@@ -382,9 +494,12 @@ class MetricsLog:
     """Rank 0's per-iteration metrics: a JSON line appended (and flushed) as each iteration ends, turned into
     ``metrics.parquet`` at the end, or by :func:`salvage_metrics` after a failure or an interrupt."""
 
-    def __init__(self, out_dir: Path) -> None:
+    def __init__(self, out_dir: Path, resume_at: int = 0) -> None:
         self.out_dir = out_dir
+        kept = _rows_before(out_dir, resume_at) if resume_at else []  # a resumed run keeps the iterations before
         self.handle = open(out_dir / METRICS_LOG, "w")
+        for row in kept:
+            self.append(row)
 
     def append(self, row: dict[str, Any]) -> None:
         self.handle.write(json.dumps(row) + "\n")
@@ -393,6 +508,17 @@ class MetricsLog:
     def close(self) -> None:
         self.handle.close()
         salvage_metrics(self.out_dir)
+
+
+def _rows_before(out_dir: Path, iteration: int) -> list[dict[str, Any]]:
+    """The metrics rows of iterations before ``iteration`` that an earlier attempt left in ``out_dir``."""
+    salvage_metrics(out_dir)  # an attempt that was killed may have left only metrics.jsonl
+    path = Path(out_dir) / "metrics.parquet"
+    if not path.exists():
+        return []
+    import polars as pl
+
+    return [row for row in pl.read_parquet(path).to_dicts() if row["iteration"] < iteration]
 
 
 def salvage_metrics(out_dir: Path) -> int:

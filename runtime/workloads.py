@@ -107,6 +107,12 @@ class Workload:
     def init_seed(self, stage: int) -> int:
         return mix_seed(self.config.seed, 7919, stage)
 
+    def prepare(self, stages) -> None:
+        """This process will build ``stages`` (a user's factory builds them at once; built-ins need nothing)."""
+
+    def resume_at(self, step: int) -> None:
+        """The run resumes at iteration ``step`` (built-ins regenerate any iteration's data: nothing to do)."""
+
     def build_stage(self, stage: int) -> nn.Module:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.init_seed(stage))
@@ -419,7 +425,14 @@ WORKLOADS = {"gpt": GPTWorkload, "multimodal": MultimodalWorkload, "emulated": E
 
 
 def make_workload(config: RunConfig, shape: PipelineShape, device: torch.device | None = None) -> Workload:
-    """The workload of ``config``; its microbatches are generated on the CPU and moved to ``device``."""
+    """The workload of ``config``; its microbatches are generated on the CPU and moved to ``device``.
+
+    ``package.module:factory`` is a user's model ([Note: the model protocol] in :mod:`runtime.user_model`).
+    """
+    if config.workload not in WORKLOADS:
+        from runtime.user_model import FactoryWorkload
+
+        return FactoryWorkload(config, shape, device=device)
     return WORKLOADS[config.workload](config, shape, device=device or torch.device("cpu"))
 
 

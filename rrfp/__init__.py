@@ -1,0 +1,29 @@
+"""rrfp's Python API: bring your own model, or drive the readiness-first pipeline from your own script.
+
+* :class:`ModelContext`, :class:`PipelineModel`, :class:`Batch`: the protocol
+  of a model factory, ``rrfp run --workload package.module:factory``
+  ([Note: the model protocol] in :mod:`runtime.user_model`).
+* :class:`ReadyPipeline`: one rank's share of the pipeline inside a script
+  you launch yourself (:mod:`runtime.pipeline`).
+
+Names are imported on first use, so ``import rrfp`` stays cheap.
+"""
+
+from __future__ import annotations
+
+_EXPORTS = {
+    "Batch": "runtime.user_model",
+    "ModelContext": "runtime.user_model",
+    "PipelineModel": "runtime.user_model",
+    "ReadyPipeline": "runtime.pipeline",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'rrfp' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(_EXPORTS[name]), name)

@@ -1,0 +1,295 @@
+"""Checkpoints of ``rrfp run``: model and optimizer state per stage, RNG states and data position.
+
+A checkpoint is one directory, ``<job dir>/checkpoints/step-<NNNNNNNN>``, where
+``step`` is the number of iterations it has trained (the run resumes at
+iteration ``step``). It holds the files of ``torch.distributed.checkpoint``
+(DCP: ``.metadata`` and one ``__<rank>_0.distcp`` per rank) and a manifest,
+``rrfp-checkpoint.json``, that says which job it belongs to.
+
+[Note: checkpoint keys]
+    Every rank saves, in one collective ``dcp.save``:
+
+    * ``model.stage<k>.<parameter>``: each model stage's parameters and
+      buffers, named by *model stage*, not by rank, so a key means the same
+      thing whatever rank held it;
+    * ``optim.state.stage<k>.<parameter>.<field>`` and
+      ``optim.param_groups.stage<k>.<parameter>.<field>``: the optimizer's
+      state in torch's flattened form (``flatten_optimizer_state_dict``),
+      again one key per parameter;
+    * ``rng.rank<r>``: this process's RNG states (torch CPU and CUDA, Python's
+      ``random``, and the runtime's injected-noise stream), one entry per
+      global rank;
+    * ``progress``: the data position, ``{"step": N}``, the same on every rank.
+
+    Tensor parallelism and data parallelism plug in without a new format:
+    a parameter sharded across a TP group is a DTensor, which DCP saves as
+    shards of one key and reassembles on load; a key held by every replica
+    of a DP group (every model and optimizer key, and ``progress``) is
+    written once, because DCP's planner deduplicates keys that several
+    ranks save. Only ``rng.rank<r>`` stays per process.
+
+[Note: atomic checkpoints]
+    Ranks write into ``checkpoints/.tmp-step-<N>``; when the collective save
+    has returned on rank 0 every rank's file is complete (DCP gathers their
+    write results before it writes ``.metadata``), so rank 0 writes the
+    manifest last and renames the directory to ``step-<N>``, then deletes
+    older checkpoints. A rename is atomic, so a directory named ``step-*``
+    with a manifest is always whole; a crash at any point leaves the previous
+    checkpoint in place, and :func:`latest` ignores temporary directories
+    (rank 0 clears them before the first iteration of the next attempt).
+    Checkpoints are written after the end-of-iteration all-gather, which no
+    rank passes when the loss was NaN or infinite ([Note: non-finite losses]
+    in :mod:`runtime.worker`), so no checkpoint holds a step taken on one.
+
+:func:`check_resumable` runs before any rank starts: it refuses a directory
+without a checkpoint, or a checkpoint of another shape (stages, chunks,
+microbatches, tp, dp), workload or model (parameter names and sizes, read
+from DCP's metadata and compared with the model built on the ``meta``
+device), with one ``UserError``.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import time
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+from hints.errors import UserError
+
+FORMAT = "rrfp-checkpoint/1"
+MANIFEST = "rrfp-checkpoint.json"
+FOLDER = "checkpoints"
+SHAPE_FIELDS = ("stages", "chunks", "microbatches", "tp", "dp")
+# What makes the model and its data stream: resuming with another value would train another model.
+MODEL_FIELDS = ("workload", "hidden", "heads", "layers_per_stage", "vocab", "samples", "seq_len", "emulate", "seed")
+
+
+def step_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def latest(job_dir: str | Path) -> Path | None:
+    """The newest complete checkpoint of a job directory (None if it has none)."""
+    folder = Path(job_dir) / FOLDER
+    try:
+        candidates = [p for p in folder.iterdir() if p.name.startswith("step-") and (p / MANIFEST).is_file()]
+    except OSError:
+        return None
+    return max(candidates, key=lambda p: p.name, default=None)
+
+
+def read_manifest(path: Path) -> dict[str, Any]:
+    try:
+        manifest = json.loads((path / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError) as err:
+        raise UserError(f"unreadable checkpoint manifest: {err}", str(path)) from None
+    if manifest.get("format") != FORMAT:
+        raise UserError(f"not an {FORMAT} checkpoint (format {manifest.get('format')!r})", str(path))
+    return manifest
+
+
+def manifest_for(config, step: int) -> dict[str, Any]:
+    return {"format": FORMAT, "step": step, "time": time.time(),
+            "shape": {name: getattr(config, name) for name in SHAPE_FIELDS},
+            "model": {name: getattr(config, name) for name in MODEL_FIELDS}}
+
+
+def check_resumable(config, run_dir: str | Path, flag: str = "--resume") -> Path:
+    """The checkpoint ``config`` resumes from in ``run_dir``; ``UserError`` if there is none or it does not fit."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise UserError(f"{run_dir} is not a directory", flag)
+    path = latest(run_dir)
+    if path is None:
+        raise UserError(f"{run_dir} holds no checkpoint (run with --checkpoint-every K to write them)", flag)
+    manifest = read_manifest(path)
+    for group, names in (("shape", SHAPE_FIELDS), ("model", MODEL_FIELDS)):
+        saved = manifest.get(group, {})
+        differ = [f"{name} {saved.get(name)!r} there, {getattr(config, name)!r} here" for name in names
+                  if saved.get(name) != getattr(config, name)]
+        if differ:
+            raise UserError(f"{path.name} is a checkpoint of another {group}: {'; '.join(differ)}", flag)
+    _check_parameters(config, path, flag)
+    if manifest["step"] >= config.iters:
+        raise UserError(f"{path.name} has already trained {manifest['step']} iterations and the run has "
+                        f"{config.iters}; give --iters > {manifest['step']}", flag)
+    return path
+
+
+def _check_parameters(config, path: Path, flag: str) -> None:
+    """Every parameter of the model built from ``config`` is in the checkpoint with its size, and no other."""
+    import torch
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    from runtime.plan import run_shape
+    from runtime.workloads import make_workload
+
+    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    saved = {key[len("model."):]: tuple(meta.size) for key, meta in metadata.items()
+             if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+    workload = make_workload(config, run_shape(config))
+    expected = {}
+    with torch.device("meta"):
+        for stage in range(run_shape(config).stages):
+            for name, tensor in workload.build_stage(stage).state_dict().items():
+                expected[f"{stage_key(stage)}.{name}"] = tuple(tensor.shape)
+    missing = sorted(expected.keys() - saved.keys())
+    extra = sorted(saved.keys() - expected.keys())
+    resized = sorted(k for k in expected.keys() & saved.keys() if expected[k] != saved[k])
+    if missing or extra or resized:
+        what = (f"{len(missing)} parameters missing (e.g. {missing[0]})" if missing
+                else f"{len(extra)} parameters this model lacks (e.g. {extra[0]})" if extra
+                else f"{resized[0]} is {list(saved[resized[0]])} there, {list(expected[resized[0]])} here")
+        raise UserError(f"{path.name} is a checkpoint of another model: {what}", flag)
+
+
+def stage_key(stage: int) -> str:
+    return f"stage{stage}"
+
+
+class RankCheckpointer:
+    """One rank's side of saving and loading ([Note: checkpoint keys], [Note: atomic checkpoints]).
+
+    ``modules`` maps model stage -> module (this rank's chunks), ``optimizer``
+    holds their parameters, ``streams`` names extra ``random.Random`` streams
+    of this rank whose state must survive (the runtime's injected noise).
+    ``group``: the process group of the collective save and load (None: the
+    default group).
+    """
+
+    def __init__(self, job_dir: str | Path, rank: int, modules: dict, optimizer, streams: dict[str, random.Random],
+                 group=None) -> None:
+        import torch
+
+        self.folder = Path(job_dir) / FOLDER
+        self.rank, self.optimizer, self.streams, self.group = rank, optimizer, streams, group
+        self.model = torch.nn.ModuleDict({stage_key(k): m for k, m in sorted(modules.items())})
+
+    def _state(self) -> dict[str, Any]:
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
+
+        model, optim = get_state_dict(self.model, self.optimizer,
+                                      options=StateDictOptions(flatten_optimizer_state_dict=True))
+        return {"model": model, "optim": optim, f"rng.rank{self.rank}": self._rng_state(), "progress": {"step": 0}}
+
+    def _rng_state(self) -> dict[str, Any]:
+        import torch
+
+        state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                 **{f"stream.{name}": rng.getstate() for name, rng in self.streams.items()}}
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            state["cuda"] = torch.cuda.get_rng_state()
+        return state
+
+    def clear_partial(self) -> None:
+        """Rank 0, before the first iteration: remove what a crash mid-write left ([Note: atomic checkpoints])."""
+        if self.rank == 0 and self.folder.is_dir():
+            for partial in self.folder.glob(".tmp-*"):
+                shutil.rmtree(partial, ignore_errors=True)
+
+    def save_if_due(self, step: int, config) -> float | None:
+        """After ``step`` iterations: save if ``--checkpoint-every`` divides ``step``; the seconds it took."""
+        if step % config.checkpoint_every:
+            return None
+        began = time.perf_counter()
+        self.save(step, config)
+        return time.perf_counter() - began
+
+    def save(self, step: int, config) -> Path:
+        """Collective: every rank calls it after the same iteration. Returns the checkpoint's path."""
+        import torch.distributed.checkpoint as dcp
+
+        final = self.folder / step_name(step)
+        partial = self.folder / f".tmp-{step_name(step)}"
+        state = self._state()
+        state["progress"]["step"] = step
+        began = time.perf_counter()
+        with _object_collectives():
+            dcp.save(state, checkpoint_id=str(partial), process_group=self.group)
+        seconds = time.perf_counter() - began
+        if self.rank == 0:
+            (partial / MANIFEST).write_text(json.dumps({**manifest_for(config, step), "save_seconds": seconds}, indent=1) + "\n")
+            _fsync_dir(partial)
+            if final.exists():  # the same step written by an earlier attempt that resumed before it
+                shutil.rmtree(final)
+            os.rename(partial, final)
+            _fsync_dir(self.folder)
+            for older in self.folder.glob("step-*"):
+                if older.name < final.name:
+                    shutil.rmtree(older, ignore_errors=True)
+        return final
+
+    def load(self, path: Path) -> int:
+        """Collective: restore model, optimizer and RNG states from ``path``; returns the step to resume at."""
+        import torch
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
+
+        state = self._state()
+        with _object_collectives():
+            dcp.load(state, checkpoint_id=str(path), process_group=self.group)
+        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"],
+                       options=StateDictOptions(flatten_optimizer_state_dict=True))
+        rng = state[f"rng.rank{self.rank}"]
+        torch.set_rng_state(rng["torch"])
+        random.setstate(rng["python"])
+        for name, stream in self.streams.items():
+            stream.setstate(rng[f"stream.{name}"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+        return int(state["progress"]["step"])
+
+
+def _fsync_dir(path: Path) -> None:
+    """Make a directory's entries (a new file, a rename) durable before the next step depends on them."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+@contextmanager
+def _object_collectives():
+    """Let DCP's object collectives run where numpy is not installed.
+
+    [Note: DCP without numpy] ``dcp.save`` and ``dcp.load`` exchange their
+    plans with ``gather_object`` / ``broadcast_object_list``, whose receiving
+    side turns a byte tensor back into bytes with ``tensor.numpy()``. rrfp
+    does not depend on numpy, so when it is missing, for the duration of a
+    save or a load, that one conversion reads the tensor's storage instead
+    (the same bytes). With numpy installed nothing is changed.
+    """
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        yield
+        return
+    import torch.distributed.distributed_c10d as c10d
+
+    original = c10d._tensor_to_object
+
+    def tensor_to_object(tensor, tensor_size, group):
+        data = bytes(tensor.cpu().clone().untyped_storage())[:tensor_size]  # a view: its own bytes only
+        return c10d._unpickler(io.BytesIO(data)).load()
+
+    c10d._tensor_to_object = tensor_to_object
+    try:
+        yield
+    finally:
+        c10d._tensor_to_object = original

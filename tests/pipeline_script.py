@@ -1,0 +1,47 @@
+"""A training script that drives rrfp.ReadyPipeline itself (used by tests/test_pipeline_api.py under torchrun).
+
+    torchrun --nproc-per-node 2 -m tests.pipeline_script OUT.json HINT STEPS
+
+The last stage's rank writes the loss of every step to OUT.json.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+
+import torch
+import torch.distributed as dist
+
+import rrfp
+from runtime.config import RunConfig
+from tests.user_models import tiny
+
+MICROBATCHES = 3
+
+
+def main(out: str, hint: str, steps: int) -> None:
+    dist.init_process_group("gloo")
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    ctx = rrfp.ModelContext(RunConfig(workload="tests.user_models:tiny"), ranks=ranks, chunks=1,
+                            microbatches=MICROBATCHES, placement=((rank, 0),), seed=0)
+    model = tiny(ctx)
+    pipe = rrfp.ReadyPipeline({rank: model.stages[0]}, model.loss, microbatches=MICROBATCHES, hint=hint)
+    optimizer = torch.optim.AdamW(pipe.parameters(), lr=1e-3, weight_decay=0.0)
+    data = iter(model.data)
+    losses = []
+    for _ in range(steps):
+        loss = pipe.step(list(itertools.islice(data, MICROBATCHES)))
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(loss)
+    pipe.close()
+    if rank == ranks - 1:
+        with open(out, "w") as handle:
+            json.dump(losses, handle)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1], sys.argv[2], int(sys.argv[3]))

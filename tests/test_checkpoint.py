@@ -1,0 +1,174 @@
+"""Checkpoints end to end: a resumed run continues bit for bit, bad resumes are refused, NaN never checkpointed.
+
+Real ranks (2 processes, gloo), small models, a hard timeout on every run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import polars as pl
+import pytest
+
+from hints.errors import UserError
+from runtime import checkpoint
+from runtime.config import RunConfig
+from runtime.launch import free_port
+from tests.conftest import REPO, _INHERITED, alive, run_rrfp
+from tests.test_faults import status, wait_for
+from tests.test_run_cli import one_error_line
+
+GPT = ("run", "--workload", "gpt", "-p", "2", "-m", "4", "--seq-len", "16", "--hidden", "32", "--policy", "fixed")
+TINY = ("run", "--workload", "tests.user_models:tiny", "-p", "2", "-m", "3", "--policy", "fixed")
+
+
+def losses(run) -> list[float]:
+    return pl.read_parquet(run / "metrics.parquet")["loss"].to_list()
+
+
+@pytest.fixture(scope="module")
+def gpt_runs(tmp_path_factory):
+    """An uninterrupted 4-iteration run, and one that stopped after 2 (checkpoint at 2) and was resumed to 4."""
+    root = tmp_path_factory.mktemp("gpt")
+    whole = run_rrfp(root, *GPT, "--iters", "4", "--out", "whole")
+    assert whole.returncode == 0, whole.stderr
+    first = run_rrfp(root, *GPT, "--iters", "2", "--checkpoint-every", "2", "--out", "part")
+    assert first.returncode == 0, first.stderr
+    return root
+
+
+def test_a_resumed_run_continues_bit_for_bit(gpt_runs):
+    root = gpt_runs
+    assert [p.name for p in (root / "part" / "checkpoints").iterdir()] == ["step-00000002"]
+    shutil.copytree(root / "part", root / "resumed")  # the other tests resume "part" itself
+    resumed = run_rrfp(root, "run", "--resume", "resumed", "--iters", "4", "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    run = root / "resumed"
+    assert losses(run) == losses(root / "whole")  # exact: the same floats; iterations 0-1 kept from before
+    assert pl.read_parquet(run / "metrics.parquet")["iteration"].to_list() == [0, 1, 2, 3]
+    assert [p.name for p in (run / "checkpoints").iterdir()] == ["step-00000004"]  # the older one replaced
+    assert (run / "trace-before-step-2" / "trace.pftrace").exists()  # the first attempt's trace kept
+    assert json.loads((run / "config.json").read_text())["iters"] == 4
+
+
+def test_a_user_model_resumes_its_data_stream_and_rng_bit_for_bit(tmp_path):
+    # bfw ranks each iteration's microbatches by their cost features, read before the checkpoint is loaded;
+    # dropout draws from each rank's torch RNG, which the checkpoint restores
+    model = ("--workload", "tests.user_models:tiny_with_dropout", "--hint", "bfw")
+    whole = run_rrfp(tmp_path, *TINY, *model, "--iters", "4", "--out", "whole")
+    assert whole.returncode == 0, whole.stderr
+    part = run_rrfp(tmp_path, *TINY, *model, "--iters", "3", "--checkpoint-every", "2", "--out", "part")
+    assert part.returncode == 0, part.stderr
+    resumed = run_rrfp(tmp_path, "run", "--resume", "part", "--iters", "4")
+    assert resumed.returncode == 0, resumed.stderr
+    assert losses(tmp_path / "part") == losses(tmp_path / "whole")
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--microbatches", "8"), "step-00000002 is a checkpoint of another shape: microbatches 4 there, 8 here"),
+    (("--hidden", "64"), "step-00000002 is a checkpoint of another model: hidden 32 there, 64 here"),
+    (("--iters", "2"), "step-00000002 has already trained 2 iterations and the run has 2; give --iters > 2"),
+    (("--out", "elsewhere"), "a resumed run continues in its own directory; drop --out"),
+])
+def test_resuming_another_shape_or_model_is_refused_before_anything_is_written(gpt_runs, args, message):
+    before = sorted(p.relative_to(gpt_runs) for p in gpt_runs.rglob("*"))
+    line = one_error_line(run_rrfp(gpt_runs, "run", "--resume", "part", *args))
+    assert line == f"error: --resume: {message}", line
+    assert sorted(p.relative_to(gpt_runs) for p in gpt_runs.rglob("*")) == before
+
+
+def test_bad_checkpoint_and_factory_input_is_one_error_line(tmp_path):
+    (tmp_path / "empty").mkdir()
+    assert one_error_line(run_rrfp(tmp_path, "run", "--resume", "empty")) == (
+        "error: --resume: empty holds no checkpoint (runs write them with --checkpoint-every K)")
+    assert one_error_line(run_rrfp(tmp_path, "run", "--resume", "missing")) == (
+        "error: --resume: missing is not a directory")
+    assert one_error_line(run_rrfp(tmp_path, "run", "--checkpoint-every", "0", "--out", "x")) == (
+        "error: --checkpoint-every: must be a whole number >= 1, got 0")
+    line = one_error_line(run_rrfp(tmp_path, "run", "--workload", "no_such_package.models:build", "--out", "x"))
+    assert line.startswith("error: --workload: cannot import no_such_package.models: ModuleNotFoundError")
+    line = one_error_line(run_rrfp(tmp_path, "run", "--workload", "tests.user_models:missing", "--out", "x"))
+    assert line == "error: --workload: tests.user_models has no callable 'missing'"
+    line = one_error_line(run_rrfp(tmp_path, "run", "--workload", "tests.user_models:one_stage_too_many",
+                                   "--stages", "2", "--out", "x"))
+    assert line == "error: --workload: the factory returned 3 stage modules for 2 model stages (0, 1)"
+    assert not (tmp_path / "x").exists()
+
+
+def test_a_checkpoint_of_another_model_is_found_by_its_parameters(tmp_path, monkeypatch):
+    run = run_rrfp(tmp_path, *TINY, "--iters", "1", "--checkpoint-every", "1", "--out", "t")
+    assert run.returncode == 0, run.stderr
+    path = checkpoint.latest(tmp_path / "t")
+    wider = RunConfig(workload="tests.user_models:tiny_wider", stages=2, microbatches=3)
+    monkeypatch.chdir(REPO)  # where the factory's module is found
+    with pytest.raises(UserError, match=r"another model: stage0.linear.bias is \[8\] there, \[16\] here"):
+        checkpoint._check_parameters(wider, path, "--resume")
+
+
+def test_a_partial_checkpoint_is_never_taken_for_one(tmp_path):
+    run = run_rrfp(tmp_path, *TINY, "--iters", "2", "--checkpoint-every", "1", "--out", "t")
+    assert run.returncode == 0, run.stderr
+    folder = tmp_path / "t" / "checkpoints"
+    complete = checkpoint.latest(tmp_path / "t")
+    assert complete.name == "step-00000002"
+    # What a crash mid-write leaves: DCP files in a temporary directory, or (never renamed) no manifest.
+    shutil.copytree(complete, folder / ".tmp-step-00000003")
+    (folder / ".tmp-step-00000003" / checkpoint.MANIFEST).unlink()
+    shutil.copytree(complete, folder / "step-00000009")
+    (folder / "step-00000009" / checkpoint.MANIFEST).unlink()
+    assert checkpoint.latest(tmp_path / "t") == complete
+    resumed = run_rrfp(tmp_path, "run", "--resume", "t", "--iters", "3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert not (folder / ".tmp-step-00000003").exists()  # cleared before the first iteration
+
+
+def test_a_nan_loss_stops_the_run_and_is_never_checkpointed(tmp_path):
+    args = ("run", "--workload", "tests.user_models:nan_at_iteration_2", "-p", "2", "-m", "3", "--iters", "4",
+            "--checkpoint-every", "1")
+    stopped = run_rrfp(tmp_path, *args, "--out", "s")
+    assert stopped.returncode == 1
+    assert "NonFiniteLoss: the loss is nan at iteration 2; stopped before the optimizer step" in stopped.stderr
+    assert checkpoint.latest(tmp_path / "s").name == "step-00000002"  # iterations 0 and 1 only
+    skipped = run_rrfp(tmp_path, *args, "--skip-nonfinite", "--out", "k")
+    assert skipped.returncode == 0, skipped.stderr
+    metrics = pl.read_parquet(tmp_path / "k" / "metrics.parquet")
+    assert metrics["skipped_step"].to_list() == [False, False, True, False]
+    assert metrics["loss"][3] is not None and metrics["loss"][3] == metrics["loss"][3]  # finite again
+    assert checkpoint.latest(tmp_path / "k").name == "step-00000004"
+    assert all(seconds > 0 for seconds in metrics["checkpoint_seconds"].to_list())  # one write per iteration
+
+
+def test_torchrun_restarts_a_killed_job_from_its_last_checkpoint(tmp_path):
+    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    job = (*GPT[1:], "--iters", "10", "--checkpoint-every", "3", "--delay", "0F0=0.05", "--out", "r")
+    process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
+                                "--max-restarts", "1", "--monitor-interval", "0.1", "--master-port", str(free_port()),
+                                "-m", "rrfp_cli", "run", *job], cwd=tmp_path, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    run = tmp_path / "r"
+    try:
+        victim = wait_for(lambda: checkpoint.latest(run) is not None and (s := status(run, 1))
+                          and s["iteration"] is not None and s["iteration"] >= 4 and s, timeout=120,
+                          what="a checkpoint, and rank 1 in iteration 4")
+        os.kill(victim["pid"], signal.SIGKILL)
+        _, stderr = process.communicate(timeout=180)
+    finally:
+        if process.poll() is None:  # never leave torchrun behind
+            os.killpg(process.pid, signal.SIGKILL)
+        for rank in (0, 1):  # nor its ranks: the agent starts each in a session of its own
+            if (s := status(run, rank)) and alive(s["pid"]):
+                os.kill(s["pid"], signal.SIGKILL)
+    assert process.returncode == 0, stderr[-3000:]
+    metrics = pl.read_parquet(run / "metrics.parquet")
+    assert metrics["iteration"].to_list() == list(range(10))
+    assert list(run.glob("trace-before-step-*")), "the restarted job did not resume from a checkpoint"
+    whole = run_rrfp(tmp_path, *GPT, "--iters", "10", "--out", "whole")
+    assert whole.returncode == 0, whole.stderr
+    assert metrics["loss"].to_list() == losses(tmp_path / "whole")
+    assert checkpoint.latest(run).name == "step-00000009"
