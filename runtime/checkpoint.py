@@ -65,7 +65,7 @@ from hints.errors import UserError
 FORMAT = "rrfp-checkpoint/1"
 MANIFEST = "rrfp-checkpoint.json"
 FOLDER = "checkpoints"
-SHAPE_FIELDS = ("stages", "chunks", "microbatches", "tp", "dp")
+SHAPE_FIELDS = ("stages", "chunks", "microbatches", "placement", "tp", "dp")
 # What makes the model and its data stream: resuming with another value would train another model.
 MODEL_FIELDS = ("workload", "hidden", "heads", "layers_per_stage", "vocab", "samples", "seq_len", "emulate", "seed")
 
@@ -94,9 +94,18 @@ def read_manifest(path: Path) -> dict[str, Any]:
     return manifest
 
 
+def _shape(config) -> dict[str, Any]:
+    """The job's shape as run: chunks and placement resolved (a config may leave them to the hint)."""
+    from runtime.plan import run_shape
+
+    shape = run_shape(config)
+    resolved = {"stages": shape.ranks, "chunks": shape.chunks, "microbatches": shape.microbatches,
+                "placement": shape.placement}
+    return {name: resolved.get(name, getattr(config, name, None)) for name in SHAPE_FIELDS}
+
+
 def manifest_for(config, step: int) -> dict[str, Any]:
-    return {"format": FORMAT, "step": step, "time": time.time(),
-            "shape": {name: getattr(config, name) for name in SHAPE_FIELDS},
+    return {"format": FORMAT, "step": step, "time": time.time(), "shape": _shape(config),
             "model": {name: getattr(config, name) for name in MODEL_FIELDS}}
 
 
@@ -109,10 +118,10 @@ def check_resumable(config, run_dir: str | Path, flag: str = "--resume") -> Path
     if path is None:
         raise UserError(f"{run_dir} holds no checkpoint (run with --checkpoint-every K to write them)", flag)
     manifest = read_manifest(path)
-    for group, names in (("shape", SHAPE_FIELDS), ("model", MODEL_FIELDS)):
+    for group, here in (("shape", _shape(config)), ("model", {name: getattr(config, name) for name in MODEL_FIELDS})):
         saved = manifest.get(group, {})
-        differ = [f"{name} {saved.get(name)!r} there, {getattr(config, name)!r} here" for name in names
-                  if saved.get(name) != getattr(config, name)]
+        differ = [f"{name} {saved.get(name)!r} there, {value!r} here" for name, value in here.items()
+                  if saved.get(name) != value]
         if differ:
             raise UserError(f"{path.name} is a checkpoint of another {group}: {'; '.join(differ)}", flag)
     _check_parameters(config, path, flag)

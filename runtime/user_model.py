@@ -145,7 +145,9 @@ def build_model(factory, ctx: ModelContext, flag: str = "--workload") -> Pipelin
 
 def check_factory(config) -> None:
     """Before any rank starts: the factory imports, and returns one module per model stage (built on ``meta``)."""
-    shape = PipelineShape(config.stages, config.chunks, config.microbatches)
+    from runtime.plan import run_shape
+
+    shape = run_shape(config)
     factory = load_factory(config.workload)
     with torch.device("meta"):
         build_model(factory, _context(config, shape, range(shape.stages)))
@@ -153,7 +155,7 @@ def check_factory(config) -> None:
 
 def _context(config, shape: PipelineShape, stages: Iterable[int], device=torch.device("cpu")) -> ModelContext:
     return ModelContext(config, shape.ranks, shape.chunks, shape.microbatches,
-                        tuple((k, k // shape.ranks) for k in stages), config.seed, device)
+                        tuple((k, shape.chunk_of(k)) for k in stages), config.seed, device)
 
 
 class BatchWorkload(Workload):
