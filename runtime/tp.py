@@ -269,6 +269,7 @@ class ParallelBlock(nn.Module):
             raise ValueError(f"{block.heads} heads cannot be split over tp {shard.size}")
         self.shard, self.causal = shard, block.causal
         self.heads = block.heads // shard.size
+        self.head_dim = block.qkv.in_features // block.heads
         self.norm1, self.norm2 = block.norm1, block.norm2
         self.qkv, self.proj = nn.Linear(1, 1), nn.Linear(1, 1)
         self.mlp = nn.Sequential(nn.Linear(1, 1), nn.GELU(), nn.Linear(1, 1))
@@ -284,10 +285,10 @@ class ParallelBlock(nn.Module):
         group = self.shard.group
         batch, length, _ = x.shape
         h = copy_to_group(self.norm1(x), group)
-        q, k, v = self.qkv(h).view(batch, length, 3, self.heads, -1).unbind(2)
+        q, k, v = self.qkv(h).view(batch, length, 3, self.heads, self.head_dim).unbind(2)
         attended = F.scaled_dot_product_attention(q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2),
                                                   is_causal=self.causal)
-        attended = attended.transpose(1, 2).reshape(batch, length, -1)
+        attended = attended.transpose(1, 2).reshape(batch, length, self.heads * self.head_dim)
         x = x + reduce_from_group(F.linear(attended, self.proj.weight), group) + self.proj.bias
         fc1, act, fc2 = self.mlp
         h = act(fc1(copy_to_group(self.norm2(x), group)))
