@@ -7,14 +7,18 @@ coordination bug fails these tests and never hangs them.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
+from profiler.analysis import follow_latency
 from profiler.reader import read_trace
 from runtime.config import RunConfig
 from runtime.plan import run_shape
 from runtime.tp import unshard
 from runtime.workloads import reference_train
+from tests.conftest import run_rrfp
 from tests.test_runtime import run_jobs
 
 TRACE = "profiler.recorder:TraceRecorder"
@@ -90,6 +94,21 @@ def test_tp_groups_run_one_order_from_the_traces(tp_run):
         assert leaders["announce_ns"].null_count() == 0
         # the analyses read the leaders' slice only: a pipeline of 2 ranks
         assert sorted(frames.tasks["rank"].unique().to_list()) == [0, 1]
+        per_decision, per_rank = follow_latency(frames)
+        assert per_rank["rank"].to_list() == [0, 2, 1, 3] and per_decision.height == followers.height
+        assert (per_decision["follow_ns"] >= per_decision["delivery_ns"]).all()
+
+
+def test_trace_follow_shows_the_latency_per_decision(tp_run):
+    _, _, path = tp_run
+    run = path / "run" / "gpt-ready"
+    done = run_rrfp(path, "trace", "follow", str(run), "--iterations", "0:", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert {r["rank"] for r in data["ranks"]} == {0, 1, 2, 3}
+    assert data["total"] == 2 * 2 * 12 and all(d["follow_ns"] > 0 for d in data["decisions"])  # 2 followers x 2 iterations x (F, I, W) x 4
+    human = run_rrfp(path, "trace", "follow", str(run))
+    assert human.returncode == 0 and "followed decisions" in human.stdout
 
 
 def pl_col(name: str):
