@@ -24,10 +24,10 @@ two members running different tasks would hang, or sum the wrong tensors.
     of the producing group sends its own copy to the member with the same TP
     index in the consuming group: links within each TP slice of the grid, no
     extra hop. The alternative, only the leader receives and broadcasts to
-    its followers, puts a broadcast on the follower's path of every input
-    and serializes the group's receptions on the leader; with own copies a
-    follower's input usually arrives while its decision is in flight.
-    Measured in BENCHMARKS.md ("TP and DP"): the follow latency per decision.
+    its followers, puts a second transfer of the whole activation on the
+    follower's path of every input and serializes the group's receptions on
+    the leader's thread. Measured in BENCHMARKS.md ("TP and DP"): the follow
+    latency per decision (``rrfp trace follow``).
 
 [Note: TP coordination cannot deadlock]
     Claim: if the leaders' arbiters, seen as a pipeline-only job, cannot
