@@ -126,25 +126,22 @@ class GridGroups:
 def make_groups(grid: ProcessGrid, timeout=None) -> GridGroups:
     """Create every TP and DP group of the job (collective: every rank calls it, in one order) and return
     this process's. ``new_group`` is collective over the default group, so all ranks create all groups."""
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    tp = [grid.tp_members(pipe, d) for d in range(grid.dp) for pipe in range(grid.pp)] if grid.tp > 1 else []
+    dp = [grid.dp_members(pipe, t) for t in range(grid.tp) for pipe in range(grid.pp)] if grid.dp > 1 else []
+    return GridGroups(tp=_own_group(grid.rank, tp, kwargs), dp=_own_group(grid.rank, dp, kwargs))
+
+
+def _own_group(rank: int, member_lists: list[list[int]], kwargs: dict):
+    """Create a group per member list (every rank, every list); the one ``rank`` belongs to, or None."""
     import torch.distributed as dist
 
-    kwargs = {} if timeout is None else {"timeout": timeout}
-    groups = GridGroups()
-    if grid.tp > 1:
-        for d in range(grid.dp):
-            for pipe in range(grid.pp):
-                members = grid.tp_members(pipe, d)
-                group = dist.new_group(members, **kwargs)
-                if grid.rank in members:
-                    groups.tp = group
-    if grid.dp > 1:
-        for t in range(grid.tp):
-            for pipe in range(grid.pp):
-                members = grid.dp_members(pipe, t)
-                group = dist.new_group(members, **kwargs)
-                if grid.rank in members:
-                    groups.dp = group
-    return groups
+    own = None
+    for members in member_lists:
+        group = dist.new_group(members, **kwargs)
+        if rank in members:
+            own = group
+    return own
 
 
 class SliceTransport:

@@ -149,3 +149,21 @@ def test_emulated_runs_with_tp(tmp_path):
     assert orders[0] == orders[2] and orders[1] == orders[3]  # rank 2 follows rank 0, rank 3 follows rank 1
     assert results[0]["emu"]["sharded"] == {"0.linear.weight": (1, 1)}
     assert results[0]["emu"]["grads"]["0.linear.weight"].shape == (32, 16)
+
+
+def test_tp_and_dp_together_match_the_doubled_batch(tmp_path):
+    """pp=2 x tp=2 x dp=2 (8 processes): the replica's TP groups put back together give the reference's
+    gradients for twice the batch, and the replicas' shards stay identical."""
+    config = dict(workload="gpt", stages=2, tp=2, dp=2, microbatches=4, iters=2, jitter=0.3, seed=2)
+    results = run_jobs(tmp_path, 8, [{"name": "both", "config": config}], timeout=40.0)
+    run = RunConfig(**config)
+    doubled = run.with_overrides(tp=1, dp=1, microbatches=8)
+    losses, reference = reference_train(doubled, run_shape(doubled), run.iters)
+    assert results[0]["both"]["losses"] == pytest.approx(losses, rel=1e-5)
+    got = whole_grads(results, "both")
+    assert got.keys() == reference.keys()
+    for key, grad in reference.items():
+        torch.testing.assert_close(got[key], grad, rtol=RTOL, atol=ATOL, msg=key)
+    for rank in range(4):  # replica 1 of global rank r is r + 4
+        for mine, other in zip(results[rank]["both"]["params"], results[rank + 4]["both"]["params"]):
+            assert all(torch.equal(mine[key], other[key]) for key in mine)
