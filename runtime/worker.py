@@ -685,6 +685,10 @@ def _report_stall(ctx: RankContext, seconds: float) -> bool:
         report["ready"] = [str(t) for t in arbiter.ready_tasks()]
         report["waiting_for"] = [f"{task} needs {', '.join(map(str, needs))}"
                                  for task, needs in arbiter.waiting_on()[:8]]
+        pending = getattr(arbiter, "pending", None)  # a TP follower: the leader's decisions it has yet to run
+        if pending is not None:
+            report["following"] = {"decisions_received": arbiter.followed,
+                                   "next": [str(arbiter.graph.tasks[tid]) for _, tid, _, _ in list(pending)[:4]]}
     _failure_path(ctx, "stall").write_text(json.dumps(report, indent=1))
     return "task" in ctx.current
 
