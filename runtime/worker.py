@@ -210,7 +210,7 @@ def _log_links(ctx: RankContext, backend: str, links) -> None:
     """One line per rank in ``logs/run.log``: its device and what each of its links runs over."""
     peers = sorted({peer for pair in links for peer in pair if ctx.rank in pair and peer != ctx.rank})
     control = "gloo" if ctx.control_group is not None else backend
-    where = f" ({ctx.grid.describe()[len(f'rank {ctx.rank} = '):]})" if ctx.grid.world > ctx.grid.pp else ""
+    where = f" ({ctx.grid.describe()})" if ctx.grid.world > ctx.grid.pp else ""
     line = (f"rank {ctx.rank}{where} (local {ctx.local_rank}): device {ctx.device}; links to "
             f"{', '.join(f'rank {p}' for p in peers) or 'no rank'} over {backend}; control collectives over "
             f"{control}\n")
