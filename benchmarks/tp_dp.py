@@ -1,4 +1,4 @@
-"""BENCHMARKS.md "TP and DP": readiness-first vs fixed order with --tp and --dp, TP coordination cost, DP overlap.
+"""BENCHMARKS.md section 9: readiness-first vs fixed order with --tp and --dp, TP coordination cost, DP overlap.
 
     python benchmarks/tp_dp.py [--iters 10] [--repeats 3] [--budgets 1f1b,2x] [--out runs/bench-tp-dp] [--json]
 

@@ -26,7 +26,7 @@ two members running different tasks would hang, or sum the wrong tensors.
     extra hop. The alternative, only the leader receives and broadcasts to
     its followers, puts a second transfer of the whole activation on the
     follower's path of every input and serializes the group's receptions on
-    the leader's thread. Measured in BENCHMARKS.md ("TP and DP"): the follow
+    the leader's thread. Measured in BENCHMARKS.md (section 9): the follow
     latency per decision (``rrfp trace follow``).
 
 [Note: TP coordination cannot deadlock]
