@@ -1,6 +1,7 @@
 """BENCHMARKS.md section 9: readiness-first vs fixed order with --tp and --dp, TP coordination cost, DP overlap.
 
-    python benchmarks/tp_dp.py [--iters 10] [--repeats 3] [--budgets 1f1b,2x] [--out runs/bench-tp-dp] [--json]
+    python benchmarks/tp_dp.py [--iters 10] [--repeats 3] [--budgets 1f1b,2x] [--only NAME,...]
+                               [--out runs/bench-tp-dp] [--json]
 
 Runs, each with ``rrfp run`` (traces on), and reads back what they wrote:
 
@@ -9,7 +10,11 @@ Runs, each with ``rrfp run`` (traces on), and reads back what they wrote:
    marked), and zb the same way (fixed zb vs ready zb);
 2. emulated multimodal, pp=2 x dp=2 (4 processes), ``--compare``, the same hints and budgets;
 3. gpt, pp=2 x tp=2 and pp=2 x dp=2 (4 processes each), readiness-first 1F1B: the TP coordination cost on
-   millisecond tasks, and the DP overlap with real gradients.
+   millisecond tasks, and the DP overlap with real gradients; and pp=2 x dp=2 with 2 chunks per rank
+   (interleaved-1f1b), where a rank's other stage gives its first reduction later backwards to hide behind.
+
+``--only`` runs only the named runs (``emulated-pp4-tp2``, ``emulated-pp2-dp2``, ``gpt-pp2-tp2``,
+``gpt-pp2-dp2``, ``gpt-pp2v2-dp2``).
 
 Figures: median step time of each job (rank 0's wall clock per iteration, iteration 0 left out) and
 ready-X over fixed-X for the same hint, with the peak microbatches in flight of both (equal memory when
@@ -80,27 +85,40 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budgets", default="1f1b,2x")
+    parser.add_argument("--only", default=None, help="comma-separated run names (default: every run)")
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-tp-dp")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     results: dict = {"compare": [], "tp": [], "dp": []}
+    wanted = None if args.only is None else set(args.only.split(","))
+    runs = lambda name: wanted is None or name in wanted  # noqa: E731
     for repeat in range(args.repeats):
         out = args.out / f"r{repeat}"
         for budget in args.budgets.split(","):
             for hint in ("1f1b", "zb"):
+                if not runs("emulated-pp4-tp2"):
+                    break
                 tp = compare(out, f"emulated-pp4-tp2-{hint}", [*EMULATED, "--stages", "4", "--tp", "2",
                                                                "--microbatches", "16"], hint, budget, args.iters)
                 results["compare"].append(tp)
                 results["tp"].append({"run": f"{tp['run']}@{budget}", **follow(tp["ready_dir"])})
+            for hint in ("1f1b", "zb"):
+                if not runs("emulated-pp2-dp2"):
+                    break
                 dp = compare(out, f"emulated-pp2-dp2-{hint}", [*EMULATED, "--stages", "2", "--dp", "2",
                                                                "--microbatches", "8"], hint, budget, args.iters)
                 results["compare"].append(dp)
                 results["dp"].append({"run": f"{dp['run']}@{budget}", **overlap(dp["ready_dir"])})
         gpt = ["--workload", "gpt", "--stages", "2", "--microbatches", "8", "--iters", str(args.iters)]
-        tp = rrfp("run", *gpt, "--tp", "2", "--out", str(out / "gpt-pp2-tp2"))["jobs"][0]
-        results["tp"].append({"run": "gpt-pp2-tp2@1f1b", **follow(tp["out"])})
-        dp = rrfp("run", *gpt, "--dp", "2", "--out", str(out / "gpt-pp2-dp2"))["jobs"][0]
-        results["dp"].append({"run": "gpt-pp2-dp2@1f1b", **overlap(dp["out"])})
+        if runs("gpt-pp2-tp2"):
+            tp = rrfp("run", *gpt, "--tp", "2", "--out", str(out / "gpt-pp2-tp2"))["jobs"][0]
+            results["tp"].append({"run": "gpt-pp2-tp2@1f1b", **follow(tp["out"])})
+        if runs("gpt-pp2-dp2"):
+            dp = rrfp("run", *gpt, "--dp", "2", "--out", str(out / "gpt-pp2-dp2"))["jobs"][0]
+            results["dp"].append({"run": "gpt-pp2-dp2@1f1b", **overlap(dp["out"])})
+        if runs("gpt-pp2v2-dp2"):
+            dp = rrfp("run", *gpt, "--chunks", "2", "--dp", "2", "--out", str(out / "gpt-pp2v2-dp2"))["jobs"][0]
+            results["dp"].append({"run": "gpt-pp2v2-dp2@1f1b", **overlap(dp["out"])})
     if args.json:
         print(json.dumps(results, indent=1))
         return
