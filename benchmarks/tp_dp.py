@@ -19,7 +19,8 @@ Runs, each with ``rrfp run`` (traces on), and reads back what they wrote:
 Figures: median step time of each job (rank 0's wall clock per iteration, iteration 0 left out) and
 ready-X over fixed-X for the same hint, with the peak microbatches in flight of both (equal memory when
 ready's is no higher); per TP decision, the leader's time posting it (``announce``) and its share of the
-median iteration makespan, and the followers' follow latency (``rrfp trace follow``); for DP, the
+median iteration makespan, the followers' follow latency, and how long after the leader's copy of an input
+the follower's own copy arrived (``rrfp trace follow``); for DP, the
 all-reduce time and the part of it exposed after each rank's last task, over every rank and iteration
 but 0 (``metrics.parquet``: ``dp_reduce_seconds``, ``dp_exposed_seconds``).
 """
@@ -66,7 +67,9 @@ def follow(run_dir: str) -> dict:
     return {"announce_us": statistics.median(r["announce_us"] for r in leaders),
             "announce_share": max(r["announce_share"] for r in leaders),
             "follow_us": statistics.median(r["follow_us"] for r in followers),
-            "delivery_us": statistics.median(r["delivery_us"] for r in followers)}
+            "delivery_us": statistics.median(r["delivery_us"] for r in followers),
+            "input_lag_us": statistics.median(r["input_lag_us"] for r in followers
+                                              if r["input_lag_us"] is not None)}
 
 
 def overlap(run_dir: str) -> dict:
@@ -132,11 +135,12 @@ def main() -> None:
               f"{max(r['peak_fixed'] for r in rows)} / {max(r['peak_ready'] for r in rows)}"
               f"{'' if equal else ' (ready held more)'} |")
     print("\n| run (ready job) | announce per decision (us) | announce share of step | follow latency (us) | "
-          "decision delivery (us) |")
-    print("|---|---|---|---|---|")
+          "decision delivery (us) | input lag behind the leader's (us) |")
+    print("|---|---|---|---|---|---|")
     for (run,), rows in _groups(results["tp"], ("run",)):
         print(f"| {run} | {_median(rows, 'announce_us', 1, '.0f')} | {_median(rows, 'announce_share', 100, '.2f')}% | "
-              f"{_median(rows, 'follow_us', 1, '.0f')} | {_median(rows, 'delivery_us', 1, '.0f')} |")
+              f"{_median(rows, 'follow_us', 1, '.0f')} | {_median(rows, 'delivery_us', 1, '.0f')} | "
+              f"{_median(rows, 'input_lag_us', 1, '.0f')} |")
     print("\n| run (ready job) | all-reduce per rank-step (ms) | exposed (ms) | hidden | step (ms) |")
     print("|---|---|---|---|---|")
     for (run,), rows in _groups(results["dp"], ("run",)):

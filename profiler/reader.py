@@ -43,7 +43,9 @@ Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
     is a pipeline-only job as far as every analysis can tell (bubbles,
     critical path, sensitivity). ``members`` and ``member_decisions`` hold
     the tasks and decisions of *every* rank, with ``pipe_rank``, ``tp_rank``
-    and ``dp_rank`` columns (empty for a pipeline-only trace).
+    and ``dp_rank`` columns, ``member_transfers`` every rank's messages and
+    ``member_meta`` every rank's metadata (all empty for a pipeline-only
+    trace).
 
 Any input that is not a readable rrfp trace raises :class:`TraceError` (a
 one-line ``UserError``): never a raw protobuf or index error.
@@ -124,6 +126,8 @@ class TraceFrames:
     # [Note: traces of TP and DP runs]: every rank's tasks and decisions, with its grid coordinates
     members: pl.DataFrame = field(default_factory=lambda: _empty({**GRID_SCHEMA, **TASK_SCHEMA}))
     member_decisions: pl.DataFrame = field(default_factory=lambda: _empty({**GRID_SCHEMA, **DECISION_SCHEMA}))
+    member_transfers: pl.DataFrame = field(default_factory=lambda: _empty(TRANSFER_SCHEMA))
+    member_meta: dict[int, dict[str, Any]] = field(default_factory=dict)  # every rank's metadata
 
     @property
     def ranks(self) -> int:
@@ -480,7 +484,9 @@ def _pipeline_slice(frames: TraceFrames) -> TraceFrames:
     frames.tasks, frames.decisions = frames.tasks.filter(keep), frames.decisions.filter(keep)
     frames.counters, frames.iterations = frames.counters.filter(keep), frames.iterations.filter(keep)
     frames.steps = frames.steps.filter(keep)
+    frames.member_transfers = frames.transfers
     frames.transfers = frames.transfers.filter(pl.col("src").is_in(primary) & pl.col("dst").is_in(primary))
+    frames.member_meta = frames.meta
     frames.meta = {rank: meta for rank, meta in frames.meta.items() if rank in primary}
     return frames
 

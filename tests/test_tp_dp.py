@@ -97,6 +97,8 @@ def test_tp_groups_run_one_order_from_the_traces(tp_run):
         per_decision, per_rank = follow_latency(frames)
         assert per_rank["rank"].to_list() == [0, 2, 1, 3] and per_decision.height == followers.height
         assert (per_decision["follow_ns"] >= per_decision["delivery_ns"]).all()
+        lags = per_rank.filter(pl_col("tp_rank") == 1)["input_lag_us"]
+        assert lags.null_count() == 0 and lags.abs().max() < 5e6  # every follower's inputs paired with its leader's
 
 
 def test_trace_follow_shows_the_latency_per_decision(tp_run):
