@@ -83,6 +83,11 @@ def overlap(run_dir: str) -> dict:
             "step_ms": 1e3 * statistics.median(metrics["wall_seconds"].to_list())}
 
 
+# The emulated --compare runs: name, shape flags, which table, what to read from the ready job.
+GRIDS = (("emulated-pp4-tp2", ["--stages", "4", "--tp", "2", "--microbatches", "16"], "tp", follow),
+         ("emulated-pp2-dp2", ["--stages", "2", "--dp", "2", "--microbatches", "8"], "dp", overlap))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=10)
@@ -98,20 +103,11 @@ def main() -> None:
     for repeat in range(args.repeats):
         out = args.out / f"r{repeat}"
         for budget in args.budgets.split(","):
-            for hint in ("1f1b", "zb"):
-                if not runs("emulated-pp4-tp2"):
-                    break
-                tp = compare(out, f"emulated-pp4-tp2-{hint}", [*EMULATED, "--stages", "4", "--tp", "2",
-                                                               "--microbatches", "16"], hint, budget, args.iters)
-                results["compare"].append(tp)
-                results["tp"].append({"run": f"{tp['run']}@{budget}", **follow(tp["ready_dir"])})
-            for hint in ("1f1b", "zb"):
-                if not runs("emulated-pp2-dp2"):
-                    break
-                dp = compare(out, f"emulated-pp2-dp2-{hint}", [*EMULATED, "--stages", "2", "--dp", "2",
-                                                               "--microbatches", "8"], hint, budget, args.iters)
-                results["compare"].append(dp)
-                results["dp"].append({"run": f"{dp['run']}@{budget}", **overlap(dp["ready_dir"])})
+            for name, shape, kind, measure in GRIDS:
+                for hint in ("1f1b", "zb") if runs(name) else ():
+                    row = compare(out, f"{name}-{hint}", [*EMULATED, *shape], hint, budget, args.iters)
+                    results["compare"].append(row)
+                    results[kind].append({"run": f"{row['run']}@{budget}", **measure(row["ready_dir"])})
         gpt = ["--workload", "gpt", "--stages", "2", "--microbatches", "8", "--iters", str(args.iters)]
         if runs("gpt-pp2-tp2"):
             tp = rrfp("run", *gpt, "--tp", "2", "--out", str(out / "gpt-pp2-tp2"))["jobs"][0]

@@ -316,8 +316,8 @@ def sharded_layouts(module: nn.Module) -> dict[str, tuple[int, int]]:
     """``{parameter name: (dim, pieces)}`` for the sharded parameters of a stage (see :func:`unshard`)."""
     out = {}
     for prefix, child in module.named_modules():
-        for name, layout in getattr(child, "layout", {}).items():
-            if isinstance(child, (ParallelBlock, ParallelEmulatedStage)):
+        if isinstance(child, (ParallelBlock, ParallelEmulatedStage)):
+            for name, layout in child.layout.items():
                 out[f"{prefix}.{name}" if prefix else name] = layout
     return out
 
