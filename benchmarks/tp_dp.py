@@ -122,7 +122,8 @@ def main() -> None:
         print(json.dumps(results, indent=1))
         return
     print(f"medians over {args.repeats} repeats (each repeat's value in brackets)\n")
-    print("| run | hint | budget | fixed step (ms) | ready step (ms) | ready over fixed | peak in flight fixed / ready |")
+    print("| run | hint | budget | fixed step (ms) | ready step (ms) | ready over fixed | "
+          "peak in flight fixed / ready |")
     print("|---|---|---|---|---|---|---|")
     for key, rows in _groups(results["compare"], ("run", "hint", "budget")):
         equal = all(r["equal_memory"] for r in rows)

@@ -88,7 +88,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hints.tasks import Task
-from runtime.arbiter import RULES, Arbiter, Decision
+from runtime.arbiter import RULES, Arbiter
 
 
 # -- coordination -----------------------------------------------------------------------------------------------------

@@ -108,7 +108,8 @@ def test_trace_follow_shows_the_latency_per_decision(tp_run):
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert {r["rank"] for r in data["ranks"]} == {0, 1, 2, 3}
-    assert data["total"] == 2 * 2 * 12 and all(d["follow_ns"] > 0 for d in data["decisions"])  # 2 followers x 2 iterations x (F, I, W) x 4
+    # 2 followers x 2 iterations x (F, I, W) x 4 microbatches
+    assert data["total"] == 2 * 2 * 12 and all(d["follow_ns"] > 0 for d in data["decisions"])
     human = run_rrfp(path, "trace", "follow", str(run))
     assert human.returncode == 0 and "followed decisions" in human.stdout
 
