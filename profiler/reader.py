@@ -24,7 +24,10 @@ Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
   of the microbatch: samples x sequence length; null in traces older than it), images (multimodal),
   wait_ns
 * ``decisions``: rank, iteration, waited_from_ns, time_ns, chosen, hint_rank,
-  skipped, ready, held_back, in_flight, deferred
+  skipped, ready, held_back, in_flight, deferred, and in a TP group (else null)
+  index (the decision's place in the group's sequence), leader_ns (followers:
+  when the leader decided), decision_arrived_ns (followers: when the DECISION
+  arrived), announce_ns (leaders: time spent posting it)
 * ``transfers``: src, dst, sequence, iteration, producer, bytes, queued_ns,
   send_start_ns, send_end_ns, recv_start_ns, recv_end_ns (one row per message;
   a side missing from the trace is null)
@@ -32,6 +35,17 @@ Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 * ``iterations``: rank, iteration, start_ns, end_ns, hint
 * ``steps``: rank, iteration, start_ns, barrier_ns, end_ns (the optimizer step, then the barrier that ends
   the iteration; empty in traces older than it)
+
+[Note: traces of TP and DP runs]
+    Every rank writes its trace, but the frames above hold one *slice* of
+    the grid (:mod:`runtime.grid`): the TP leaders of DP replica 0, global
+    ranks ``0..stages-1``, whose rank is also the pipeline rank. That slice
+    is a pipeline-only job as far as every analysis can tell (bubbles,
+    critical path, sensitivity). ``members`` and ``member_decisions`` hold
+    the tasks and decisions of *every* rank, with ``pipe_rank``, ``tp_rank``
+    and ``dp_rank`` columns, ``member_transfers`` every rank's messages and
+    ``member_meta`` every rank's metadata (all empty for a pipeline-only
+    trace).
 
 Any input that is not a readable rrfp trace raises :class:`TraceError` (a
 one-line ``UserError``): never a raw protobuf or index error.
@@ -80,7 +94,8 @@ TASK_SCHEMA = {"rank": I64, "iteration": I64, "task": STR, "stage": I64, "kind":
                "wait_ns": I64}
 DECISION_SCHEMA = {"rank": I64, "iteration": I64, "waited_from_ns": I64, "time_ns": I64, "chosen": STR,
                    "hint_rank": I64, "skipped": STR, "ready": STR, "held_back": STR, "deferred": STR,
-                   "in_flight": I64}
+                   "in_flight": I64, "index": I64, "leader_ns": I64, "decision_arrived_ns": I64, "announce_ns": I64}
+GRID_SCHEMA = {"rank": I64, "pipe_rank": I64, "tp_rank": I64, "dp_rank": I64}
 ITERATION_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "end_ns": I64, "hint": STR}
 STEP_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "barrier_ns": I64, "end_ns": I64}
 COUNTER_SCHEMA = {"rank": I64, "counter": STR, "time_ns": I64, "value": pl.Float64}
@@ -109,6 +124,11 @@ class TraceFrames:
     steps: pl.DataFrame = field(default_factory=lambda: _empty(STEP_SCHEMA))
     warnings: list[str] = field(default_factory=list)
     packets: int = 0
+    # [Note: traces of TP and DP runs]: every rank's tasks and decisions, with its grid coordinates
+    members: pl.DataFrame = field(default_factory=lambda: _empty({**GRID_SCHEMA, **TASK_SCHEMA}))
+    member_decisions: pl.DataFrame = field(default_factory=lambda: _empty({**GRID_SCHEMA, **DECISION_SCHEMA}))
+    member_transfers: pl.DataFrame = field(default_factory=lambda: _empty(TRANSFER_SCHEMA))
+    member_meta: dict[int, dict[str, Any]] = field(default_factory=dict)  # every rank's metadata
 
     @property
     def ranks(self) -> int:
@@ -358,7 +378,8 @@ class _Reader:
             self.rows["decisions"].append((
                 track[0], v["iteration"], start, end, self._name(event, sequence), v["hint_rank"],
                 _text(v.get("skipped")), _text(v.get("ready", "")) or "", _text(v.get("held_back")),
-                _text(v.get("deferred")), v["in_flight"]))
+                _text(v.get("deferred")), v["in_flight"], _whole(v.get("index")), _whole(v.get("leader_ns")),
+                _whole(v.get("decision_arrived_ns")), _whole(v.get("announce_ns"))))
 
     def _iteration(self, track, begun, end) -> None:
         start, event, sequence = begun
@@ -404,7 +425,7 @@ class _Reader:
             self.warnings.append(f"{self.malformed} events with missing or mistyped fields (dropped)")
         tasks = _frame(self.rows["compute"], TASK_SCHEMA)
         tasks = tasks.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
-        return TraceFrames(
+        frames = TraceFrames(
             path=self.name,
             tasks=tasks.sort("rank", "start_ns"),
             decisions=_frame(self.rows["decisions"], DECISION_SCHEMA).sort("rank", "time_ns"),
@@ -416,6 +437,7 @@ class _Reader:
             warnings=self.warnings,
             packets=self.packets,
         )
+        return _pipeline_slice(frames)
 
     def _check_found(self) -> None:
         if not self.packets and self.corrupt:
@@ -451,3 +473,25 @@ class _Reader:
                          _whole(send[2].get("queued_ns")) if send else None,
                          send[4] if send else None, send[5] if send else None, *received))
         return _frame(rows, TRANSFER_SCHEMA).sort("src", "dst", "sequence")
+
+
+def _pipeline_slice(frames: TraceFrames) -> TraceFrames:
+    """[Note: traces of TP and DP runs]: the leaders of replica 0 in the frames, every rank in ``members``."""
+    grid = {rank: (meta.get("pipe_rank", rank), meta.get("tp_rank", 0), meta.get("dp_rank", 0))
+            for rank, meta in frames.meta.items()}
+    if all(tp == 0 and dp == 0 for _, tp, dp in grid.values()):
+        return frames
+    coordinates = _frame([(rank, *where) for rank, where in grid.items()], GRID_SCHEMA)
+    primary = [rank for rank, (_, tp, dp) in grid.items() if tp == 0 and dp == 0]
+    keep = pl.col("rank").is_in(primary)
+    frames.members = coordinates.join(frames.tasks, on="rank").sort("rank", "start_ns")
+    frames.member_decisions = coordinates.join(frames.decisions, on="rank").sort("rank", "time_ns")
+    frames.tasks, frames.decisions = frames.tasks.filter(keep), frames.decisions.filter(keep)
+    frames.counters, frames.iterations = frames.counters.filter(keep), frames.iterations.filter(keep)
+    frames.steps = frames.steps.filter(keep)
+    frames.member_transfers = frames.transfers
+    frames.transfers = frames.transfers.filter(pl.col("src").is_in(primary) & pl.col("dst").is_in(primary))
+    frames.member_meta = frames.meta
+    frames.meta = {rank: meta for rank, meta in frames.meta.items() if rank in primary}
+    return frames
+

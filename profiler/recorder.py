@@ -241,6 +241,10 @@ class _PacketWriter:
             "clock_offset_ns": setup.clock_offset_ns, "clock_error_ns": setup.clock_error_ns,
             "timing": "cuda-events" if self.cuda else "host", "device": str(setup.device),
         }
+        grid = getattr(setup, "grid", None)
+        if grid is not None and grid.world > grid.pp:  # TP / DP: where this rank sits (runtime.grid)
+            meta.update({"tp": grid.tp, "dp": grid.dp, "pipe_rank": grid.pipe_rank, "tp_rank": grid.tp_rank,
+                         "dp_rank": grid.dp_rank})
         packet = self._packet(now)
         event = packet.track_event
         event.type = event.TYPE_INSTANT
@@ -357,6 +361,10 @@ class _PacketWriter:
                   "ready": " ".join(f"{t}@{h}" for t, h in d.ready),
                   "held_back": " ".join(map(str, d.held_back)) or None, "in_flight": d.in_flight,
                   "deferred": str(d.deferred) if d.deferred is not None else None}
+        if d.index is not None:  # a TP group's decision ([Note: TP coordination] in runtime.tp)
+            values.update({"index": d.index, "announce_ns": d.announce_ns, "leader_ns": d.leader_ns,
+                           "decision_arrived_ns": None if d.decision_arrived_ns is None
+                           else d.decision_arrived_ns + offset})
         self._begin(track, waited_from + offset, str(d.chosen), values)
         self._end(track, now + offset)
 

@@ -147,7 +147,8 @@ def summary_command(run: RunArg, iterations: Iterations = None, json_mode: JsonF
 
 def _render_summary(console: Console, data: dict) -> None:
     pairs = [(key.replace("_", " "), str(data[key]))
-             for key in ("job", "workload", "shape", "policy", "hint", "memory_budget", "timing")]
+             for key in ("job", "workload", "shape", "grid", "policy", "hint", "memory_budget", "timing")
+             if data.get(key) is not None or key != "grid"]
     makespan = data["median_makespan_s"]
     pairs += [
         ("iterations", f"{data['iterations']} ({_ranges(data['iteration_numbers'])})"),
@@ -316,6 +317,43 @@ def decisions_command(
         return {"total": total, "decisions": frame.to_dicts()}, lambda console: _table(
             console, shown, f"{len(frame)} of {total} decisions (waited: ms since the rank began to wait; first "
             f"ready: up to 4 of the ready set, @ hint rank)", keys=("rank", "iteration"))
+
+    _answer(run, Output(json_mode), answer, iteration, iterations)
+
+
+@app.command("follow")
+def follow_command(
+    run: RunArg,
+    iteration: Iteration = None,
+    iterations: Iterations = None,
+    limit: Annotated[int, typer.Option("--limit", min=1, help="At most N per-decision rows.")] = 20,
+    json_mode: JsonFlag = False,
+) -> None:
+    """TP coordination: what each leader spent announcing, how long after it each follower followed."""
+    import polars as pl
+
+    from hints.errors import UserError
+    from profiler.analysis import follow_latency
+
+    def answer(frames):
+        per_decision, per_rank = follow_latency(frames)
+        if not per_rank.height:
+            raise UserError("has no TP group decisions (run with --tp 2 or more)", str(run))
+        total = per_decision.height
+        shown = per_decision.head(limit)
+        data = {"ranks": per_rank.to_dicts(), "total": total, "decisions": shown.to_dicts()}
+
+        def render(console: Console) -> None:
+            _table(console, per_rank.drop("dp_rank") if per_rank["dp_rank"].max() == 0 else per_rank,
+                   "TP coordination per rank (us; announce share: of the median iteration makespan)",
+                   formats={"announce_share": ".2%"})
+            table = shown.select("rank", "iteration", "index", "chosen",
+                                 *[(pl.col(f"{c}_ns") / 1e3).alias(f"{c}_us")
+                                   for c in ("follow", "delivery", "after_arrival")])
+            _table(console, table, f"{len(shown)} of {total} followed decisions (us after the leader decided: "
+                   f"started, decision arrived; after arrival: until started)", keys=("rank", "iteration"))
+
+        return data, render
 
     _answer(run, Output(json_mode), answer, iteration, iterations)
 

@@ -232,6 +232,13 @@ class Decision(NamedTuple):
     held_back: tuple[Task, ...]  # input-ready admissions the memory budget held back
     in_flight: int  # microbatch-chunks in flight once the chosen task started
     deferred: Task | None = None  # a better-ranked ready task the lookahead passed over ([Note: lookahead admission])
+    # TP groups ([Note: TP coordination] in runtime.tp): the decision's index in the group's sequence; on a
+    # follower the leader's clock at the decision (ns, rank 0's clock) and when it arrived (this rank's clock);
+    # on the leader the time spent posting it to the followers (ns).
+    index: int | None = None
+    leader_ns: int | None = None
+    decision_arrived_ns: int | None = None
+    announce_ns: int | None = None
 
 
 Estimates = Sequence[float | None]  # task id -> expected seconds (None: not known yet); see LookaheadArbiter

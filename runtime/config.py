@@ -25,6 +25,7 @@ EMULATE_MODELS = ("uniform", "language", "multimodal")
 POLICIES = tuple(policy.value for policy in Policy)  # from the arbiter's rule table
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
+EMULATED_WIDTH = 32  # the emulated workload's layer (runtime.workloads), which --tp splits
 
 
 @dataclass(frozen=True)
@@ -120,11 +121,9 @@ class RunConfig:
         _check_number("straggler_prob", self.straggler_prob, 0.0)
         if self.straggler_prob > 1:
             raise UserError(f"must be between 0 and 1, got {self.straggler_prob}", "--straggler-prob")
-        if self.tp != 1 or self.dp != 1:
-            which = "--tp" if self.tp != 1 else "--dp"
-            raise UserError("tensor and data parallelism are not supported yet; use 1", which)
         if self.hidden % self.heads:
             raise UserError(f"--hidden {self.hidden} must be a multiple of --heads {self.heads}", "--hidden")
+        self._check_tp()
         if self.workload == "multimodal" and self.stages * (self.chunks or 1) < 2:
             raise UserError("the multimodal model needs at least 2 model stages (vision, language)", "--stages")
         if not isinstance(self.delay, dict):
@@ -149,6 +148,30 @@ class RunConfig:
         if self.nproc is not None and self.nproc != self.world_size:
             raise UserError(f"{self.nproc} processes cannot run {self.stages} stages x tp {self.tp} x dp {self.dp} "
                             f"= {self.world_size} ranks", "--nproc")
+
+    def _check_tp(self) -> None:
+        """``--tp`` must split what is sharded (:mod:`runtime.tp`): attention heads, or the emulated layer.
+
+        Two combinations are refused rather than half-supported: a user's model (``package.module:factory``,
+        whose layers rrfp does not know how to shard or split into replicas' data) and checkpoints (their
+        keys are per model stage: TP shards would overwrite one another; DP replicas are untested).
+        """
+        if self.tp == 1 and self.dp == 1:
+            return
+        which = "--tp" if self.tp != 1 else "--dp"
+        if is_factory_path(self.workload):
+            raise UserError("a model of your own (package.module:factory) runs pipeline-parallel only for now; "
+                            "use --tp 1 --dp 1", which)
+        if self.checkpoint_every:
+            raise UserError("checkpoints are written for pipeline-parallel jobs only for now; use --tp 1 --dp 1 "
+                            "or leave out --checkpoint-every", which)
+        if self.tp == 1:
+            return
+        if self.workload == "emulated":
+            if EMULATED_WIDTH % self.tp:
+                raise UserError(f"{self.tp} does not divide the emulated layer's {EMULATED_WIDTH} features", "--tp")
+        elif self.heads % self.tp:
+            raise UserError(f"{self.tp} does not divide the model's {self.heads} attention heads (--heads)", "--tp")
 
     def rule(self) -> ArbiterRule:
         """The arbiter rule ``policy`` and ``lookahead`` select (raises for lookahead under ``fixed``)."""

@@ -11,6 +11,10 @@ Loop (one iteration)::
 
 With the lookahead rule an :class:`runtime.forecast.ArrivalForecast` sends and
 reads the notices that predict arrivals, and keeps the duration estimates.
+On a TP follower the arbiter is a :class:`runtime.tp.FollowerArbiter` and the
+leader's DECISION messages are arrivals too ([Note: TP coordination]); ranks
+and destinations here are pipeline ranks (the worker hands the executor a
+:class:`runtime.grid.SliceTransport`).
 
 Handlers (``F``, ``B``, ``I``, ``W``) are small and typed; none of them knows
 about time, tracing or the transport. Conventions:
@@ -46,7 +50,7 @@ from runtime.arbiter import Arbiter
 from runtime.deps import TaskGraph
 from runtime.forecast import ArrivalForecast
 from runtime.recording import NullRecorder, Recorder, TaskSpan
-from runtime.transport import Arrival, Notice, Transport
+from runtime.transport import Arrival, Decided, Notice, Transport
 from runtime.workloads import Workload
 
 IDLE_POLL_SECONDS = 0.5  # how long the dispatcher sleeps on the inbox before re-checking faults
@@ -190,6 +194,13 @@ class StageExecutor:
             if isinstance(arrival, Notice):
                 if self.forecast is not None and arrival.iteration == iteration:
                     self.forecast.notice(arrival, time.monotonic_ns() * 1e-9)
+                continue
+            if isinstance(arrival, Decided):  # a TP follower: the leader's next decision ([Note: TP coordination])
+                if arrival.iteration != iteration:
+                    raise RuntimeError(f"rank {self.rank}: decision {arrival.index} of iteration {arrival.iteration} "
+                                       f"arrived during iteration {iteration}")
+                self.arbiter.follow(arrival.index, arrival.task, arrival.decided_ns, arrival.arrived_ns)
+                self.progress()
                 continue
             if arrival.iteration != iteration:
                 raise RuntimeError(f"rank {self.rank}: message {arrival.producer} of iteration {arrival.iteration} "

@@ -47,6 +47,7 @@ class RecorderSetup:
     clock_offset_ns: int  # add to this rank's monotonic clock to get rank 0's
     clock_error_ns: int  # bound on that offset's error (half the best round trip)
     budget: int | None  # this rank's memory budget (ready policy)
+    grid: Any = None  # runtime.grid.ProcessGrid: the rank's pipeline, TP and DP coordinates (None: pipeline only)
 
 
 class Recorder(Protocol):

@@ -39,7 +39,7 @@ shape). Frames are built and read on the host with ``struct`` and
     copied on the device to build a frame.
 
 ``type`` is HELLO (sent once per link at start, so every link is set up and
-exercised before training), DATA, NOTICE or CLOSE (end of run). ``kind`` is
+exercised before training), DATA, NOTICE, DECISION or CLOSE (end of run). ``kind`` is
 the Unicode code point of the producing task's letter (``ord("F")``), so the
 header names the producing task ``<stage><kind><microbatch>`` directly.
 
@@ -51,6 +51,14 @@ until the output leaves it (its duration estimate for a task it just started:
 for the next task: ``firm`` = 0). Times are relative, so no clock needs to be
 shared. Notices travel in the link's one FIFO, so a notice always arrives
 before the data it announces.
+
+A DECISION carries no tensors either: a TP group's leader tells a follower
+which task to run next, on the leader's decision link to it ([Note: TP
+coordination] in :mod:`runtime.tp`). The producer fields name the task, and
+the two words a NOTICE uses for ``remaining_ns`` and ``firm`` hold the
+decision's index in the iteration and the leader's clock at the decision
+(ns, rank 0's clock domain), from which the follower's trace gets the follow
+latency.
 
 [Note: sending without a hand-off]
     gloo's ``isend`` is asynchronous (gloo writes in place when the peer has
@@ -135,7 +143,7 @@ HEADER_BYTES = HEADER_WORDS * 8
 INLINE_BYTES = 32 * 1024
 FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
 MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
-HELLO, DATA, CLOSE, NOTICE = 1, 2, 3, 4
+HELLO, DATA, CLOSE, NOTICE, DECISION = 1, 2, 3, 4, 5
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
           torch.uint8)
 _DTYPE_CODE = {dtype: code for code, dtype in enumerate(DTYPES)}
@@ -180,6 +188,17 @@ class Notice(NamedTuple):
     remaining: float  # seconds, from when the notice was sent
     firm: bool  # the producer has started (else: a relayed prediction)
     arrived_ns: int  # host monotonic clock
+
+
+class Decided(NamedTuple):
+    """A DECISION from the TP group's leader ``src``: run ``task`` as the ``index``-th task of ``iteration``."""
+
+    src: int
+    iteration: int
+    index: int
+    task: Task
+    decided_ns: int  # the leader's clock at the decision, in rank 0's clock domain
+    arrived_ns: int  # host monotonic clock (this rank's)
 
 
 class Sent(NamedTuple):
@@ -283,8 +302,9 @@ class FrameHeader(NamedTuple):
     producer: Task | None
     specs: list[tuple[torch.dtype, tuple[int, ...]]]
     inline: bool
-    remaining_ns: int = 0  # NOTICE only
+    remaining_ns: int = 0  # NOTICE only (DECISION: the decision's index)
     firm: bool = False  # NOTICE only
+    decided_ns: int = 0  # DECISION only: the leader's clock at the decision (the word NOTICE uses for firm)
 
 
 def decode_frame(frame: torch.Tensor) -> FrameHeader:
@@ -298,12 +318,13 @@ def decode_frame(frame: torch.Tensor) -> FrameHeader:
         _FIXED.unpack_from(header)
     if magic != MAGIC:
         raise TransportError(f"bad message header (magic {magic:#x})")
-    producer = Task(stage, Kind(chr(kind)), microbatch) if kind_of_message in (DATA, NOTICE) else None
+    producer = Task(stage, Kind(chr(kind)), microbatch) if kind_of_message in (DATA, NOTICE, DECISION) else None
     specs = []
     for i in range(count):
         dtype, ndim, *dims = _SPEC.unpack_from(header, _FIXED.size + i * _SPEC.size)
         specs.append((DTYPES[dtype], tuple(dims[:ndim])))
-    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, bool(inline), remaining, bool(firm))
+    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, bool(inline), remaining, bool(firm),
+                       firm)
 
 
 def inline_tensors(frame: torch.Tensor, specs) -> list[torch.Tensor]:
@@ -560,6 +581,9 @@ class _Receiver:
             elif header.kind_of_message == NOTICE:
                 self.inbox.put(Notice(link.src, header.iteration, header.producer, header.remaining_ns * 1e-9,
                                       header.firm, frame_ns))
+            elif header.kind_of_message == DECISION:
+                self.inbox.put(Decided(link.src, header.iteration, header.remaining_ns, header.producer,
+                                       header.decided_ns, frame_ns))
             else:
                 tensors = inline_tensors(frame, header.specs) if header.inline else self._follow(header.specs)
                 self.inbox.put(Arrival(link.src, header.sequence, header.iteration, header.producer,
@@ -665,6 +689,11 @@ class Transport:
     def notify(self, dst: int, iteration: int, producer: Task, remaining: float, firm: bool) -> None:
         """Post a NOTICE for rank ``dst``: ``producer``'s output should leave here in ``remaining`` seconds."""
         self._senders[dst].post(_Message(NOTICE, iteration, producer, notice=(max(0, int(remaining * 1e9)), firm),
+                                         queued_ns=time.monotonic_ns()))
+
+    def decide(self, dst: int, iteration: int, index: int, task: Task, decided_ns: int) -> None:
+        """Post a DECISION for follower ``dst``: its ``index``-th task of ``iteration`` is ``task``."""
+        self._senders[dst].post(_Message(DECISION, iteration, task, notice=(index, decided_ns),
                                          queued_ns=time.monotonic_ns()))
 
     def wait_sent(self, timeout: float) -> None:

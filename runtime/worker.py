@@ -82,6 +82,8 @@ class RankContext:
     current: dict = field(default_factory=dict)  # job, iteration, task being run
     executor: Any = None
     status: "StatusBoard | None" = None  # where this rank is, for the launcher if the rank is killed
+    grid: Any = None  # runtime.grid.ProcessGrid: this rank's pipeline, TP and DP coordinates
+    groups: Any = None  # runtime.grid.GridGroups: its TP and DP process groups
 
 
 def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
@@ -112,15 +114,18 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         group_timeout = timedelta(seconds=max(60.0, 2 * options.timeout))
         dist.init_process_group(backend, timeout=group_timeout, **_attempt_store(rank, world, group_timeout),
                                 **({"device_id": ctx.device} if backend == "nccl" else {}))
-        from runtime.transport import Transport, measure_clock_offset, pipeline_links
+        from runtime.grid import ProcessGrid, make_groups
+        from runtime.transport import Transport, measure_clock_offset
 
         if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
             ctx.control_group = dist.new_group(backend="gloo")
         measured = measure_clock_offset(rank, world, group=ctx.control_group)
         ctx.clock_offset_ns, ctx.clock_error_ns = _clock_domain(measured, ctx.control_group)
-        links = pipeline_links([pair for job in jobs for pair in _job_graph(job.config).links()])
+        ctx.grid = ProcessGrid.of(config, rank)
+        links = ctx.grid.links([pair for job in jobs for pair in _job_graph(job.config).links()])
         _log_links(ctx, backend, links)
         ctx.transport = Transport(rank, links, ctx.device, options.timeout, latency=None)
+        ctx.groups = make_groups(ctx.grid, timedelta(seconds=max(60.0, 2 * options.timeout)))
         ctx.transport.start(timeout=options.timeout)
         dist.barrier()
         watchdog.start()
@@ -229,7 +234,8 @@ def _log_links(ctx: RankContext, backend: str, links) -> None:
     """One line per rank in ``logs/run.log``: its device and what each of its links runs over."""
     peers = sorted({peer for pair in links for peer in pair if ctx.rank in pair and peer != ctx.rank})
     control = "gloo" if ctx.control_group is not None else backend
-    line = (f"rank {ctx.rank} (local {ctx.local_rank}): device {ctx.device}; pipeline links to "
+    where = f" ({ctx.grid.describe()})" if ctx.grid.world > ctx.grid.pp else ""
+    line = (f"rank {ctx.rank}{where} (local {ctx.local_rank}): device {ctx.device}; links to "
             f"{', '.join(f'rank {p}' for p in peers) or 'no rank'} over {backend}; control collectives over "
             f"{control}\n")
     logs = ctx.out_root / "logs"
@@ -256,16 +262,20 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     from runtime.arbiter import MemoryBudget, make_arbiter
     from runtime.deps import TaskGraph
     from runtime.executor import StageExecutor
+    from runtime.grid import SliceTransport
     from runtime.plan import HintPlan, run_shape
     from runtime.recording import ListRecorder, NullRecorder, RecorderSetup, load_recorder_class
+    from runtime.tp import member_arbiter
     from runtime.workloads import make_optimizer, make_workload
 
     config = job.config
+    grid = ctx.grid
+    pipe = grid.pipe_rank  # the pipeline's rank: hint orders, budgets, arbiters and the executor use it
     out_dir = Path(job.out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     # The launcher validated the job (hint, budget, completion) before any rank started.
-    workload = make_workload(config, run_shape(config), ctx.device)
-    workload.prepare(run_shape(config).stages_of_rank(ctx.rank))
+    workload = make_workload(config, run_shape(config), ctx.device, replica=grid.dp_rank)
+    workload.prepare(run_shape(config).stages_of_rank(pipe))
     if ctx.rank == 0:
         _write_job_inputs(out_dir, config, workload)
     plan = HintPlan(config, workload)
@@ -273,25 +283,26 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     graph = TaskGraph.build(shape)
     rule = config.rule()
     budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if rule.uses_budget else None
-    modules = {stage: workload.build_stage(stage).to(ctx.device) for stage in shape.stages_of_rank(ctx.rank)}
+    modules = _stage_modules(ctx, workload, shape.stages_of_rank(pipe))
     params = [p for m in modules.values() for p in m.parameters()]
     optimizer = make_optimizer(params, config)
     noise = _Injector(config, ctx.rank, workload)
-    _seed_rank(config, ctx.rank)
+    _seed_rank(config, pipe)  # the pipeline rank: a TP group draws alike (pipe == rank without --tp/--dp)
     checkpointer, start = _restore(ctx, job, workload, modules, optimizer, noise)
     if job.recorder:
         setup = RecorderSetup(ctx.rank, ctx.world, str(out_dir), job.name, config, ctx.device, ctx.clock_offset_ns,
-                              ctx.clock_error_ns, budgets[ctx.rank] if budgets else None)
+                              ctx.clock_error_ns, budgets[pipe] if budgets else None, grid)
         recorder = load_recorder_class(job.recorder)(setup)
     else:  # tests (collect_grads) check budgets from every decision; a plain run keeps nothing
         recorder = ListRecorder() if job.collect_grads else NullRecorder()
     ctx.transport.latency = noise.latency
     executor = StageExecutor(
-        ctx.rank, graph, workload, modules, ctx.transport, ctx.device, recorder=_Tracking(recorder, ctx),
-        delay=noise.extra, fail_at=config.fault("fail_at"), hang_at=config.fault("hang_at"),
-        progress=watchdog.progress, lookahead=rule.lookahead,
+        pipe, graph, workload, modules, SliceTransport(ctx.transport, grid), ctx.device,
+        recorder=_Tracking(recorder, ctx), delay=noise.extra, fail_at=config.fault("fail_at"),
+        hang_at=config.fault("hang_at"), progress=watchdog.progress, lookahead=rule.lookahead and grid.is_leader,
     )
     ctx.executor = executor
+    reducer = _gradient_reducer(ctx, modules, shape, executor)
     bar = _ProgressBar(job, config) if ctx.rank == 0 and options.show_progress else None
     rows, losses, first = [], [], {}
     metrics = MetricsLog(out_dir, resume_at=start) if ctx.rank == 0 else None
@@ -301,23 +312,35 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
             ctx.status.iteration(job.name, iteration)
             watchdog.arm()  # per iteration: set-up (model, workload) may take long on a loaded machine
             hint = plan.for_iteration(iteration)
-            arbiter = make_arbiter(rule, graph, ctx.rank, hint.orders[ctx.rank],
-                                   budgets[ctx.rank] if budgets else None, record=True,
-                                   estimates=executor.forecast.estimates if executor.forecast else None)
+            arbiter = member_arbiter(
+                grid, lambda: make_arbiter(rule, graph, pipe, hint.orders[pipe], budgets[pipe] if budgets else None,
+                                           record=True,
+                                           estimates=executor.forecast.estimates if executor.forecast else None),
+                graph, hint.orders[pipe], ctx.transport, iteration, ctx.clock_offset_ns)
             began = time.perf_counter()
+            if reducer:
+                reducer.begin_iteration()
             result = executor.run_iteration(iteration, arbiter)
+            reduced = reducer.finish() if reducer else None
+            if not grid.is_leader:  # the group's loss and units are counted once, by its leader
+                result.loss, result.units = None, 0
             if iteration == 0:
                 first = {"executed": [str(t) for t in result.executed], "peak_in_flight": result.peak_in_flight,
-                         "budget": budgets[ctx.rank] if budgets else None}
+                         "budget": budgets[pipe] if budgets else None, "grid": grid}
                 if job.collect_grads:
                     first["grads"] = {f"{stage}.{name}": p.grad.detach().cpu().clone()
                                       for stage, m in modules.items() for name, p in m.named_parameters()
                                       if p.grad is not None}
+                    first["sharded"] = _sharded_layouts(modules)
             step_began = time.monotonic_ns()
             stepped = _step_allowed(ctx, config, result, iteration)
             if stepped:
                 optimizer.step()
             optimizer.zero_grad(set_to_none=True)
+            if job.collect_grads:  # tests: replicas must hold identical parameters after every step
+                first.setdefault("params", []).append(
+                    {f"{stage}.{name}": p.detach().cpu().clone() for stage, m in modules.items()
+                     for name, p in m.named_parameters()})
             watchdog.progress()
             if ctx.device.type == "cuda" and config.traces(iteration):
                 import torch
@@ -325,11 +348,11 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
                 torch.cuda.synchronize()  # the step's kernels in its span, not in the barrier's
             barrier_began = time.monotonic_ns()
             # also the barrier between iterations; times on rank 0's clock, so makespans compare across ranks
-            gathered = _gather_summaries(ctx.world, result, ctx.control_group, ctx.clock_offset_ns)
+            gathered = _gather_summaries(ctx.world, result, ctx.control_group, ctx.clock_offset_ns, reduced)
             recorder.optimizer_step(iteration, step_began, barrier_began, time.monotonic_ns())
             watchdog.disarm()
             wall = time.perf_counter() - began
-            row = _metrics_row(iteration, gathered, wall, workload.unit)
+            row = _metrics_row(iteration, gathered, wall, workload.unit, with_reduce=reducer is not None)
             if config.skip_nonfinite:
                 row["skipped_step"] = not stepped
             if checkpointer is not None:  # a collective, after the barrier above; its row follows it
@@ -431,14 +454,43 @@ def _restore(ctx: RankContext, job: Job, workload, modules: dict, optimizer, noi
     return (checkpointer if config.checkpoint_every else None), start
 
 
-def _gather_summaries(world: int, result, group, clock_offset_ns: int = 0) -> list[dict[str, Any]]:
+def _stage_modules(ctx: RankContext, workload, stages) -> dict:
+    """This rank's stage modules: whole, or with ``--tp`` its shard of each ([Note: TP coordination])."""
+    modules = {stage: workload.build_stage(stage) for stage in stages}
+    if ctx.grid.tp > 1:
+        from runtime.tp import TPShard, shard_stage
+
+        shard = TPShard(ctx.grid.tp_rank, ctx.grid.tp, ctx.groups.tp)
+        modules = {stage: shard_stage(module, shard) for stage, module in modules.items()}
+    return {stage: module.to(ctx.device) for stage, module in modules.items()}
+
+
+def _sharded_layouts(modules: dict) -> dict:
+    from runtime.tp import sharded_layouts
+
+    return {f"{stage}.{name}": layout for stage, m in modules.items() for name, layout in sharded_layouts(m).items()}
+
+
+def _gradient_reducer(ctx: RankContext, modules: dict, shape, executor):
+    """With ``--dp``: the reducer that averages this rank's gradients over the replicas (None without)."""
+    if ctx.grid.dp == 1:
+        return None
+    from runtime.dp import GradientReducer
+
+    reducer = GradientReducer(modules, ctx.groups.dp, ctx.grid.dp, shape.microbatches)
+    reducer.install(executor, shape.split_backward)
+    return reducer
+
+
+def _gather_summaries(world: int, result, group, clock_offset_ns: int = 0, reduced=None) -> list[dict[str, Any]]:
     """Every rank's iteration summary (tensor collectives: the object ones need numpy); start and end on
-    rank 0's clock."""
+    rank 0's clock. ``reduced``: this rank's data-parallel reduction (:class:`runtime.dp.ReduceStats`)."""
     import torch
     import torch.distributed as dist
 
     counts = torch.tensor([result.start_ns + clock_offset_ns, result.end_ns + clock_offset_ns, result.busy_ns,
-                           result.units, result.peak_in_flight], dtype=torch.int64)
+                           result.units, result.peak_in_flight, reduced.reduce_ns if reduced else 0,
+                           reduced.exposed_ns if reduced else 0], dtype=torch.int64)
     loss = torch.tensor([float("nan") if result.loss is None else result.loss], dtype=torch.float64)
     all_counts = [torch.empty_like(counts) for _ in range(world)]
     all_losses = [torch.empty_like(loss) for _ in range(world)]
@@ -446,19 +498,26 @@ def _gather_summaries(world: int, result, group, clock_offset_ns: int = 0) -> li
     dist.all_gather(all_losses, loss, group=group)
     summaries = []
     for rank, (c, l) in enumerate(zip(all_counts, all_losses)):
-        start_ns, end_ns, busy_ns, units, peak = c.tolist()
+        start_ns, end_ns, busy_ns, units, peak, reduce_ns, exposed_ns = c.tolist()
         value = l.item()
         summaries.append({"rank": rank, "start_ns": start_ns, "end_ns": end_ns, "busy_ns": busy_ns, "units": units,
-                          "peak_in_flight": peak, "loss": None if value != value else value})
+                          "peak_in_flight": peak, "loss": None if value != value else value,
+                          "reduce_ns": reduce_ns, "exposed_ns": exposed_ns})
     return summaries
 
 
-def _metrics_row(iteration: int, gathered: list[dict], wall: float, unit: str) -> dict[str, Any]:
+def _metrics_row(iteration: int, gathered: list[dict], wall: float, unit: str,
+                 with_reduce: bool = False) -> dict[str, Any]:
+    """One line of ``metrics.jsonl``; per-rank lists are indexed by global rank. The loss is the mean over
+    the data-parallel replicas (one last-stage leader each: the loss of the whole batch)."""
     start = min(g["start_ns"] for g in gathered)
     end = max(g["end_ns"] for g in gathered)
     makespan = max(end - start, 1) * 1e-9
-    loss = next((g["loss"] for g in gathered if g["loss"] is not None), None)
+    losses = [g["loss"] for g in gathered if g["loss"] is not None]
+    loss = sum(losses) / len(losses) if losses else None
     units = sum(g["units"] for g in gathered)
+    reduce = {"dp_reduce_seconds": [g["reduce_ns"] * 1e-9 for g in gathered],
+              "dp_exposed_seconds": [g["exposed_ns"] * 1e-9 for g in gathered]} if with_reduce else {}
     return {
         "iteration": iteration,
         "loss": loss,
@@ -469,6 +528,7 @@ def _metrics_row(iteration: int, gathered: list[dict], wall: float, unit: str) -
         "busy_seconds": [g["busy_ns"] * 1e-9 for g in gathered],
         "idle_fraction": [max(0.0, 1.0 - g["busy_ns"] * 1e-9 / makespan) for g in gathered],
         "peak_in_flight": [g["peak_in_flight"] for g in gathered],
+        **reduce,
     }
 
 
@@ -751,6 +811,10 @@ def _report_stall(ctx: RankContext, seconds: float) -> bool:
         report["ready"] = [str(t) for t in arbiter.ready_tasks()]
         report["waiting_for"] = [f"{task} needs {', '.join(map(str, needs))}"
                                  for task, needs in arbiter.waiting_on()[:8]]
+        pending = getattr(arbiter, "pending", None)  # a TP follower: the leader's decisions it has yet to run
+        if pending is not None:
+            report["following"] = {"decisions_received": arbiter.followed,
+                                   "next": [str(arbiter.graph.tasks[tid]) for _, tid, _, _ in list(pending)[:4]]}
     _failure_path(ctx, "stall").write_text(json.dumps(report, indent=1))
     return "task" in ctx.current
 

@@ -52,7 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from hints.tasks import PipelineShape
-from runtime.config import RunConfig
+from runtime.config import EMULATED_WIDTH, RunConfig
 from runtime.variability import (
     Durations,
     MicrobatchSpec,
@@ -66,7 +66,6 @@ IMAGE_SIZE = 16
 PATCH = 8
 PATCHES = (IMAGE_SIZE // PATCH) ** 2
 TEXT_TOKENS = 16
-EMULATED_WIDTH = 32
 
 
 def mix_seed(*parts: int) -> int:
@@ -97,6 +96,10 @@ class Workload:
     unit: str = "tokens"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     _batches: dict = field(default_factory=dict, repr=False)
+    # Data parallelism: replica ``replica`` of ``replicas`` trains microbatches replica*m .. replica*m + m-1 of an
+    # iteration of replicas*m microbatches, the reference's data with ``microbatches = replicas x m``.
+    replica: int = 0
+    replicas: int = 1
 
     name = "base"
 
@@ -124,7 +127,8 @@ class Workload:
             if len(self._batches) > 4 * self.shape.microbatches:
                 self._batches.clear()  # keep about one iteration's worth
             specs = self._specs(iteration)
-            generator = torch.Generator().manual_seed(mix_seed(self.config.seed, iteration, mb))
+            index = self.replica * self.shape.microbatches + mb  # in the whole batch of all replicas
+            generator = torch.Generator().manual_seed(mix_seed(self.config.seed, iteration, index))
             batch = self._make_batch(iteration, specs[mb], generator)  # generated on the CPU: same data anywhere
             if self.device.type != "cpu":
                 batch.tensors = {name: t.to(self.device) for name, t in batch.tensors.items()}
@@ -142,7 +146,9 @@ class Workload:
         raise NotImplementedError
 
     def _specs(self, iteration: int) -> list[MicrobatchSpec]:
-        return _cached_specs(self.variability(), self.shape.microbatches, mix_seed(self.config.seed, iteration))
+        m = self.shape.microbatches
+        specs = _cached_specs(self.variability(), m * self.replicas, mix_seed(self.config.seed, iteration))
+        return specs[self.replica * m:(self.replica + 1) * m]
 
     def _build_stage(self, stage: int) -> nn.Module:
         raise NotImplementedError
@@ -360,7 +366,9 @@ class EmulatedStage(nn.Module):
         self.workload, self.stage = workload, stage
         self.linear = nn.Linear(EMULATED_WIDTH, EMULATED_WIDTH)
 
-    def forward(self, inputs, batch) -> tuple[torch.Tensor, ...]:
+    def forward(self, inputs, batch, linear=None) -> tuple[torch.Tensor, ...]:
+        """``linear(x, sleep_input, sleep_weight)``: the layer itself (default :meth:`_linear`; a TP shard
+        brings its own, :class:`runtime.tp.ParallelEmulatedStage`)."""
         began = time.perf_counter()
         table = self.workload.durations(batch.iteration)
         k, i = self.stage, batch.index
@@ -369,19 +377,24 @@ class EmulatedStage(nn.Module):
         input_part = table.input_grad[k][i] if table.input_grad else backward / 2
         weight_part = table.weight_grad[k][i] if table.weight_grad else backward - input_part
         (x,) = inputs
-        y = torch.tanh(F.linear(SleepInBackward.apply(x, input_part),
-                                SleepInBackward.apply(self.linear.weight, weight_part), self.linear.bias))
+        y = (linear or self._linear)(x, lambda t: SleepInBackward.apply(t, input_part),
+                                     lambda t: SleepInBackward.apply(t, weight_part))
         remaining = table.forward[k][i] - (time.perf_counter() - began)
         if remaining > 0:
             time.sleep(remaining)
         return (y,)
 
+    def _linear(self, x: torch.Tensor, sleep_input, sleep_weight) -> torch.Tensor:
+        return torch.tanh(F.linear(sleep_input(x), sleep_weight(self.linear.weight), self.linear.bias))
+
 
 class EmulatedWorkload(Workload):
     name = "emulated"
 
-    def __init__(self, config: RunConfig, shape: PipelineShape, device: torch.device | None = None) -> None:
-        super().__init__(config, shape, unit="samples", device=device or torch.device("cpu"))
+    def __init__(self, config: RunConfig, shape: PipelineShape, device: torch.device | None = None,
+                 replica: int = 0, replicas: int = 1) -> None:
+        super().__init__(config, shape, unit="samples", device=device or torch.device("cpu"), replica=replica,
+                         replicas=replicas)
         self._durations: dict[int, Durations] = {}
 
     def variability(self) -> VariabilityModel:
@@ -424,16 +437,20 @@ class EmulatedWorkload(Workload):
 WORKLOADS = {"gpt": GPTWorkload, "multimodal": MultimodalWorkload, "emulated": EmulatedWorkload}
 
 
-def make_workload(config: RunConfig, shape: PipelineShape, device: torch.device | None = None) -> Workload:
+def make_workload(config: RunConfig, shape: PipelineShape, device: torch.device | None = None,
+                  replica: int = 0) -> Workload:
     """The workload of ``config``; its microbatches are generated on the CPU and moved to ``device``.
 
-    ``package.module:factory`` is a user's model ([Note: the model protocol] in :mod:`runtime.user_model`).
+    ``replica`` (data parallelism, ``config.dp`` replicas) picks the replica's share of the data.
+    ``package.module:factory`` is a user's model ([Note: the model protocol] in :mod:`runtime.user_model`;
+    pipeline parallel only: :class:`runtime.config.RunConfig` refuses it with ``--tp``/``--dp``).
     """
     if config.workload not in WORKLOADS:
         from runtime.user_model import FactoryWorkload
 
         return FactoryWorkload(config, shape, device=device)
-    return WORKLOADS[config.workload](config, shape, device=device or torch.device("cpu"))
+    return WORKLOADS[config.workload](config, shape, device=device or torch.device("cpu"), replica=replica,
+                                      replicas=config.dp)
 
 
 # -- single-process reference ---------------------------------------------------

@@ -2,7 +2,8 @@
 
     python -m tests.runtime_harness SPEC.json RESULTS.pt
 
-SPEC.json: {"nproc": 2, "timeout": 30, "jobs": [{"name": ..., "config": {RunConfig fields}}, ...]}.
+SPEC.json: {"nproc": 2, "timeout": 30, "jobs": [{"name": ..., "config": {RunConfig fields}}, ...]}; a job may
+name a ``"recorder"`` ("profiler.recorder:TraceRecorder" writes its traces under run/<name>/trace).
 Running in a subprocess lets the test put a hard timeout on the whole launch.
 """
 
@@ -22,8 +23,8 @@ from runtime.worker import Job, WorkerOptions
 def main(spec_path: str, results_path: str) -> None:
     spec = json.loads(Path(spec_path).read_text())
     root = Path(results_path).parent / "run"
-    jobs = [Job(j["name"], RunConfig(**j["config"]), str(root / j["name"]), collect_grads=True)
-            for j in spec["jobs"]]
+    jobs = [Job(j["name"], RunConfig(**j["config"]), str(root / j["name"]), collect_grads=True,
+                recorder=j.get("recorder")) for j in spec["jobs"]]
     results = launch(jobs, WorkerOptions(str(root), timeout=spec.get("timeout", 30.0)), spec["nproc"])
     torch.save(results, results_path)
 

@@ -108,7 +108,15 @@ def test_config_file_lookahead_and_bad_value(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--tp", "2"], "error: --tp: tensor and data parallelism are not supported yet"),
+    (["--tp", "3"], "error: --tp: 3 does not divide the model's 4 attention heads (--heads)"),
+    (["--workload", "emulated", "--tp", "3"], "error: --tp: 3 does not divide the emulated layer's 32 features"),
+    (["--tp", "0"], "error: --tp: must be a whole number >= 1, got 0"),
+    (["--dp", "0"], "error: --dp: must be a whole number >= 1, got 0"),
+    (["--tp", "2", "--dp", "2", "--nproc", "4"], "error: --nproc: 4 processes cannot run 2 stages x tp 2 x dp 2 = 8"),
+    (["--tp", "2", "--checkpoint-every", "1"], "error: --tp: checkpoints are written for pipeline-parallel jobs only"),
+    (["--dp", "2", "--checkpoint-every", "1"], "error: --dp: checkpoints are written for pipeline-parallel jobs only"),
+    (["--workload", "examples.llama_pipeline:build", "--dp", "2"],
+     "error: --dp: a model of your own (package.module:factory) runs pipeline-parallel only"),
     (["--chunks", "2", "--hint", "interleaved-1f1b", "--microbatches", "5"], "must be a multiple of 2"),
     (["--hint", "nope"], "unknown hint 'nope'"),
     (["--chunks", "2", "--memory-budget", "1"], "below the smallest that can complete"),
