@@ -270,10 +270,8 @@ def misalignment_gaps(frames: TraceFrames, limit: int | None = None, dispatch_s:
     allowed that were ready before it (what readiness-first could have run instead), ``held`` those it held
     back. The misaligned time is ``misaligned_from_ns .. misaligned_from_ns + misaligned_ns``.
     """
-    tasks = ready_times(frames)
-    dispatch_ns = (_calibrated(tasks) if dispatch_s is None else dispatch_s * 1e9) if tasks.height else 0.0
     rows = [{"rank": rank, "iteration": iteration, "misaligned_ns": gap["misalignment_ns"], **gap}
-            for (rank, iteration), gaps in _gaps(tasks, _held_back(frames), dispatch_ns, keep=True).items()
+            for (rank, iteration), gaps in _every_gap(frames, dispatch_s).items()
             for gap in gaps if gap["misalignment_ns"] > 0]
     columns = {"rank": pl.Int64, "iteration": pl.Int64, "gap_start_ns": pl.Int64, "gap_end_ns": pl.Int64,
                "misaligned_from_ns": pl.Int64, "misaligned_ns": pl.Int64, "budget_held_ns": pl.Int64,
@@ -281,6 +279,13 @@ def misalignment_gaps(frames: TraceFrames, limit: int | None = None, dispatch_s:
     frame = pl.DataFrame([{k: _integral(row[k]) for k in columns} for row in rows], schema=columns)
     frame = frame.sort("misaligned_ns", descending=True)
     return frame.head(limit) if limit else frame
+
+
+def _every_gap(frames: TraceFrames, dispatch_s: float | None) -> dict:
+    """:func:`_gaps` with ``keep``: every idle gap of ``frames``, the dispatch cost calibrated unless given."""
+    tasks = ready_times(frames)
+    dispatch_ns = (_calibrated(tasks) if dispatch_s is None else dispatch_s * 1e9) if tasks.height else 0.0
+    return _gaps(tasks, _held_back(frames), dispatch_ns, keep=True)
 
 
 def _integral(value):
@@ -297,10 +302,8 @@ def idle_segments(frames: TraceFrames, dispatch_s: float | None = None) -> pl.Da
     ``start_ns``, ``end_ns``. A gap runs dependency, budget-held, misalignment, dispatch, in that order,
     so its segments tile it; summed per rank they are :func:`bubbles`' columns of the same names.
     """
-    tasks = ready_times(frames)
-    dispatch_ns = (_calibrated(tasks) if dispatch_s is None else dispatch_s * 1e9) if tasks.height else 0.0
     rows = []
-    for (rank, iteration), gaps in _gaps(tasks, _held_back(frames), dispatch_ns, keep=True).items():
+    for (rank, iteration), gaps in _every_gap(frames, dispatch_s).items():
         for gap in gaps:
             start = gap["gap_start_ns"]
             for cause in IDLE_CAUSES:

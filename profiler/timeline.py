@@ -144,8 +144,8 @@ def build_scene(panels: Sequence[Panel], width: int = 1600) -> Scene:
     longest = max(end - begin for begin, end in spans)
     scale = (width - LEFT - RIGHT) / max(1, longest)  # pixels per ns, the same for every panel
     y = 10
-    for panel, (begin, _) in zip(panels, spans):
-        y = _draw_panel(scene, panel, begin, scale, y)
+    for panel, span in zip(panels, spans):
+        y = _draw_panel(scene, panel, span, scale, y)
     y = _draw_axis(scene, longest, scale, y)
     scene.height = int(_draw_legend(scene, panels, y) + 10)
     return scene
@@ -159,11 +159,11 @@ def _span(panel: Panel) -> tuple[int, int]:
     return begin, end
 
 
-def _draw_panel(scene: Scene, panel: Panel, begin: int, scale: float, top: float) -> float:
+def _draw_panel(scene: Scene, panel: Panel, span: tuple[int, int], scale: float, top: float) -> float:
     frames, iteration = panel.frames, panel.iteration
     tasks = frames.tasks.filter(pl.col("iteration") == iteration)
     steps = frames.steps.filter(pl.col("iteration") == iteration)
-    end = _span(panel)[1]
+    begin, end = span
     meta = next(iter(frames.meta.values()))
     scene.labels.append(Label(LEFT, top + 12, f"{panel.title}: {meta.get('policy')} policy, hint {meta.get('hint')}, "
                               f"memory budget {meta.get('memory_budget')}, iteration {iteration}, makespan "

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -62,8 +62,7 @@ def from_runs(runs: Sequence[str | Path], shape: PipelineShape | None, holdout: 
     for run in runs:
         frames = read_trace(run)
         run_shape = pipeline_shape(frames)
-        unsplit = PipelineShape(run_shape.ranks, run_shape.chunks, run_shape.microbatches,
-                                placement=run_shape.placement)
+        unsplit = replace(run_shape, split_backward=False)
         if shape is not None and (shape.ranks, shape.chunks, shape.microbatches) != \
                 (unsplit.ranks, unsplit.chunks, unsplit.microbatches):
             raise UserError(f"the trace is of {unsplit.describe()} but {shape.describe()} was asked "

@@ -341,7 +341,8 @@ def _summary_line(data: dict) -> str:
     if gain:
         from runtime.tune import baseline_label
 
-        line += (f", predicted {gain['estimate']:+.1%} over {baseline_label(data['shape'].get('placement'))} "
+        shape = data["shape"]
+        line += (f", predicted {gain['estimate']:+.1%} over {baseline_label(shape['chunks'], shape['placement'])} "
                  "on held-out scenarios")
     return line + f"; check a run of it with: rrfp tune-hint --check RUN --report {data['written']['report.json']}"
 

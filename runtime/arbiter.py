@@ -120,9 +120,9 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
+from collections import deque
 from enum import Enum
 from functools import lru_cache
-from collections import deque
 from heapq import heapify, heappop, heappush
 from itertools import compress
 from operator import not_
@@ -312,7 +312,7 @@ class Arbiter:
         # Per task id, shared with the graph; consumers per block of m ids (TaskGraph's offsets).
         self._block_size = graph.shape.microbatches
         self._local_offsets, self._remote_offsets = graph.local_offsets, graph.remote_offsets
-        self._admits, self._frees, self._is_forward = graph.admits, graph.frees, graph.is_forward
+        self._admits, self._is_forward = graph.admits, graph.is_forward
         self._rank_of = graph.rank
         # Per block (task id // m): the hot paths read these, not the per-task lists above: a few
         # entries that stay in cache, where a read of a task-sized list is a cache miss at scale.

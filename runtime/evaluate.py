@@ -27,7 +27,7 @@ answers it once:
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -188,8 +188,7 @@ def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
     ``advance(n)`` reports progress.
     """
     first = next(iter(hints.values()))
-    shape = PipelineShape(first.shape.ranks, first.shape.chunks, first.shape.microbatches,
-                          placement=first.shape.placement)
+    shape = replace(first.shape, split_backward=False)
     baseline_name = baseline_hint_name(shape.chunks, shape.placement)
     plan: list[tuple[str, HintOrder, ArbiterRule]] = []
     if baseline_name not in hints or "fixed" not in rules:

@@ -35,7 +35,7 @@ import math
 import multiprocessing
 import random
 import signal
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from hints.errors import HintError
@@ -103,10 +103,13 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
         for rule in rules:
             candidates.append(Candidate(name, family, rule, hint, builtin))
 
-    for name in [*applicable_builtins(p, v, m, placement=placement), "cp"]:
-        per_scenario = BUILTIN_HINTS[name].takes_costs or BUILTIN_HINTS[name].takes_priorities
-        add(name, "built-in", None if per_scenario else resolve(name, p, v, m, placement=placement),
-            name if per_scenario else None)
+    # The built-ins in index order (bfw and cp are built per scenario, from its costs): resolved once, for
+    # the built-in family here and the cost classes below.
+    builtins = [*applicable_builtins(p, v, m, placement=placement), "cp"]
+    index_orders = {n: resolve(n, p, v, m, placement=placement) for n in builtins
+                    if not (BUILTIN_HINTS[n].takes_costs or BUILTIN_HINTS[n].takes_priorities)}
+    for name in builtins:
+        add(name, "built-in", index_orders.get(name), None if name in index_orders else name)
     baseline = baseline_hint_name(v, placement)
     if "fixed" not in rules:
         candidates.append(Candidate(baseline, "baseline", "fixed", resolve(baseline, p, v, m, placement=placement)))
@@ -125,11 +128,9 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
 
     for name, priority in list_priorities(shape, mean).items():
         hint = by_priority(p, v, m, priority, placement)
-        add(name, "priority", HintOrder(PipelineShape(p, v, m, True, placement=placement), tuple(map(tuple, hint)),
-                                        name, {"generator": name}))
+        add(name, "priority", HintOrder(replace(shape, split_backward=True), tuple(map(tuple, hint)), name,
+                                        {"generator": name}))
 
-    index_orders = {n: resolve(n, p, v, m, placement=placement) for n in applicable_builtins(p, v, m, placement=placement)
-                    if not (BUILTIN_HINTS[n].takes_costs or BUILTIN_HINTS[n].takes_priorities)}
     slots_heavy_first = [float(m - i) for i in range(m)]  # slot k already is microbatch k: ranks stay as written
     for name, hint in index_orders.items():
         heavy = as_cost_ranked(hint, slots_heavy_first, f"{name} heaviest first", cost_model)

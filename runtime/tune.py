@@ -21,7 +21,7 @@ from typing import Callable
 
 from hints.orders import HintOrder, baseline_hint_name
 from runtime.arbiter import RULES, MemoryBudget
-from runtime.evaluate import resolve
+from runtime.evaluate import resolve, versus_label
 from runtime.scenarios import ScenarioSet
 from runtime.search import Scored, Search, SearchConfig, SearchResult, portfolio
 from runtime.tuning import Candidate, Evaluator, Objective, paired_bootstrap, summary
@@ -139,7 +139,7 @@ def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, see
     # At the 1f1b budget nothing written out may be slower than fixed 1F1B on the held-out scenarios.
     if baseline is not None and evaluator.budget.spec == "1f1b" and \
             objective(held["chosen"]) > objective(held["fixed 1F1B"]):
-        name = baseline_label(evaluator.shape.placement)
+        name = baseline_label(evaluator.shape.chunks, evaluator.shape.placement)
         reason += f"; but it is slower than {name} on the held-out scenarios: keeping {name}"
         chosen, kept, held["chosen"] = baseline, False, held["fixed 1F1B"]
     return Verdict(chosen, kept, reason, held, gain)
@@ -200,9 +200,10 @@ def report(outcome: TuneOutcome, context: dict) -> dict:
     }
 
 
-def baseline_label(placement: str) -> str:
-    """What the baseline every gain is measured against is called in text (report.json keys say fixed 1F1B)."""
-    return "fixed ZB-V" if placement == "v" else "fixed 1F1B"
+def baseline_label(chunks: int, placement: str) -> str:
+    """What the baseline every gain is measured against is called in text (report.json keys say fixed 1F1B):
+    ``fixed`` and the name tables give it (:func:`runtime.evaluate.versus_label`)."""
+    return "fixed " + versus_label(baseline_hint_name(chunks, placement)).removeprefix("vs ")
 
 
 def _prediction(chosen: list[float], references: dict[str, list[float] | None],

@@ -36,12 +36,11 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Sequence
 
 from hints.errors import UserError
 from hints.orders import HintOrder
-from hints.tasks import PipelineShape
 from runtime.arbiter import RULES, MemoryBudget
 from runtime.deps import TaskGraph
 from runtime.evaluate import concrete, resolve
@@ -176,9 +175,7 @@ class Evaluator:
 
     def graph(self, split: bool) -> TaskGraph:
         if split not in self._graphs:
-            s = self.shape
-            self._graphs[split] = TaskGraph.build(PipelineShape(s.ranks, s.chunks, s.microbatches, split,
-                                                                placement=s.placement))
+            self._graphs[split] = TaskGraph.build(replace(self.shape, split_backward=split))
         return self._graphs[split]
 
     def prepare(self) -> None:
