@@ -21,12 +21,21 @@ iteration ``step``). It holds the files of ``torch.distributed.checkpoint``
       global rank;
     * ``progress``: the data position, ``{"step": N}``, the same on every rank.
 
-    Tensor parallelism and data parallelism plug in without a new format:
-    a parameter sharded across a TP group is a DTensor, which DCP saves as
-    shards of one key and reassembles on load; a key held by every replica
-    of a DP group (every model and optimizer key, and ``progress``) is
-    written once, because DCP's planner deduplicates keys that several
-    ranks save. Only ``rng.rank<r>`` stays per process.
+    With ``--tp`` a model or optimizer key holds the *whole* tensor and each
+    TP member writes its shard of it: :class:`RankCheckpointer` presents a
+    sharded parameter (and its optimizer moments) to DCP as a ``DTensor``
+    over the member's TP group, ``Shard`` on the layout's dimension
+    (:data:`runtime.tp.BLOCK_LAYOUT`). A layout of ``pieces > 1`` (``qkv``:
+    each member holds its rows of q, of k and of v) is not one contiguous
+    block of the whole tensor, so its key is the whole tensor viewed as
+    ``(pieces, rows / pieces, ...)`` along that dimension
+    (:func:`checkpoint_shape`), where each member's share is one block.
+    Unsharded parameters (norms, embeddings, row-parallel biases) are the
+    same on every member of a group and are plain tensors, saved once.
+    With ``--dp`` every replica holds the same keys (and the same shards);
+    DCP's planner keeps one writer per key and offset (its
+    ``dedup_save_plans``), so a checkpoint of ``dp`` replicas is the size
+    of one. Only ``rng.rank<r>`` stays per process.
 
 [Note: atomic checkpoints]
     Ranks write into ``checkpoints/.tmp-step-<N>``; when the collective save
@@ -147,8 +156,11 @@ def _check_parameters(config, path: Path, flag: str) -> None:
     expected = {}
     with torch.device("meta"):
         for stage in range(run_shape(config).stages):
-            for name, tensor in workload.build_stage(stage).state_dict().items():
-                expected[f"{stage_key(stage)}.{name}"] = tuple(tensor.shape)
+            whole = {name: tensor.shape for name, tensor in workload.build_stage(stage).state_dict().items()}
+            layouts = _layouts(workload.build_stage(stage), config.tp)
+            for name, size in whole.items():
+                shape = checkpoint_shape(size, layouts[name]) if name in layouts else size
+                expected[f"{stage_key(stage)}.{name}"] = tuple(shape)
     missing = sorted(expected.keys() - saved.keys())
     extra = sorted(saved.keys() - expected.keys())
     resized = sorted(k for k in expected.keys() & saved.keys() if expected[k] != saved[k])
@@ -163,6 +175,74 @@ def stage_key(stage: int) -> str:
     return f"stage{stage}"
 
 
+def _layouts(module, tp: int) -> dict[str, tuple[int, int]]:
+    """The sharded parameters of a (meta) stage under ``--tp tp`` ({} without TP)."""
+    if tp == 1:
+        return {}
+    from runtime.tp import TPShard, shard_stage, sharded_layouts
+
+    return sharded_layouts(shard_stage(module, TPShard(0, tp, None)))
+
+
+def checkpoint_shape(shape, layout: tuple[int, int]) -> list[int]:
+    """The shape a parameter of ``shape`` (whole) sharded with ``layout`` has in a checkpoint
+    ([Note: checkpoint keys]): the whole shape, with the sharded dimension split into ``(pieces, rows)``
+    when the layout has several pieces."""
+    dim, pieces = layout
+    shape = list(shape)
+    return shape[:dim] + [pieces, shape[dim] // pieces] + shape[dim + 1:] if pieces > 1 else shape
+
+
+class TPSharding:
+    """How one TP member's shards appear in a checkpoint ([Note: checkpoint keys]).
+
+    ``layouts`` maps ``stage<k>.<parameter>`` to its layout (:func:`runtime.tp.sharded_layouts`),
+    ``group`` is the member's TP group, ``size`` its size.
+    """
+
+    def __init__(self, layouts: dict[str, tuple[int, int]], group, size: int, device_type: str) -> None:
+        from torch.distributed.device_mesh import DeviceMesh
+
+        self.layouts, self.size = layouts, size
+        self.mesh = DeviceMesh.from_group(group, device_type)
+
+    def as_global(self, local, layout: tuple[int, int]):
+        """``local`` (this member's shard) as a DTensor of the whole tensor, sharing ``local``'s storage."""
+        import torch
+        from torch.distributed.tensor import DTensor, Shard
+
+        dim, pieces = layout
+        view = local.unflatten(dim, (pieces, local.shape[dim] // pieces)) if pieces > 1 else local
+        dim = dim + 1 if pieces > 1 else dim
+        shape = list(view.shape)
+        shape[dim] *= self.size
+        stride = torch.empty(shape, device="meta").stride()
+        return DTensor.from_local(view, self.mesh, [Shard(dim)], run_check=False, shape=torch.Size(shape),
+                                  stride=stride)
+
+    def wrap(self, model: dict, optim: dict) -> tuple[dict, dict]:
+        """Copies of the two state dicts with every sharded tensor as :meth:`as_global` (the same storage,
+        so a load into the copies lands in the originals)."""
+        model = {key: self.as_global(value, self.layouts[key]) if key in self.layouts else value
+                 for key, value in model.items()}
+        wrapped = {}
+        for key, value in optim.items():
+            group, _, rest = key.partition(".")  # "state.<parameter>.<field>" or "param_groups...."
+            parameter, _, field = rest.rpartition(".")
+            layout = self.layouts.get(parameter) if group == "state" else None
+            sharded = layout is not None and getattr(value, "dim", lambda: 0)() > layout[0]
+            wrapped[key] = self.as_global(value, layout) if sharded else value
+        return model, wrapped
+
+    @staticmethod
+    def unwrap(original: dict, seen: dict) -> dict:
+        """After a load into :meth:`wrap`'s copy: its values, with each DTensor's place taken by the plain
+        tensor it shares storage with."""
+        from torch.distributed.tensor import DTensor
+
+        return {key: original[key] if isinstance(value, DTensor) else value for key, value in seen.items()}
+
+
 class RankCheckpointer:
     """One rank's side of saving and loading ([Note: checkpoint keys], [Note: atomic checkpoints]).
 
@@ -170,23 +250,30 @@ class RankCheckpointer:
     holds their parameters, ``streams`` names extra ``random.Random`` streams
     of this rank whose state must survive (the runtime's injected noise).
     ``group``: the process group of the collective save and load (None: the
-    default group).
+    default group). ``sharding``: with ``--tp``, how this member's shards
+    map onto whole tensors (None without TP).
     """
 
     def __init__(self, job_dir: str | Path, rank: int, modules: dict, optimizer, streams: dict[str, random.Random],
-                 group=None) -> None:
+                 group=None, sharding: TPSharding | None = None) -> None:
         import torch
 
         self.folder = Path(job_dir) / FOLDER
         self.rank, self.optimizer, self.streams, self.group = rank, optimizer, streams, group
+        self.sharding = sharding
         self.model = torch.nn.ModuleDict({stage_key(k): m for k, m in sorted(modules.items())})
 
-    def _state(self) -> dict[str, Any]:
+    def _state(self) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The state to restore into (plain tensors), and what DCP sees of it (TP shards as whole tensors)."""
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_state_dict
 
         model, optim = get_state_dict(self.model, self.optimizer,
                                       options=StateDictOptions(flatten_optimizer_state_dict=True))
-        return {"model": model, "optim": optim, f"rng.rank{self.rank}": self._rng_state(), "progress": {"step": 0}}
+        state = {"model": model, "optim": optim, f"rng.rank{self.rank}": self._rng_state(), "progress": {"step": 0}}
+        if self.sharding is None:
+            return state, state
+        seen_model, seen_optim = self.sharding.wrap(model, optim)
+        return state, {**state, "model": seen_model, "optim": seen_optim}
 
     def _rng_state(self) -> dict[str, Any]:
         import torch
@@ -217,7 +304,7 @@ class RankCheckpointer:
 
         final = self.folder / step_name(step)
         partial = self.folder / f".tmp-{step_name(step)}"
-        state = self._state()
+        _, state = self._state()
         state["progress"]["step"] = step
         began = time.perf_counter()
         with _object_collectives():
@@ -241,20 +328,22 @@ class RankCheckpointer:
         import torch.distributed.checkpoint as dcp
         from torch.distributed.checkpoint.state_dict import StateDictOptions, set_state_dict
 
-        state = self._state()
+        state, seen = self._state()
         with _object_collectives():
-            dcp.load(state, checkpoint_id=str(path), process_group=self.group)
-        set_state_dict(self.model, self.optimizer, model_state_dict=state["model"],
-                       optim_state_dict=state["optim"],
+            dcp.load(seen, checkpoint_id=str(path), process_group=self.group)
+        if self.sharding is not None:  # shards were read into `state`'s tensors, other values into `seen`
+            seen = {**seen, **{group: TPSharding.unwrap(state[group], seen[group]) for group in ("model", "optim")}}
+        set_state_dict(self.model, self.optimizer, model_state_dict=seen["model"],
+                       optim_state_dict=seen["optim"],
                        options=StateDictOptions(flatten_optimizer_state_dict=True))
-        rng = state[f"rng.rank{self.rank}"]
+        rng = seen[f"rng.rank{self.rank}"]
         torch.set_rng_state(rng["torch"])
         random.setstate(rng["python"])
         for name, stream in self.streams.items():
             stream.setstate(rng[f"stream.{name}"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-        return int(state["progress"]["step"])
+        return int(seen["progress"]["step"])
 
 
 def _fsync_dir(path: Path) -> None:

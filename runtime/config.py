@@ -152,9 +152,8 @@ class RunConfig:
     def _check_tp(self) -> None:
         """``--tp`` must split what is sharded (:mod:`runtime.tp`): attention heads, or the emulated layer.
 
-        Two combinations are refused rather than half-supported: a user's model (``package.module:factory``,
-        whose layers rrfp does not know how to shard or split into replicas' data) and checkpoints (their
-        keys are per model stage: TP shards would overwrite one another; DP replicas are untested).
+        A user's model (``package.module:factory``) is refused rather than half-supported: rrfp does not
+        know how to shard its layers or split its data between replicas.
         """
         if self.tp == 1 and self.dp == 1:
             return
@@ -162,9 +161,6 @@ class RunConfig:
         if is_factory_path(self.workload):
             raise UserError("a model of your own (package.module:factory) runs pipeline-parallel only for now; "
                             "use --tp 1 --dp 1", which)
-        if self.checkpoint_every:
-            raise UserError("checkpoints are written for pipeline-parallel jobs only for now; use --tp 1 --dp 1 "
-                            "or leave out --checkpoint-every", which)
         if self.tp == 1:
             return
         if self.workload == "emulated":

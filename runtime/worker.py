@@ -435,10 +435,12 @@ def _restore(ctx: RankContext, job: Job, workload, modules: dict, optimizer, noi
     config = job.config
     if not config.checkpoint_every and not job.resume:
         return None, 0
-    from runtime.checkpoint import RankCheckpointer
+    from runtime.checkpoint import RankCheckpointer, TPSharding
 
+    sharding = (TPSharding(_sharded_layouts(modules, "stage"), ctx.groups.tp,
+                           ctx.grid.tp, ctx.device.type) if ctx.grid.tp > 1 else None)
     checkpointer = RankCheckpointer(job.out_dir, ctx.rank, modules, optimizer, {"noise": noise.rng},
-                                    ctx.control_group)
+                                    ctx.control_group, sharding)
     checkpointer.clear_partial()
     if not job.resume:
         return checkpointer, 0
@@ -465,10 +467,11 @@ def _stage_modules(ctx: RankContext, workload, stages) -> dict:
     return {stage: module.to(ctx.device) for stage, module in modules.items()}
 
 
-def _sharded_layouts(modules: dict) -> dict:
+def _sharded_layouts(modules: dict, prefix: str = "") -> dict:
+    """``{"<prefix><stage>.<parameter>": layout}`` of this rank's sharded parameters."""
     from runtime.tp import sharded_layouts
 
-    return {f"{stage}.{name}": layout for stage, m in modules.items() for name, layout in sharded_layouts(m).items()}
+    return {f"{prefix}{stage}.{name}": layout for stage, m in modules.items() for name, layout in sharded_layouts(m).items()}
 
 
 def _gradient_reducer(ctx: RankContext, modules: dict, shape, executor):

@@ -56,6 +56,25 @@ def test_a_resumed_run_continues_bit_for_bit(gpt_runs):
     assert json.loads((run / "config.json").read_text())["iters"] == 4
 
 
+@pytest.mark.parametrize("grid", [("--tp", "2"), ("--dp", "2")])
+def test_tp_and_dp_runs_resume_bit_for_bit_from_one_sharded_deduplicated_checkpoint(tmp_path, grid):
+    whole = run_rrfp(tmp_path, *GPT, *grid, "--iters", "3", "--out", "whole")
+    assert whole.returncode == 0, whole.stderr
+    part = run_rrfp(tmp_path, *GPT, *grid, "--iters", "2", "--checkpoint-every", "2", "--out", "part")
+    assert part.returncode == 0, part.stderr
+    from torch.distributed.checkpoint import FileSystemReader
+
+    path = checkpoint.latest(tmp_path / "part")
+    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    qkv = metadata["model.stage0.blocks.0.qkv.weight"]
+    assert list(qkv.size) == ([3, 32, 32] if grid[0] == "--tp" else [96, 32])  # the whole tensor, one key
+    # --tp: each member wrote its half; --dp: both replicas hold it and one copy is written
+    assert len(qkv.chunks) == (2 if grid[0] == "--tp" else 1)
+    resumed = run_rrfp(tmp_path, "run", "--resume", "part", "--iters", "3")
+    assert resumed.returncode == 0, resumed.stderr
+    assert losses(tmp_path / "part") == losses(tmp_path / "whole")
+
+
 def test_a_user_model_resumes_its_data_stream_and_rng_bit_for_bit(tmp_path):
     # bfw ranks each iteration's microbatches by their cost features, read before the checkpoint is loaded;
     # dropout draws from each rank's torch RNG, which the checkpoint restores

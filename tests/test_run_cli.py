@@ -113,8 +113,6 @@ def test_config_file_lookahead_and_bad_value(tmp_path):
     (["--tp", "0"], "error: --tp: must be a whole number >= 1, got 0"),
     (["--dp", "0"], "error: --dp: must be a whole number >= 1, got 0"),
     (["--tp", "2", "--dp", "2", "--nproc", "4"], "error: --nproc: 4 processes cannot run 2 stages x tp 2 x dp 2 = 8"),
-    (["--tp", "2", "--checkpoint-every", "1"], "error: --tp: checkpoints are written for pipeline-parallel jobs only"),
-    (["--dp", "2", "--checkpoint-every", "1"], "error: --dp: checkpoints are written for pipeline-parallel jobs only"),
     (["--workload", "examples.llama_pipeline:build", "--dp", "2"],
      "error: --dp: a model of your own (package.module:factory) runs pipeline-parallel only"),
     (["--chunks", "2", "--hint", "interleaved-1f1b", "--microbatches", "5"], "must be a multiple of 2"),
