@@ -493,3 +493,41 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
                      source=f"{model.workload} model, seed {seed}", specs=specs,
                      expectation=lambda: expected_durations(model, shape, specs,
                                                             f"expectation of the {model.workload} model, seed {seed}"))
+
+
+def describe_workload(model: VariabilityModel, microbatches: int, seed: int) -> dict[str, float | int | str | None]:
+    """What ``rrfp simulate --describe`` prints: statistics of ``microbatches`` microbatches sampled at ``seed``.
+
+    ``cost_cv`` and ``heaviest_over_mean`` are of a language stage's cost (every stage for models without
+    an encoder), ``encoder_cv`` of an encoder stage's (None without one); the content statistics are None
+    where the workload has no such content. Nothing here is a constant: all of it is measured on the draw.
+    """
+    specs = sample_microbatches(model, microbatches, seed)
+    stages = 8
+    vision = model.vision_stage_count(stages)
+    language = [stage_cost(model, spec, stages - 1, stages) for spec in specs]
+    encoder = [stage_cost(model, spec, 0, stages) for spec in specs] if vision else None
+
+    def cv(values):
+        mean = sum(values) / len(values)
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean if mean > 0 else 0.0
+
+    mean_language = sum(language) / len(language)
+    contents = [c for spec in specs for c in spec.contents]
+    images = sum(c.images for c in contents)
+    videos = [c for c in contents if c.frames]
+    spans = [span for c in contents for span in c.spans]
+    tokens = [sum(c.tokens for c in spec.contents) if spec.contents else spec.features()["tokens"] for spec in specs]
+    return {
+        "workload": model.workload, "microbatches": microbatches, "seed": seed, "samples": model.samples,
+        "cost_cv": cv(language), "heaviest_over_mean": max(language) / mean_language if mean_language else 1.0,
+        "encoder_cv": cv(encoder) if encoder else None,
+        "tokens_per_microbatch": sum(tokens) / len(tokens),
+        "text_only_share": (sum(1 for c in contents if c.kind == "text") / len(contents)
+                            if contents and model.preset.encoder else None),
+        "tiles_per_image": sum(c.tiles for c in contents) / images if images else None,
+        "frames_per_video": sum(c.frames for c in videos) / len(videos) if videos else None,
+        "documents_per_sequence": len(spans) / len(contents) if spans else None,
+        "mean_document": sum(spans) / len(spans) if spans else None,
+        "source": str(model.cost_table) if model.cost_table is not None else f"{model.workload} model",
+    }
