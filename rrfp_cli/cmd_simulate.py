@@ -152,7 +152,7 @@ DESCRIBE_MICROBATCHES = 1000
 def _describe(out: Output, workload, microbatches, seed: int, cost_table, durations) -> None:
     """``--describe``: :func:`runtime.variability.describe_workload` of one workload, or of every preset."""
     from runtime.presets import PRESET_NAMES
-    from runtime.variability import VariabilityModel, describe_workload
+    from runtime.variability import describe_workload
 
     if durations is not None:
         raise UserError("--describe describes a workload model, not a recorded table; drop --durations",

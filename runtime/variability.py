@@ -81,7 +81,7 @@ class VariabilityModel:
     straggler_slowdown: float = 4.0
     comm_latency: float = 0.0
     comm_jitter: float = 0.0
-    samples: int = None  # per microbatch; None: the preset's own (runtime.presets), else 4
+    samples: int | None = None  # per microbatch; None becomes the preset's own (runtime.presets), else 4
     seq_len_median: int = 1024
     seq_len_sigma: float = 0.7
     seq_len_min: int = 128
