@@ -52,7 +52,7 @@ def run(
     vocab: Annotated[Optional[int], _opt("--vocab", help=f"Vocabulary size [default {D.vocab}]", panel=MODEL)] = None,
     samples: Annotated[Optional[int], _opt("--samples", help=f"Samples per microbatch [default {D.samples}]", panel=MODEL)] = None,
     seq_len: Annotated[Optional[int], _opt("--seq-len", help="gpt: fixed sequence length [default variable]", panel=MODEL)] = None,
-    emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: uniform, language, multimodal [default {D.emulate}]", panel=VAR)] = None,
+    emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: uniform, a preset (pretrain-packed, sft-chat, vlm-mixed, vlm-video; docs/workloads.md) or legacy-language/legacy-multimodal (aliases language, multimodal) [default {D.emulate}]", panel=VAR)] = None,
     forward_time: Annotated[Optional[float], _opt("--forward-time", help=f"Emulated forward seconds per rank [default {D.forward_time}]", panel=VAR)] = None,
     backward_ratio: Annotated[Optional[float], _opt("--backward-ratio", help="Emulated backward / forward [default 2]", panel=VAR)] = None,
     jitter: Annotated[Optional[float], _opt("--jitter", help="Log-sd of lognormal noise per task", panel=VAR)] = None,

@@ -17,6 +17,7 @@ from rrfp_cli.options import (
     Chunks,
     CommJitter,
     CommLatency,
+    CostTableFile,
     DurationsFile,
     ForwardTime,
     Jitter,
@@ -54,7 +55,7 @@ def simulate(
     policy: PolicyOpt = PolicyChoice.ready,
     lookahead: LookaheadOpt = None,
     memory_budget: MemoryBudgetOpt = "1f1b",
-    workload: Workload = WorkloadChoice.uniform,
+    workload: Workload = None,
     forward_time: ForwardTime = 0.010,
     backward_ratio: BackwardRatio = 2.0,
     jitter: Jitter = 0.0,
@@ -64,6 +65,11 @@ def simulate(
     comm_jitter: CommJitter = 0.0,
     task_overhead: TaskOverhead = 0.0,
     durations: DurationsFile = None,
+    cost_table: CostTableFile = None,
+    describe: Annotated[bool, typer.Option(
+        "--describe", help="Print what the workload's microbatches hold and how their cost varies (every preset, "
+        "or the --workload given), measured on -m microbatches (default 1000) sampled at --seed; simulate "
+        "nothing.", rich_help_panel="Variability model")] = False,
     durations_iteration: Annotated[Optional[int], typer.Option(
         "--durations-iteration", min=0, help="Which iteration of a --durations table with an iteration column "
         "(default: the first).", rich_help_panel="Variability model")] = None,
@@ -80,6 +86,10 @@ def simulate(
     from runtime.simulator import simulate as run_simulation
 
     out = Output(json_mode)
+    if describe:
+        _describe(out, workload, microbatches, seed, cost_table, durations)
+        return
+    workload = workload or WorkloadChoice.uniform
     budget = MemoryBudget.parse(memory_budget)
     asked = placement_value(placement)
     hint_spec = hint or baseline_hint_name(chunks or default_chunks(asked or LOOPING), asked or LOOPING)
@@ -97,13 +107,16 @@ def simulate(
                         "--lookahead")
 
     shape = PipelineShape(stages, chunks, microbatches, placement=placed)
+    if cost_table is not None and durations is not None:
+        raise UserError("a recorded table has its own durations; give --cost-table or --durations", "--cost-table")
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
-                              straggler_slowdown, comm_latency, comm_jitter)
+                              straggler_slowdown, comm_latency, comm_jitter, cost_table)
     table = durations_for(shape, model, seed, durations, durations_iteration, comm_latency)
     if durations is not None:
         source = {"durations": str(durations), "iteration": durations_iteration, "comm_latency": comm_latency}
     else:
-        source = {"workload": workload.value, "seed": seed, "model": model.__dict__}
+        source = {"workload": workload.value, "seed": seed,
+                  "model": {**model.__dict__, "cost_table": str(cost_table) if cost_table is not None else None}}
     source["task_overhead"] = task_overhead
 
     if not compare:
@@ -131,6 +144,49 @@ def simulate(
         comparison = run_compare(hints, table, budget, overhead=task_overhead, advance=advance)
     data = {**comparison.to_json(), "source": source}
     out.result(data, lambda console: _render_compare(console, comparison))
+
+
+DESCRIBE_MICROBATCHES = 1000
+
+
+def _describe(out: Output, workload, microbatches, seed: int, cost_table, durations) -> None:
+    """``--describe``: :func:`runtime.variability.describe_workload` of one workload, or of every preset."""
+    from runtime.presets import PRESET_NAMES
+    from runtime.variability import describe_workload
+
+    if durations is not None:
+        raise UserError("--describe describes a workload model, not a recorded table; drop --durations",
+                        "--describe")
+    if cost_table is not None and workload is None:
+        raise UserError("a cost table is costed with a preset's cost model: give --workload PRESET", "--cost-table")
+    count = microbatches or DESCRIBE_MICROBATCHES
+    if count < 2:
+        raise UserError(f"--describe needs at least 2 microbatches to measure a spread, got {count}",
+                        "--microbatches")
+    names = [workload.value] if workload is not None else ["uniform", "legacy-language", "legacy-multimodal",
+                                                          *PRESET_NAMES]
+    rows = []
+    for name in names:
+        model = variability_model(WorkloadChoice(name), 0.010, 2.0, 0.0, 0.0, 4.0, 0.0, 0.0, cost_table)
+        rows.append(describe_workload(model, count, seed))
+    out.result({"describe": rows}, lambda console: _render_describe(console, rows, count, seed))
+
+
+def _render_describe(console: Console, rows: list[dict], count: int, seed: int) -> None:
+    def number(value, form: str) -> str:
+        return "-" if value is None else format(value, form)
+
+    table = [[row["workload"], str(row["samples"]), number(row["cost_cv"], ".2f"),
+              number(row["heaviest_over_mean"], ".2f"), number(row["encoder_cv"], ".2f"),
+              number(row["tokens_per_microbatch"], ",.0f"), number(row["text_only_share"], ".0%"),
+              number(row["tiles_per_image"], ".1f"), number(row["frames_per_video"], ".1f"),
+              number(row["mean_document"], ",.0f")] for row in rows]
+    print_table(console, [Column("workload", text=True, key=True), Column("samples"), Column("cost CV"),
+                          Column("max/mean"), Column("enc CV"), Column("tokens"), Column("text only"),
+                          Column("tiles/img"), Column("frames"), Column("doc len")], table,
+                title=f"{count} microbatches sampled at seed {seed}: cost of a language stage (CV, heaviest over "
+                      f"mean), of an encoder stage (enc CV); tokens per microbatch; tiles per image; frames per "
+                      f"video; mean document (piece) length")
 
 
 def _render_one(console: Console, result, budget, bound, elapsed: float) -> None:

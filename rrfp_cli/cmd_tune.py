@@ -61,7 +61,8 @@ def tune_hint(
         "--durations", help="Duration tables (rrfp trace export --durations) instead of traces (repeatable).",
         rich_help_panel=SOURCE)] = None,
     workload: Annotated[Optional[WorkloadChoice], typer.Option(
-        "--workload", help="Tune on a duration model instead (uniform, language, multimodal).",
+        "--workload", help="Tune on a duration model instead: uniform, a preset (pretrain-packed, sft-chat, vlm-mixed, "
+        "vlm-video) or legacy-language/legacy-multimodal (aliases language, multimodal).",
         rich_help_panel=SOURCE)] = None,
     stages: Stages = None,
     chunks: Chunks = None,

@@ -16,6 +16,7 @@ import typer
 
 from hints.tasks import PLACEMENTS
 from runtime.arbiter import Policy
+from runtime.presets import WORKLOAD_NAMES
 
 SHAPE = "Pipeline shape"
 VARIABILITY = "Variability model"
@@ -33,10 +34,10 @@ class LookaheadChoice(str, Enum):
     off = "off"
 
 
-class WorkloadChoice(str, Enum):
-    uniform = "uniform"
-    language = "language"
-    multimodal = "multimodal"
+# Workload names come from runtime.presets (presets, legacy models and their aliases language/multimodal).
+WorkloadChoice = Enum("WorkloadChoice", {name: name for name in WORKLOAD_NAMES}, type=str)
+WORKLOAD_HELP = ("uniform; presets pretrain-packed, sft-chat, vlm-mixed, vlm-video (docs/workloads.md); "
+                 "legacy-language, legacy-multimodal (aliases language, multimodal)")
 
 
 Stages = Annotated[
@@ -88,9 +89,9 @@ Seed = Annotated[int, typer.Option("--seed", help="Seed for every sampled quanti
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]
 
 Workload = Annotated[
-    WorkloadChoice,
-    typer.Option("--workload", help="Duration model: uniform, language (variable sequence length), "
-                 "multimodal (variable image count).", rich_help_panel=VARIABILITY),
+    Optional[WorkloadChoice],
+    typer.Option("--workload", help="Duration model: " + WORKLOAD_HELP + ". Default uniform.",
+                 rich_help_panel=VARIABILITY),
 ]
 ForwardTime = Annotated[
     float,
@@ -121,6 +122,12 @@ CommJitter = Annotated[
     float, typer.Option("--comm-jitter", min=0.0, help="Log-sd of lognormal noise on each transfer.",
                         rich_help_panel=VARIABILITY),
 ]
+CostTableFile = Annotated[
+    Optional[Path],
+    typer.Option("--cost-table", help="Draw each sample from this CSV of per-sample token, tile, frame and "
+                 "document counts (examples/cost_table.py writes one), costed with the --workload preset's cost "
+                 "model (docs/workloads.md).", rich_help_panel=VARIABILITY),
+]
 DurationsFile = Annotated[
     Optional[Path],
     typer.Option("--durations", help="Replay recorded durations: CSV or Parquet with columns "
@@ -146,10 +153,17 @@ def variability_model(
     straggler_slowdown: float,
     comm_latency: float,
     comm_jitter: float,
+    cost_table: Path | None = None,
 ):
     from runtime.variability import VariabilityModel
 
+    table = None
+    if cost_table is not None:
+        from runtime.presets import load_cost_table
+
+        table = load_cost_table(cost_table)
     return VariabilityModel(
+        cost_table=table,
         workload=workload.value,
         forward_time=forward_time,
         backward_ratio=backward_ratio,

@@ -19,9 +19,10 @@ from typing import Any
 from hints.errors import UserError
 from hints.tasks import PLACEMENTS, Task
 from runtime.arbiter import ArbiterRule, MemoryBudget, Policy, rule_for
+from runtime.presets import WORKLOAD_NAMES
 
 RUN_WORKLOADS = ("gpt", "multimodal", "emulated")  # or a user's factory, "package.module:factory"
-EMULATE_MODELS = ("uniform", "language", "multimodal")
+EMULATE_MODELS = WORKLOAD_NAMES  # runtime.presets: uniform, the presets, the legacy models and their aliases
 POLICIES = tuple(policy.value for policy in Policy)  # from the arbiter's rule table
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")

@@ -162,7 +162,7 @@ class StageExecutor:
             if forecast is not None:
                 forecast.finished(tid, (ended - began) * 1e-9)
             batch = self.workload.batch(iteration, task.microbatch)
-            info = {"units": batch.units, "tokens": batch.spec.samples * batch.spec.seq_len}
+            info = {"units": batch.units, "tokens": int(batch.spec.features()["tokens"])}
             if batch.spec.images:
                 info["images"] = batch.spec.image_count
             if task.kind is F and task.stage == 0:

@@ -35,6 +35,18 @@ Workloads (``workload=``)
     plus ``image_tokens`` tokens per image and cost that token count over its
     expected value.
 
+``legacy-language``, ``legacy-multimodal``
+    The same two models by their preset names (``language`` and
+    ``multimodal`` stay accepted: existing traces, hint files and job files
+    name them).
+``pretrain-packed``, ``sft-chat``, ``vlm-mixed``, ``vlm-video``
+    Presets calibrated to published dataset statistics, with one cost model
+    (linear per token, attention quadratic in each document or sample,
+    encoder per tile or frame): :mod:`runtime.presets` and docs/workloads.md.
+    ``cost_table`` draws their samples from a user's table instead
+    ([Note: cost tables]). A stage costs its cost over the preset's mean, so
+    the *mean* microbatch costs ``forward_time``.
+
 Noise on top of any workload: ``jitter`` multiplies every task by a mean-one
 lognormal with log-sd ``jitter``; with probability ``straggler_prob`` a task
 is slowed ``straggler_slowdown`` times. Each cross-rank transfer takes
@@ -52,8 +64,9 @@ from typing import Callable
 from hints.errors import UserError
 from hints.tasks import B, F, I, PipelineShape
 from runtime.deps import TaskGraph
+from runtime.presets import ENCODER_FLOOR, PRESETS, WORKLOAD_NAMES, CostTable, SampleContent, canonical
 
-WORKLOADS = ("uniform", "language", "multimodal")
+WORKLOADS = WORKLOAD_NAMES
 
 
 @dataclass(frozen=True)
@@ -68,7 +81,7 @@ class VariabilityModel:
     straggler_slowdown: float = 4.0
     comm_latency: float = 0.0
     comm_jitter: float = 0.0
-    samples: int = 4
+    samples: int | None = None  # per microbatch; None becomes the preset's own (runtime.presets), else 4
     seq_len_median: int = 1024
     seq_len_sigma: float = 0.7
     seq_len_min: int = 128
@@ -79,10 +92,16 @@ class VariabilityModel:
     vision_stages: int | None = None
     text_tokens: int = 256
     image_tokens: int = 144
+    cost_table: CostTable | None = None  # presets only: samples drawn from a user's table
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise UserError(f"unknown workload {self.workload!r}; choose from {', '.join(WORKLOADS)}", "workload")
+        if self.samples is None:
+            object.__setattr__(self, "samples", self.preset.samples if self.preset is not None else 4)
+        if self.cost_table is not None and self.preset is None:
+            raise UserError(f"a cost table is costed with a preset's cost model; choose one of "
+                            f"{', '.join(PRESETS)}, not {self.workload!r}", "--workload")
         nonneg = ("forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter",
                   "seq_len_sigma", "attention", "images_mean")
         for name in nonneg:
@@ -105,8 +124,26 @@ class VariabilityModel:
     def field_names(cls) -> list[str]:
         return [f.name for f in fields(cls)]
 
+    @property
+    def kind(self) -> str:
+        """The workload's canonical name (``language`` -> ``legacy-language``)."""
+        return canonical(self.workload)
+
+    @property
+    def preset(self):
+        """The :class:`runtime.presets.Preset` of a preset workload, else None (uniform and legacy)."""
+        return PRESETS.get(self.workload)
+
+    def preset_means(self) -> tuple[float, float]:
+        """Mean language-model and encoder cost of one sample: over the cost table, or the preset's reference."""
+        preset = self.preset
+        if self.cost_table is None:
+            return preset.reference_means()
+        return _table_means(self.cost_table, preset)
+
     def vision_stage_count(self, stages: int) -> int:
-        if self.workload != "multimodal":
+        preset = self.preset
+        if self.kind != "legacy-multimodal" and not (preset is not None and preset.encoder):
             return 0
         if self.vision_stages is not None:
             if not 1 <= self.vision_stages < max(2, stages):
@@ -120,34 +157,72 @@ class MicrobatchSpec:
     """What one microbatch holds: the data generators of the runtime use the same numbers."""
 
     index: int
-    seq_len: int  # tokens per sequence (language); text tokens per sample (multimodal)
+    seq_len: int  # tokens per sequence (language); text tokens per sample (multimodal); longest sample (presets)
     samples: int
-    images: tuple[int, ...] = ()  # images per sample (multimodal only)
+    images: tuple[int, ...] = ()  # images per sample (multimodal); encoder tiles + frames per sample (presets)
+    contents: tuple[SampleContent, ...] = ()  # presets: what each sample holds
 
     @property
     def image_count(self) -> int:
         return sum(self.images)
 
     def features(self) -> dict[str, float]:
-        """What a cost model reads (:mod:`hints.costs`): the microbatch's text tokens and images."""
+        """What a cost model reads (:mod:`hints.costs`): the microbatch's tokens and images.
+
+        Legacy models: text tokens and images. Presets: every token the language model sees (text and
+        visual) and every encoder input (image tiles and video frames).
+        """
+        if self.contents:
+            return {"tokens": float(sum(c.tokens for c in self.contents)), "images": float(self.image_count)}
         return {"tokens": float(self.samples * self.seq_len), "images": float(self.image_count)}
 
 
 def sample_microbatches(model: VariabilityModel, microbatches: int, seed: int) -> list[MicrobatchSpec]:
     """The per-microbatch contents for ``seed`` (independent of the noise streams)."""
     rng = random.Random(f"{seed}:microbatches")
+    if model.preset is not None:
+        return _preset_microbatches(model, microbatches, rng)
+    kind = model.kind
     specs = []
     for mb in range(microbatches):
-        if model.workload == "language":
+        if kind == "legacy-language":
             length = rng.lognormvariate(math.log(model.seq_len_median), model.seq_len_sigma)
             length = min(model.seq_len_max, max(model.seq_len_min, int(round(length / 8.0)) * 8))
             specs.append(MicrobatchSpec(mb, max(length, model.seq_len_min), model.samples))
-        elif model.workload == "multimodal":
+        elif kind == "legacy-multimodal":
             images = tuple(min(model.images_max, _poisson(rng, model.images_mean)) for _ in range(model.samples))
             specs.append(MicrobatchSpec(mb, model.text_tokens, model.samples, images))
         else:
             specs.append(MicrobatchSpec(mb, model.seq_len_median, model.samples))
     return specs
+
+
+def _preset_microbatches(model: VariabilityModel, microbatches: int, rng: random.Random) -> list[MicrobatchSpec]:
+    """Samples from the preset's generator, or rows of the cost table drawn with replacement."""
+    if model.cost_table is not None:
+        rows = model.cost_table.contents(model.preset)
+        count = len(rows)
+        draw = lambda: rows[int(rng.random() * count)]  # noqa: E731 - one draw per sample
+    else:
+        draw = model.preset.sampler(rng)
+    specs = []
+    for mb in range(microbatches):
+        contents = tuple(draw() for _ in range(model.samples))
+        specs.append(MicrobatchSpec(mb, max(c.tokens for c in contents), model.samples,
+                                    tuple(c.encoder_units for c in contents), contents))
+    return specs
+
+
+_TABLE_MEANS: dict = {}
+
+
+def _table_means(table: CostTable, preset) -> tuple[float, float]:
+    key = (table, preset.name)
+    if key not in _TABLE_MEANS:
+        contents = table.contents(preset)
+        _TABLE_MEANS[key] = (sum(map(preset.lm_cost, contents)) / len(contents),
+                             sum(c.encoder_units for c in contents) / len(contents))
+    return _TABLE_MEANS[key]
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
@@ -163,10 +238,18 @@ def _poisson(rng: random.Random, mean: float) -> int:
 
 def stage_cost(model: VariabilityModel, spec: MicrobatchSpec, stage: int, stages: int) -> float:
     """Relative forward cost of ``stage`` on this microbatch (1.0 = a typical microbatch)."""
-    if model.workload == "language":
+    kind = model.kind
+    preset = model.preset
+    if preset is not None:
+        lm_mean, encoder_mean = model.preset_means()
+        if stage < model.vision_stage_count(stages):
+            expected = model.samples * encoder_mean
+            return max(ENCODER_FLOOR, spec.image_count / expected) if expected > 0 else ENCODER_FLOOR
+        return sum(map(preset.lm_cost, spec.contents)) / (model.samples * lm_mean)
+    if kind == "legacy-language":
         x = spec.seq_len / model.seq_len_median
         return (1.0 - model.attention) * x + model.attention * x * x
-    if model.workload == "multimodal":
+    if kind == "legacy-multimodal":
         if stage < model.vision_stage_count(stages):
             expected = model.samples * model.images_mean
             return max(0.02, spec.image_count / expected) if expected > 0 else 0.02
@@ -410,3 +493,41 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
                      source=f"{model.workload} model, seed {seed}", specs=specs,
                      expectation=lambda: expected_durations(model, shape, specs,
                                                             f"expectation of the {model.workload} model, seed {seed}"))
+
+
+def describe_workload(model: VariabilityModel, microbatches: int, seed: int) -> dict[str, float | int | str | None]:
+    """What ``rrfp simulate --describe`` prints: statistics of ``microbatches`` microbatches sampled at ``seed``.
+
+    ``cost_cv`` and ``heaviest_over_mean`` are of a language stage's cost (every stage for models without
+    an encoder), ``encoder_cv`` of an encoder stage's (None without one); the content statistics are None
+    where the workload has no such content. Nothing here is a constant: all of it is measured on the draw.
+    """
+    specs = sample_microbatches(model, microbatches, seed)
+    stages = 8
+    vision = model.vision_stage_count(stages)
+    language = [stage_cost(model, spec, stages - 1, stages) for spec in specs]
+    encoder = [stage_cost(model, spec, 0, stages) for spec in specs] if vision else None
+
+    def cv(values):
+        mean = sum(values) / len(values)
+        return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean if mean > 0 else 0.0
+
+    mean_language = sum(language) / len(language)
+    contents = [c for spec in specs for c in spec.contents]
+    images = sum(c.images for c in contents)
+    videos = [c for c in contents if c.frames]
+    spans = [span for c in contents for span in c.spans]
+    tokens = [sum(c.tokens for c in spec.contents) if spec.contents else spec.features()["tokens"] for spec in specs]
+    return {
+        "workload": model.workload, "microbatches": microbatches, "seed": seed, "samples": model.samples,
+        "cost_cv": cv(language), "heaviest_over_mean": max(language) / mean_language if mean_language else 1.0,
+        "encoder_cv": cv(encoder) if encoder else None,
+        "tokens_per_microbatch": sum(tokens) / len(tokens),
+        "text_only_share": (sum(1 for c in contents if c.kind == "text") / len(contents)
+                            if contents and model.preset.encoder else None),
+        "tiles_per_image": sum(c.tiles for c in contents) / images if images else None,
+        "frames_per_video": sum(c.frames for c in videos) / len(videos) if videos else None,
+        "documents_per_sequence": len(spans) / len(contents) if spans else None,
+        "mean_document": sum(spans) / len(spans) if spans else None,
+        "source": str(model.cost_table) if model.cost_table is not None else f"{model.workload} model",
+    }
