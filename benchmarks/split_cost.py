@@ -11,7 +11,8 @@ backward in the runtime] in :mod:`runtime.executor`). It reads each task's durat
 traces (:func:`profiler.reader.read_trace`, the ``tasks`` frame: the handler's own time, no waiting) and
 pairs the two jobs task by task: for each (round, stage, iteration, microbatch) after the warm-up,
 ``(I + W) / B``, ``I / B`` and ``W / B``, where ``B`` is that microbatch's fused backward on that stage in
-the full job of the same round. Reported per stage and over all stages: the median and the spread
+the full job of the same round. Reported per stage, over all stages, and over the stages after the first
+(the ones that compute an input gradient: stage 0's inputs are data): the median and the spread
 (quartiles, min - max) of those ratios, the median ``B``, ``I``, ``W`` in ms, and the median step time of
 the split job over the full one (what the split costs end to end, bubbles saved included).
 
@@ -108,13 +109,17 @@ def measure(workload: str, args: argparse.Namespace) -> dict:
             durations[round_index] = (full_walls, split_walls)
     stages = {}
     pooled: dict[str, list[float]] = {"split": [], "input": [], "weight": []}
+    later: dict[str, list[float]] = {"split": [], "input": [], "weight": []}  # stages that send an input gradient
     for stage in sorted(samples):
         values = samples[stage]
         stages[stage] = {name: quantiles(values[name]) for name in ("split", "input", "weight")}
         stages[stage].update({f"{kind}_ms": statistics.median(values[kind]) * 1e3 for kind in ("B", "I", "W")})
         for name in pooled:
             pooled[name] += values[name]
+            if stage > 0:
+                later[name] += values[name]
     return {"workload": workload, "stages": stages, "all": {name: quantiles(v) for name, v in pooled.items()},
+            "after_stage_0": {name: quantiles(v) for name, v in later.items()},
             "split_step_over_full_step": step_ratios,
             "step_s": {str(r): {"full": f, "split": s} for r, (f, s) in durations.items()}}
 
@@ -129,7 +134,7 @@ def print_workload(result: dict, args: argparse.Namespace) -> None:
     print("| stage | (I+W)/B median | quartiles | min - max | I/B median | W/B median | B ms | I ms | W ms | n |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     rows = [(str(stage), values, values) for stage, values in result["stages"].items()]
-    rows.append(("all", result["all"], None))
+    rows += [("all", result["all"], None), ("1 and later", result["after_stage_0"], None)]
     for label, values, timing in rows:
         times = (f"{timing['B_ms']:.2f} | {timing['I_ms']:.2f} | {timing['W_ms']:.2f}" if timing
                  else "- | - | -")

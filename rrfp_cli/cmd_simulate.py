@@ -28,6 +28,7 @@ from rrfp_cli.options import (
     PolicyChoice,
     PolicyOpt,
     Seed,
+    SplitOverhead,
     Stages,
     StragglerProb,
     StragglerSlowdown,
@@ -62,6 +63,7 @@ def simulate(
     straggler_slowdown: StragglerSlowdown = 4.0,
     comm_latency: CommLatency = 0.0,
     comm_jitter: CommJitter = 0.0,
+    split_overhead: SplitOverhead = 1.0,
     task_overhead: TaskOverhead = 0.0,
     durations: DurationsFile = None,
     durations_iteration: Annotated[Optional[int], typer.Option(
@@ -98,7 +100,7 @@ def simulate(
 
     shape = PipelineShape(stages, chunks, microbatches, placement=placed)
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
-                              straggler_slowdown, comm_latency, comm_jitter)
+                              straggler_slowdown, comm_latency, comm_jitter, split_overhead)
     table = durations_for(shape, model, seed, durations, durations_iteration, comm_latency)
     if durations is not None:
         source = {"durations": str(durations), "iteration": durations_iteration, "comm_latency": comm_latency}

@@ -121,6 +121,11 @@ CommJitter = Annotated[
     float, typer.Option("--comm-jitter", min=0.0, help="Log-sd of lognormal noise on each transfer.",
                         rich_help_panel=VARIABILITY),
 ]
+SplitOverhead = Annotated[
+    float, typer.Option("--split-overhead", help="A split backward's I + W over B: I = B/2, W the rest (1: a free "
+                        "split; benchmarks/split_cost.py measured 1.57 on gpt, 1.65 on multimodal).",
+                        rich_help_panel=VARIABILITY),
+]
 DurationsFile = Annotated[
     Optional[Path],
     typer.Option("--durations", help="Replay recorded durations: CSV or Parquet with columns "
@@ -146,6 +151,7 @@ def variability_model(
     straggler_slowdown: float,
     comm_latency: float,
     comm_jitter: float,
+    split_overhead: float = 1.0,
 ):
     from runtime.variability import VariabilityModel
 
@@ -158,4 +164,5 @@ def variability_model(
         straggler_slowdown=straggler_slowdown,
         comm_latency=comm_latency,
         comm_jitter=comm_jitter,
+        split_overhead=split_overhead,
     )
