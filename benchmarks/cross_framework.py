@@ -1,22 +1,45 @@
 """torch.distributed.pipelining's schedules against ``rrfp run``, on the same models, stages, microbatches and data.
 
     .venv/bin/python benchmarks/cross_framework.py [--stages 4] [--microbatches 16] [--iters 4]
-        [--forward-time 0.01] [--cases gpt uniform multimodal] [--hints 1f1b zb bfw] [--budgets 1f1b 2x]
+        [--forward-time 0.01] [--cases gpt uniform multimodal] [--schedules ...] [--hints 1f1b zb bfw]
+        [--budgets 1f1b 2x] [--json FILE] [--quick]
 
 For each case it runs, on ``--stages`` CPU processes over gloo:
 
-* torch's ``Schedule1F1B`` and ``ScheduleGPipe`` (``PipelineStage`` + ``step()``), one launch;
-* ``rrfp run`` jobs through :func:`runtime.launch.launch`, one launch: fixed-order ``1f1b`` (rrfp's
-  baseline) and readiness-first with each of ``--hints`` at each of ``--budgets``.
+* each of torch's ``--schedules`` (``PipelineStage``\\ s + ``step()``), all in one launch: by default
+  ``Schedule1F1B``, ``ScheduleGPipe``, ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
+  ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV``;
+* ``rrfp run`` jobs through :func:`runtime.launch.launch`, one launch: for every torch schedule, the
+  rrfp hint of the same structure (:data:`PAIRS`) under ``fixed`` and under ``ready`` at that
+  schedule's own peak in flight ([Note: equal memory pairs]); and, on one chunk, each of ``--hints``
+  under ``fixed`` and under ``ready`` at each of ``--budgets``.
 
 Each job trains ``--warmup`` + ``--iters`` iterations (forward, backward, AdamW step); the warm-up
-iterations are dropped and the median step time of the rest is reported, with throughput (tokens or
-samples per second) and the speedups over torch's ``Schedule1F1B`` and over rrfp's fixed 1F1B, all
-measured in the same run. A step is timed on rank 0 and includes the optimizer step: for torch from a
-barrier through ``step()`` and the optimizer to a closing barrier; rrfp times itself, from the end of
-the previous iteration's ``all_gather`` through the optimizer to this iteration's ``all_gather``.
-"peak in flight" is the most microbatches a rank holds activations for: measured for rrfp, by
-construction for torch (1F1B: ``stages``; GPipe: ``microbatches``).
+iterations are dropped and the median step time of the rest is reported with its spread (min - max),
+throughput (tokens or samples per second) and speedups, all measured in the same run: over torch's
+``Schedule1F1B``, over the torch schedule of the same structure, and (ready rows) over the same hint
+in fixed order. A step is timed on rank 0 and includes the optimizer step: for torch from a barrier
+through ``step()`` and the optimizer to a closing barrier; rrfp times itself, from the end of the
+previous iteration's ``all_gather`` through the optimizer to this iteration's ``all_gather``. "peak in
+flight" is the most microbatch-chunks a rank holds activations for: measured for rrfp, by construction
+for torch (from torch's own ``pipeline_order``, :func:`hints.torch_import.import_torch_schedule`).
+
+[Note: equal memory pairs]
+    A speedup of readiness over a torch schedule is only readiness's if both run the same structure
+    at the same memory. So each torch schedule is paired with the rrfp hint that issues the same order
+    (``1f1b``, ``gpipe``, ``interleaved-1f1b``, ``zb``, ``zbv``; DualPipeV has no built-in and is
+    imported, ``torch:ScheduleDualPipeV``) on the same chunks and placement, run in ``fixed`` order
+    (what rrfp's runtime costs against torch's on the same order) and under ``ready`` with the memory
+    budget equal to the torch schedule's per-rank peak (what readiness adds). The per-rank peaks are
+    read off torch's order: when they are 1F1B's (``Schedule1F1B``, ``ScheduleInterleaved1F1B``,
+    ``ScheduleZBVZeroBubble``) the budget is ``1f1b``; when they are the same on every rank
+    (``ScheduleGPipe``: ``m``; ``ScheduleInterleavedZeroBubble``: ``(v-1) * round + p``;
+    ``ScheduleDualPipeV``: ``2p + 1``) it is that slot count. A peak that is neither cannot be written
+    as an rrfp budget; the row then runs at the largest rank's peak and is marked ``equal_memory:
+    false`` (``*`` in the tables). Multi-chunk schedules run ``--layers-per-rank / chunks`` gpt blocks
+    per model stage and the emulated workload splits each rank's ``--forward-time`` over its chunks
+    (:mod:`runtime.variability`), so every structure trains a model of the same per-rank size (the
+    gpt losses differ between chunk counts: different stage cuts, different initialisation).
 
 Cases (``--cases``):
 
@@ -31,7 +54,9 @@ Cases (``--cases``):
     Transfer latency is not emulated: rrfp would inject it in its transport, torch would not see it.
 
 Output: Markdown on stdout (command line, machine, one table per case, then a summary of the speedups
-over torch 1F1B, without and with variability); progress goes to stderr.
+over torch 1F1B, without and with variability); progress goes to stderr. ``--json FILE`` also writes
+every row as a JSON list (fields in :func:`json_row`). Bad arguments print one ``error:`` line and
+exit 2.
 
 [Note: the torch adapter]
     torch splits the ``step()`` input along dim 0 into microbatches and calls the stage module with the
@@ -42,7 +67,13 @@ over torch 1F1B, without and with variability); progress goes to stderr.
     passes to ``forward_one_chunk`` before the module runs. Each stage's module is built by
     ``Workload.build_stage`` from the same seed as in rrfp, and each microbatch's loss is divided by
     the microbatch count with ``scale_grads=False``, exactly as rrfp does, so both runtimes compute the
-    same losses and gradients; the tables print the last iteration's loss to show it.
+    same losses and gradients; the tables print the last iteration's loss to show it. A rank of a
+    multi-stage schedule holds one ``PipelineStage`` per local model stage (ids ``r, r+p`` looping;
+    ``r, 2p-1-r`` in a V, where rank 0 feeds the inputs *and* computes the loss). torch's split
+    backward (``I`` then ``W``, :mod:`torch.distributed.pipelining._backward`) needs nothing of the
+    module: it retains the graph from ``I`` and walks it again for the weights in ``W``, as rrfp's
+    executor does; the emulated stage's two sleeping autograd nodes sit on the input and on the
+    weight path, so ``I`` sleeps one and ``W`` the other, in both runtimes.
 
 [Note: static shapes]
     ``PipelineStage`` infers shapes on the first ``step()`` unless it is given example tensors; that
@@ -57,6 +88,7 @@ over torch 1F1B, without and with variability); progress goes to stderr.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import os
 import platform
@@ -67,7 +99,7 @@ import tempfile
 import time
 import uuid
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
@@ -77,22 +109,56 @@ import torch
 from torch import nn
 from torch.distributed.pipelining import PipelineStage
 
-from hints.tasks import PipelineShape
+from hints.errors import HintError, UserError
+from hints.orders import peak_in_flight
+from hints.tasks import LOOPING, V, B, PipelineShape, W
+from hints.torch_import import import_torch_schedule
+from runtime.arbiter import one_f_one_b_bounds
 from runtime.config import RunConfig
-from runtime.launch import free_port, launch
+from runtime.launch import free_port, launch, preflight
+from runtime.plan import run_shape
 from runtime.worker import Job, WorkerOptions
 from runtime.workloads import make_optimizer, make_workload
 
-TORCH_SCHEDULES = ("Schedule1F1B", "ScheduleGPipe")
-BASELINE = "torch Schedule1F1B"
-RRFP_BASELINE = "rrfp fixed 1f1b"
+
+@dataclass(frozen=True)
+class Pair:
+    """The rrfp hint that issues a torch schedule's order, on its chunks and placement ([Note: equal memory pairs])."""
+
+    hint: str
+    chunks: int
+    placement: str
+
+
+PAIRS = {
+    "Schedule1F1B": Pair("1f1b", 1, LOOPING),
+    "ScheduleGPipe": Pair("gpipe", 1, LOOPING),
+    "ScheduleInterleaved1F1B": Pair("interleaved-1f1b", 2, LOOPING),
+    "ScheduleInterleavedZeroBubble": Pair("zb", 2, LOOPING),
+    "ScheduleZBVZeroBubble": Pair("zbv", 2, V),
+    "ScheduleDualPipeV": Pair("torch:ScheduleDualPipeV", 2, V),
+}
+BASELINE = "Schedule1F1B"  # every speedup "vs torch 1F1B" is over this one; always run
+QUICK = dict(cases=["uniform", "multimodal"], microbatches=8, iters=3, forward_time=0.005, hints=["zb"],
+             budgets=["1f1b"])
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     variability: bool
-    config: RunConfig
+    config: RunConfig  # one chunk; multi-chunk schedules derive theirs (structure_config)
+
+
+@dataclass(frozen=True)
+class Structure:
+    """One job's structure and memory: what torch schedule it is paired with, and at which budget."""
+
+    hint: str
+    chunks: int
+    placement: str
+    paired_with: str | None  # a torch schedule name, or None (an extra --hints row)
+    equal_memory: bool = True
 
 
 @dataclass
@@ -100,13 +166,16 @@ class Measured:
     """One job of one case: step times and losses of the measured iterations (warm-up dropped)."""
 
     runner: str  # "torch" or "rrfp"
-    schedule: str
+    schedule: str  # torch schedule name, or rrfp hint
     policy: str
     budget: str
+    structure: Structure
     walls: list[float]
     losses: list[float | None]
     units: list[int]  # tokens or samples per measured iteration
-    peak_in_flight: str
+    peak_in_flight: int
+    peak_by_construction: bool = False
+    speedups: dict[str, float | None] = field(default_factory=dict)
 
     @property
     def median_wall(self) -> float:
@@ -120,7 +189,31 @@ class Measured:
     def label(self) -> str:
         if self.runner == "torch":
             return f"torch {self.schedule}"
-        return f"rrfp {self.policy} {self.schedule}" + (f" @{self.budget}" if self.policy == "ready" else "")
+        chunked = "" if self.structure.chunks == 1 else f" (v={self.structure.chunks}, {self.structure.placement})"
+        budget = f" @{self.budget}" if self.policy == "ready" else ""
+        return f"rrfp {self.policy} {self.schedule}{chunked}{budget}"
+
+
+def structure_config(config: RunConfig, structure: Structure, layers_per_rank: int) -> RunConfig:
+    """``config`` for ``structure``: its chunks and placement, the hint, and a per-rank model of the same size."""
+    return config.with_overrides(hint=structure.hint, chunks=structure.chunks, placement=structure.placement,
+                                 layers_per_stage=layers_per_rank // structure.chunks)
+
+
+def torch_peaks(schedule: str, stages: int, microbatches: int) -> list[int]:
+    """Per-rank peak microbatch-chunks in flight of torch's own order for ``schedule``."""
+    hint = import_torch_schedule(schedule, stages, microbatches, PAIRS[schedule].chunks)
+    final = W if hint.shape.split_backward else B
+    return [peak_in_flight(order, final) for order in hint.orders]
+
+
+def equal_memory_budget(schedule: str, stages: int, microbatches: int) -> tuple[str, bool]:
+    """The rrfp ``--memory-budget`` equal to ``schedule``'s per-rank peaks, and whether it is exactly equal."""
+    pair = PAIRS[schedule]
+    peaks = torch_peaks(schedule, stages, microbatches)
+    if peaks == one_f_one_b_bounds(PipelineShape(stages, pair.chunks, microbatches, placement=pair.placement)):
+        return "1f1b", True
+    return str(max(peaks)), len(set(peaks)) == 1
 
 
 # -- torch side (runs in the spawned ranks) ----------------------------------------------------------
@@ -154,7 +247,7 @@ def example_tensors(config: RunConfig, stage_index: int) -> tuple[torch.Tensor, 
 
     They give torch's ``PipelineStage`` its shapes up front (static mode; see [Note: static shapes]).
     """
-    workload = make_workload(config, PipelineShape(config.stages, 1, config.microbatches))
+    workload = make_workload(config, run_shape(config))
     received = torch.zeros(1, 1, dtype=torch.long)  # stage 0: one microbatch index
     for stage in range(stage_index + 1):
         adapter = TorchStageAdapter(workload, stage)
@@ -172,7 +265,7 @@ class IndexedStage(PipelineStage):
         return super().forward_one_chunk(fwd_chunk_id, *args, **kwargs)
 
 
-def torch_worker(config: RunConfig, schedules: tuple[str, ...]) -> dict:
+def torch_worker(configs: dict[str, RunConfig]) -> dict:
     """One rank of a torch launch: every schedule in turn, fresh modules each; rank 0 returns the timings."""
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import torch.distributed as dist
@@ -180,44 +273,51 @@ def torch_worker(config: RunConfig, schedules: tuple[str, ...]) -> dict:
 
     torch.set_num_threads(1)
     rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", timeout=timedelta(seconds=max(120.0, 2 * config.timeout)))
-    stages, microbatches = config.stages, config.microbatches
-    last = rank == stages - 1
+    first = next(iter(configs.values()))
+    dist.init_process_group("gloo", timeout=timedelta(seconds=max(120.0, 2 * first.timeout)))
     results = {}
     try:
-        for name in schedules:
-            workload = make_workload(config, PipelineShape(stages, 1, microbatches))
-            adapter = TorchStageAdapter(workload, rank)
+        for name, config in configs.items():
+            shape = run_shape(config)
+            microbatches, last_stage = config.microbatches, shape.stages - 1
+            local = [k for k in range(shape.stages) if shape.rank_of(k) == rank]
+            workload = make_workload(config, shape)
+            adapters = {k: TorchStageAdapter(workload, k) for k in local}
+            loss_adapter = adapters.get(last_stage)
 
-            def loss_fn(output, target, workload=workload, adapter=adapter):
+            def loss_fn(output, target, workload=workload, adapter=loss_adapter):
                 batch = workload.batch(adapter.iteration, int(target.reshape(-1)[0]))
                 return workload.loss((output,), batch) / microbatches
 
-            example_input, example_output = example_tensors(config, rank)
-            stage = IndexedStage(adapter, rank, stages, torch.device("cpu"),
-                                 input_args=example_input, output_args=example_output)
-            schedule = getattr(torch_schedules, name)(stage, microbatches, loss_fn=loss_fn, scale_grads=False)
-            optimizer = make_optimizer(adapter.stage_module.parameters(), config)
+            stages = []
+            for k in local:
+                example_input, example_output = example_tensors(config, k)
+                stages.append(IndexedStage(adapters[k], k, shape.stages, torch.device("cpu"),
+                                           input_args=example_input, output_args=example_output))
+            schedule_class = getattr(torch_schedules, name)
+            single = issubclass(schedule_class, torch_schedules.PipelineScheduleSingle)
+            schedule = schedule_class(stages[0] if single else stages, microbatches, loss_fn=loss_fn,
+                                      scale_grads=False)
+            optimizer = make_optimizer([p for a in adapters.values() for p in a.stage_module.parameters()], config)
             indices = torch.arange(microbatches).unsqueeze(1)
             walls, losses = [], []
             for iteration in range(config.iters):
-                adapter.iteration = iteration
+                for adapter in adapters.values():
+                    adapter.iteration = iteration
                 microbatch_losses: list[torch.Tensor] = []
+                args = (indices,) if 0 in adapters else ()
+                target = indices if loss_adapter is not None else None
                 dist.barrier()
                 began = time.perf_counter()
-                if rank == 0:
-                    schedule.step(indices, return_outputs=False)
-                elif last:
-                    schedule.step(target=indices, losses=microbatch_losses, return_outputs=False)
-                else:
-                    schedule.step(return_outputs=False)
+                schedule.step(*args, target=target, losses=microbatch_losses if target is not None else None,
+                              return_outputs=False)
                 optimizer.step()
                 optimizer.zero_grad(set_to_none=True)
                 dist.barrier()
                 walls.append(time.perf_counter() - began)
-                losses.append(sum(float(loss) for loss in microbatch_losses) if last else float("nan"))
+                losses.append(sum(float(loss) for loss in microbatch_losses) if target is not None else float("nan"))
             loss_table = torch.tensor(losses, dtype=torch.float64)
-            dist.broadcast(loss_table, src=stages - 1)
+            dist.broadcast(loss_table, src=shape.rank_of(last_stage))
             results[name] = {"walls": walls, "losses": loss_table.tolist()}
         dist.barrier()
     finally:
@@ -225,27 +325,60 @@ def torch_worker(config: RunConfig, schedules: tuple[str, ...]) -> dict:
     return results
 
 
-def run_torch(config: RunConfig, out_root: Path) -> dict:
+def run_torch(configs: dict[str, RunConfig], stages: int, out_root: Path) -> dict:
     from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, Std
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
     launch_config = LaunchConfig(
-        min_nodes=1, max_nodes=1, nproc_per_node=config.stages, run_id=f"xf-{uuid.uuid4().hex[:8]}",
+        min_nodes=1, max_nodes=1, nproc_per_node=stages, run_id=f"xf-{uuid.uuid4().hex[:8]}",
         rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.1,
         start_method="spawn", shutdown_timeout=5,
         logs_specs=DefaultLogsSpecs(log_dir=str(out_root / "torch-logs"), redirects=Std.ALL),
     )
-    return elastic_launch(launch_config, torch_worker)(config, TORCH_SCHEDULES)[0]
+    return elastic_launch(launch_config, torch_worker)(configs)[0]
 
 
 # -- rrfp side ------------------------------------------------------------------------------------
 
 
-def rrfp_jobs(config: RunConfig, hints: list[str], budgets: list[str], out_root: Path) -> list[Job]:
-    configs = [("fixed-1f1b", config.with_overrides(policy="fixed", hint=None))]
-    configs += [(f"ready-{hint}@{budget}", config.with_overrides(policy="ready", hint=hint, memory_budget=budget))
-                for budget in budgets for hint in hints]
-    return [Job(name, job_config, str(out_root / name)) for name, job_config in configs]
+@dataclass(frozen=True)
+class Plan:
+    """What one case runs: torch schedules with their configs, rrfp jobs with their structures."""
+
+    torch_configs: dict[str, RunConfig]
+    jobs: list[Job]
+    structures: dict[str, Structure]  # job name -> structure
+    torch_peaks: dict[str, int]
+
+
+def plan_case(case: Case, schedules: list[str], hints: list[str], budgets: list[str], layers_per_rank: int,
+              out_root: Path) -> Plan:
+    config = case.config
+    p, m = config.stages, config.microbatches
+    torch_configs, jobs, structures, peaks = {}, [], {}, {}
+
+    def add(name: str, structure: Structure, job_config: RunConfig) -> None:
+        if name not in structures:
+            structures[name] = structure
+            jobs.append(Job(name, job_config, str(out_root / name.replace(":", "-"))))
+
+    for schedule in schedules:
+        pair = PAIRS[schedule]
+        budget, exact = equal_memory_budget(schedule, p, m)
+        peaks[schedule] = max(torch_peaks(schedule, p, m))
+        structure = Structure(pair.hint, pair.chunks, pair.placement, schedule, exact)
+        paired = structure_config(config, structure, layers_per_rank)
+        torch_configs[schedule] = paired
+        add(f"fixed-{pair.hint}-v{pair.chunks}", structure, paired.with_overrides(policy="fixed"))
+        add(f"ready-{pair.hint}-v{pair.chunks}@{budget}", structure,
+            paired.with_overrides(policy="ready", memory_budget=budget))
+    for hint in hints:
+        structure = Structure(hint, 1, LOOPING, None)
+        extra = structure_config(config, structure, layers_per_rank)
+        add(f"fixed-{hint}-v1", structure, extra.with_overrides(policy="fixed"))
+        for budget in budgets:
+            add(f"ready-{hint}-v1@{budget}", structure, extra.with_overrides(policy="ready", memory_budget=budget))
+    return Plan(torch_configs, jobs, structures, peaks)
 
 
 def run_rrfp(jobs: list[Job], config: RunConfig, out_root: Path) -> dict:
@@ -262,62 +395,105 @@ def units_per_iteration(config: RunConfig) -> list[int]:
             for iteration in range(config.iters)]
 
 
-def measure(case: Case, hints: list[str], budgets: list[str], warmup: int) -> list[Measured]:
+def measure(case: Case, plan: Plan, warmup: int, root: Path) -> list[Measured]:
+    """Run one case's plan (its rrfp jobs write under ``root / "rrfp"``, as :func:`plan_case` was told)."""
     config = case.config
     units = units_per_iteration(config)[warmup:]
-    with tempfile.TemporaryDirectory(prefix="rrfp-xf-") as tmp:
-        root = Path(tmp)
-        jobs = rrfp_jobs(config, hints, budgets, root / "rrfp")
-        progress(f"{case.name}: torch {', '.join(TORCH_SCHEDULES)}")
-        torch_results = run_torch(config, root)
-        progress(f"{case.name}: rrfp {', '.join(job.name for job in jobs)}")
-        rrfp_results = run_rrfp(jobs, config, root / "rrfp")
+    progress(f"{case.name}: torch {', '.join(plan.torch_configs)}")
+    torch_results = run_torch(plan.torch_configs, config.stages, root)
+    progress(f"{case.name}: rrfp {', '.join(job.name for job in plan.jobs)}")
+    rrfp_results = run_rrfp(plan.jobs, config, root / "rrfp")
     measured = []
-    by_construction = {"Schedule1F1B": config.stages, "ScheduleGPipe": config.microbatches}
-    for name in TORCH_SCHEDULES:
-        result = torch_results[name]
-        measured.append(Measured("torch", name, "fixed", "-", result["walls"][warmup:], result["losses"][warmup:],
-                                 units, f"{by_construction[name]} (by construction)"))
-    for job in jobs:
+    for name, result in torch_results.items():
+        pair = PAIRS[name]
+        measured.append(Measured("torch", name, "fixed", "-", Structure(pair.hint, pair.chunks, pair.placement, name),
+                                 result["walls"][warmup:], result["losses"][warmup:], units,
+                                 plan.torch_peaks[name], peak_by_construction=True))
+    for job in plan.jobs:
         rows = rrfp_results[job.name]["metrics"][warmup:]
-        peak = max(max(row["peak_in_flight"]) for row in rows)
-        hint = job.config.hint or "1f1b"
         budget = job.config.memory_budget if job.config.policy == "ready" else "-"
-        measured.append(Measured("rrfp", hint, job.config.policy, budget,
+        measured.append(Measured("rrfp", job.config.hint, job.config.policy, budget, plan.structures[job.name],
                                  [row["wall_seconds"] for row in rows], [row["loss"] for row in rows], units,
-                                 str(peak)))
+                                 max(max(row["peak_in_flight"]) for row in rows)))
+    add_speedups(measured)
     return measured
+
+
+def add_speedups(measured: list[Measured]) -> None:
+    """Median step-time ratios (> 1: this row is faster), each over a row measured in the same run."""
+    torch_rows = {m.schedule: m for m in measured if m.runner == "torch"}
+    fixed_rows = {(m.schedule, m.structure.chunks): m for m in measured if m.runner == "rrfp" and m.policy == "fixed"}
+
+    def over(reference: Measured | None, row: Measured) -> float | None:
+        return None if reference is None else reference.median_wall / row.median_wall
+
+    for row in measured:
+        paired = row.structure.paired_with
+        row.speedups = {
+            "vs_torch_1f1b": over(torch_rows.get(BASELINE), row),
+            "vs_rrfp_fixed_1f1b": over(fixed_rows.get(("1f1b", 1)), row),
+            "vs_torch_paired": over(torch_rows.get(paired), row) if paired else None,
+            "vs_rrfp_fixed_same_hint": (over(fixed_rows.get((row.schedule, row.structure.chunks)), row)
+                                        if row.runner == "rrfp" and row.policy == "ready" else None),
+        }
 
 
 # -- report ---------------------------------------------------------------------------------------
 
 
-def describe(config: RunConfig) -> str:
+def json_row(case: Case, m: Measured) -> dict:
+    """One row of ``--json``: seconds, units per second, peaks in microbatch-chunks per rank."""
+    s = m.structure
+    return {
+        "case": case.name, "variability": case.variability, "system": m.runner, "schedule": m.schedule,
+        "label": m.label, "policy": m.policy, "budget": m.budget, "chunks": s.chunks, "placement": s.placement,
+        "paired_with": s.paired_with, "equal_memory": s.equal_memory,
+        "median_step_s": m.median_wall, "min_step_s": min(m.walls), "max_step_s": max(m.walls),
+        "spread": (max(m.walls) - min(m.walls)) / m.median_wall, "step_s": m.walls,
+        "throughput": m.throughput, "unit": "tokens/s" if case.config.workload == "gpt" else "samples/s",
+        "peak_in_flight": m.peak_in_flight, "peak_by_construction": m.peak_by_construction,
+        "last_loss": m.losses[-1], "speedups": m.speedups,
+        "stages": case.config.stages, "microbatches": case.config.microbatches, "measured_iters": len(m.walls),
+    }
+
+
+def describe(config: RunConfig, layers_per_rank: int) -> str:
     if config.workload == "gpt":
-        return (f"gpt, seq-len {config.seq_len}, hidden {config.hidden}, {config.layers_per_stage} block(s) per "
-                f"stage, {config.samples} samples per microbatch")
+        return (f"gpt, seq-len {config.seq_len}, hidden {config.hidden}, {layers_per_rank} block(s) per rank, "
+                f"{config.samples} samples per microbatch")
     noise = (f"jitter {config.jitter:g}, straggler-prob {config.straggler_prob:g} (x{config.straggler_slowdown:g})"
              if config.jitter or config.straggler_prob else "no jitter")
-    return (f"emulated {config.emulate}, forward-time {config.forward_time:g} s, backward-ratio "
+    return (f"emulated {config.emulate}, forward-time {config.forward_time:g} s per rank, backward-ratio "
             f"{config.backward_ratio:g}, {noise}")
 
 
-def print_case(case: Case, measured: list[Measured], warmup: int) -> None:
+def ratio(value: float | None) -> str:
+    return "-" if value is None else f"{value:.3f}x"
+
+
+def print_case(case: Case, measured: list[Measured], warmup: int, layers_per_rank: int) -> None:
     config = case.config
     unit = "tokens/s" if config.workload == "gpt" else "samples/s"
-    by_label = {m.label: m for m in measured}
-    baseline, rrfp_baseline = by_label[BASELINE].median_wall, by_label[RRFP_BASELINE].median_wall
-    print(f"\n### {case.name}: {describe(config)}\n")
+    print(f"\n### {case.name}: {describe(config, layers_per_rank)}\n")
     print(f"{config.stages} stages, {config.microbatches} microbatches, {config.iters - warmup} measured "
           f"iterations after {warmup} warm-up, seed {config.seed}.\n")
-    print(f"| runner | schedule (hint) | policy | memory budget | median step | min - max | {unit} "
-          f"| vs torch 1F1B | vs rrfp fixed 1f1b | peak in flight | last loss |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    for m in measured:
+    print(f"| runner | schedule (hint) | chunks | policy | memory budget | median step | min - max | {unit} "
+          f"| vs torch 1F1B | vs torch same structure | ready / fixed same hint | peak in flight | last loss |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+    order = {name: index for index, name in enumerate(PAIRS)}
+    for m in sorted(measured, key=lambda m: (m.structure.paired_with is None,
+                                             order.get(m.structure.paired_with, 0), m.runner != "torch")):
+        s, sp = m.structure, m.speedups
         loss = "-" if m.losses[-1] is None else f"{m.losses[-1]:.5f}"
-        print(f"| {m.runner} | {m.schedule} | {m.policy} | {m.budget} | {m.median_wall * 1e3:.1f} ms "
-              f"| {min(m.walls) * 1e3:.1f} - {max(m.walls) * 1e3:.1f} ms | {m.throughput:,.0f} "
-              f"| {baseline / m.median_wall:.3f}x | {rrfp_baseline / m.median_wall:.3f}x | {m.peak_in_flight} | {loss} |")
+        budget = m.budget + ("" if s.equal_memory or m.policy != "ready" else "*")
+        peak = f"{m.peak_in_flight}" + (" (torch's order)" if m.peak_by_construction else "")
+        print(f"| {m.runner} | {m.schedule} | {s.chunks}{' V' if s.placement == V else ''} | {m.policy} | {budget} "
+              f"| {m.median_wall * 1e3:.1f} ms | {min(m.walls) * 1e3:.1f} - {max(m.walls) * 1e3:.1f} ms "
+              f"| {m.throughput:,.0f} | {ratio(sp['vs_torch_1f1b'])} | {ratio(sp['vs_torch_paired'])} "
+              f"| {ratio(sp['vs_rrfp_fixed_same_hint'])} | {peak} | {loss} |")
+    print("\n`vs torch same structure`: the paired torch schedule's median over this row's ([Note: equal memory "
+          "pairs]); `ready / fixed same hint`: what readiness adds at the row's budget; `*`: the torch "
+          "schedule's per-rank peaks are not an rrfp budget, the row runs at their maximum.")
 
 
 def print_summary(cases: list[Case], results: dict[str, list[Measured]]) -> None:
@@ -325,13 +501,11 @@ def print_summary(cases: list[Case], results: dict[str, list[Measured]]) -> None
     headers = [f"{case.name} ({'variability' if case.variability else 'no variability'})" for case in cases]
     print("| runner, schedule | " + " | ".join(headers) + " |")
     print("|---|" + "---|" * len(cases))
-    labels = [m.label for m in results[cases[0].name]]
-    for label in labels:
+    for label in [m.label for m in results[cases[0].name]]:
         cells = []
         for case in cases:
             by_label = {m.label: m for m in results[case.name]}
-            ratio = by_label[BASELINE].median_wall / by_label[label].median_wall
-            cells.append(f"{ratio:.3f}x")
+            cells.append(ratio(by_label[label].speedups["vs_torch_1f1b"]) if label in by_label else "-")
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
@@ -347,58 +521,109 @@ def progress(message: str) -> None:
 def build_cases(args: argparse.Namespace) -> list[Case]:
     iters = args.warmup + args.iters
     common = dict(stages=args.stages, microbatches=args.microbatches, iters=iters, seed=args.seed,
-                  samples=args.samples, timeout=args.timeout)
+                  samples=args.samples, timeout=args.timeout, layers_per_stage=args.layers_per_rank)
     emulated = dict(workload="emulated", forward_time=args.forward_time, **common)
     available = {
-        "gpt": Case("gpt", False, RunConfig(workload="gpt", seq_len=args.seq_len, **common)),
-        "uniform": Case("uniform", False, RunConfig(emulate="uniform", jitter=0.0, **emulated)),
-        "multimodal": Case("multimodal", True, RunConfig(emulate="multimodal", jitter=args.jitter,
-                                                         straggler_prob=args.straggler_prob, **emulated)),
+        "gpt": lambda: Case("gpt", False, RunConfig(workload="gpt", seq_len=args.seq_len, **common)),
+        "uniform": lambda: Case("uniform", False, RunConfig(emulate="uniform", jitter=0.0, **emulated)),
+        "multimodal": lambda: Case("multimodal", True, RunConfig(emulate="multimodal", jitter=args.jitter,
+                                                                 straggler_prob=args.straggler_prob, **emulated)),
     }
-    return [available[name] for name in args.cases]
+    return [available[name]() for name in args.cases]
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--stages", type=int, default=4, help="pipeline stages = processes (default 4)")
-    parser.add_argument("--microbatches", type=int, default=16, help="per iteration (default 16)")
-    parser.add_argument("--iters", type=int, default=4, help="measured iterations (default 4)")
+class Parser(argparse.ArgumentParser):
+    """Bad input: one ``error:`` line and exit 2 (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true",
+                        help="small run (uniform and multimodal, 8 microbatches, 3 measured iterations, 5 ms "
+                             "forwards, hints zb at the 1f1b budget); explicit flags win")
+    parser.add_argument("--stages", type=int, default=4, help="pipeline ranks = processes (default 4)")
+    parser.add_argument("--microbatches", type=int, default=None, help="per iteration (default 16)")
+    parser.add_argument("--iters", type=int, default=None, help="measured iterations (default 4)")
     parser.add_argument("--warmup", type=int, default=1, help="warm-up iterations, not measured (default 1)")
-    parser.add_argument("--cases", nargs="+", choices=("gpt", "uniform", "multimodal"),
-                        default=["gpt", "uniform", "multimodal"])
-    parser.add_argument("--hints", nargs="+", default=["1f1b", "zb", "bfw"], help="rrfp ready-policy hints")
-    parser.add_argument("--budgets", nargs="+", default=["1f1b", "2x"], help="rrfp memory budgets")
+    parser.add_argument("--cases", nargs="+", choices=("gpt", "uniform", "multimodal"), default=None)
+    parser.add_argument("--schedules", nargs="+", choices=tuple(PAIRS), default=list(PAIRS),
+                        help=f"torch schedules ({BASELINE} always runs: it is the baseline)")
+    parser.add_argument("--hints", nargs="*", default=None,
+                        help="extra one-chunk rrfp hints, each fixed and ready at --budgets (default 1f1b zb bfw)")
+    parser.add_argument("--budgets", nargs="+", default=None, help="budgets of the --hints rows (default 1f1b 2x)")
+    parser.add_argument("--layers-per-rank", type=int, default=2,
+                        help="gpt blocks per rank, split over its chunks (default 2)")
     parser.add_argument("--seq-len", type=int, default=32, help="gpt sequence length (default 32)")
     parser.add_argument("--samples", type=int, default=2, help="samples per microbatch (default 2)")
-    parser.add_argument("--forward-time", type=float, default=0.01, help="emulated forward seconds (default 0.01)")
+    parser.add_argument("--forward-time", type=float, default=None,
+                        help="emulated forward seconds per rank (default 0.01)")
     parser.add_argument("--jitter", type=float, default=0.2, help="multimodal case: log-sd of task noise")
     parser.add_argument("--straggler-prob", type=float, default=0.02, help="multimodal case: straggler chance")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="rrfp stall timeout, seconds")
-    args = parser.parse_args()
+    parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write every row as JSON")
+    args = parser.parse_args(argv)
+    defaults = dict(cases=["gpt", "uniform", "multimodal"], microbatches=16, iters=4, forward_time=0.01,
+                    hints=["1f1b", "zb", "bfw"], budgets=["1f1b", "2x"])
+    for name, value in (QUICK if args.quick else defaults).items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
     if args.stages < 2 or args.microbatches < args.stages:
         parser.error("need --stages >= 2 and --microbatches >= --stages (torch's Schedule1F1B requires it)")
     if args.iters < 1 or args.warmup < 0:
         parser.error("need --iters >= 1 and --warmup >= 0")
+    if args.forward_time <= 0:
+        parser.error(f"--forward-time must be > 0, got {args.forward_time}")
+    args.schedules = [BASELINE] + [name for name in dict.fromkeys(args.schedules) if name != BASELINE]
+    chunk_counts = {PAIRS[name].chunks for name in args.schedules}
+    if any(args.layers_per_rank < 1 or args.layers_per_rank % chunks for chunks in chunk_counts):
+        parser.error(f"--layers-per-rank must be a positive multiple of the chunk counts {sorted(chunk_counts)}, "
+                     f"got {args.layers_per_rank}")
+    for name in args.schedules:  # torch's own shape checks, before anything is launched
+        try:
+            torch_peaks(name, args.stages, args.microbatches)
+        except HintError as err:
+            parser.error(str(err))
     return args
 
 
-def main() -> None:
-    args = parse_args()
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     os.environ.setdefault("PYTHONWARNINGS", "ignore:Failed to initialize NumPy")
     for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
         logging.getLogger(name).setLevel(logging.CRITICAL)
-    cases = build_cases(args)
+    try:
+        cases = build_cases(args)
+        with tempfile.TemporaryDirectory(prefix="rrfp-xf-plan-") as tmp:
+            for case in cases:  # every job checked before anything is launched
+                preflight([job.config for job in plan_case(case, args.schedules, args.hints, args.budgets,
+                                                           args.layers_per_rank, Path(tmp)).jobs])
+    except (UserError, HintError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        sys.exit(2)
     began = time.perf_counter()
     print("## torch.distributed.pipelining vs rrfp run\n")
     print(f"Command: `{shlex.join(sys.orig_argv)}`\n")
     print(f"Machine: {machine()}")
-    results = {}
+    results, rows = {}, []
     for case in cases:
-        results[case.name] = measure(case, args.hints, args.budgets, args.warmup)
-        print_case(case, results[case.name], args.warmup)
+        with tempfile.TemporaryDirectory(prefix="rrfp-xf-") as tmp:
+            root = Path(tmp)
+            plan = plan_case(case, args.schedules, args.hints, args.budgets, args.layers_per_rank, root / "rrfp")
+            results[case.name] = measure(case, plan, args.warmup, root)
+        print_case(case, results[case.name], args.warmup, args.layers_per_rank)
+        rows += [json_row(case, m) for m in results[case.name]]
         sys.stdout.flush()
+        if args.json is not None:  # rewritten after every case, so a long run leaves what it measured
+            args.json.write_text(json.dumps(rows, indent=1) + "\n")
     print_summary(cases, results)
     print(f"\nTotal run time: {time.perf_counter() - began:.0f} s")
 

@@ -29,6 +29,7 @@ from rrfp_cli.options import (
     PolicyChoice,
     PolicyOpt,
     Seed,
+    SplitOverhead,
     Stages,
     StragglerProb,
     StragglerSlowdown,
@@ -63,6 +64,7 @@ def simulate(
     straggler_slowdown: StragglerSlowdown = 4.0,
     comm_latency: CommLatency = 0.0,
     comm_jitter: CommJitter = 0.0,
+    split_overhead: SplitOverhead = 1.0,
     task_overhead: TaskOverhead = 0.0,
     durations: DurationsFile = None,
     cost_table: CostTableFile = None,
@@ -110,7 +112,7 @@ def simulate(
     if cost_table is not None and durations is not None:
         raise UserError("a recorded table has its own durations; give --cost-table or --durations", "--cost-table")
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
-                              straggler_slowdown, comm_latency, comm_jitter, cost_table)
+                              straggler_slowdown, comm_latency, comm_jitter, cost_table, split_overhead)
     table = durations_for(shape, model, seed, durations, durations_iteration, comm_latency)
     if durations is not None:
         source = {"durations": str(durations), "iteration": durations_iteration, "comm_latency": comm_latency}

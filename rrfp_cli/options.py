@@ -128,6 +128,11 @@ CostTableFile = Annotated[
                  "document counts (examples/cost_table.py writes one), costed with the --workload preset's cost "
                  "model (docs/workloads.md).", rich_help_panel=VARIABILITY),
 ]
+SplitOverhead = Annotated[
+    float, typer.Option("--split-overhead", help="A split backward's I + W over B: I = B/2, W the rest (1: a free "
+                        "split; benchmarks/split_cost.py measured 1.57 on gpt, 1.65 on multimodal).",
+                        rich_help_panel=VARIABILITY),
+]
 DurationsFile = Annotated[
     Optional[Path],
     typer.Option("--durations", help="Replay recorded durations: CSV or Parquet with columns "
@@ -154,6 +159,7 @@ def variability_model(
     comm_latency: float,
     comm_jitter: float,
     cost_table: Path | None = None,
+    split_overhead: float = 1.0,
 ):
     from runtime.variability import VariabilityModel
 
@@ -172,4 +178,5 @@ def variability_model(
         straggler_slowdown=straggler_slowdown,
         comm_latency=comm_latency,
         comm_jitter=comm_jitter,
+        split_overhead=split_overhead,
     )

@@ -20,6 +20,7 @@ from hints.errors import UserError
 from hints.tasks import PLACEMENTS, Task
 from runtime.arbiter import ArbiterRule, MemoryBudget, Policy, rule_for
 from runtime.presets import WORKLOAD_NAMES
+from runtime.variability import check_split_overhead
 
 RUN_WORKLOADS = ("gpt", "multimodal", "emulated")  # or a user's factory, "package.module:factory"
 EMULATE_MODELS = WORKLOAD_NAMES  # runtime.presets: uniform, the presets, the legacy models and their aliases
@@ -58,6 +59,7 @@ class RunConfig:
     emulate: str = "multimodal"
     forward_time: float = 0.020
     backward_ratio: float = 2.0
+    split_overhead: float = 1.0  # emulated split backward: I + W = split_overhead x B (runtime.variability)
     # variability injected into any workload (emulated: part of the sampled durations)
     jitter: float = 0.0
     straggler_prob: float = 0.0
@@ -118,6 +120,7 @@ class RunConfig:
         for name in ("lr", "forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter"):
             _check_number(name, getattr(self, name), 0.0)
         _check_number("timeout", self.timeout, 0.001)
+        check_split_overhead(self.split_overhead, "--split-overhead")
         _check_number("straggler_slowdown", self.straggler_slowdown, 1.0)
         _check_number("straggler_prob", self.straggler_prob, 0.0)
         if self.straggler_prob > 1:

@@ -33,8 +33,10 @@ about time, tracing or the transport. Conventions:
     once; ``W`` later computes the parameter gradients from the retained graph
     and accumulates them. This is exact, but the ``W`` pass re-traverses the
     graph between the outputs and the parameters, so a split backward costs
-    somewhat more than a fused ``B`` on real models (the emulated workload
-    sleeps its sampled ``I`` and ``W`` durations instead).
+    more than a fused ``B`` on real models: ``W`` about a whole ``B``
+    (``benchmarks/split_cost.py``; the emulated workload sleeps ``I`` and
+    ``W`` as [Note: split backward durations] in :mod:`runtime.variability`
+    models it, ``--split-overhead``).
 """
 
 from __future__ import annotations

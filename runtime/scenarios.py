@@ -122,7 +122,7 @@ def bootstrap(shape: PipelineShape, pool: Sequence[tuple[Durations, Durations]],
             if split else None,
             weight_grad=[[source(pool[t]).weight_grad[k][i] for t, i in picks] for k in range(stages)]
             if split else None,
-            source="bootstrap",
+            source="bootstrap", split_overhead=pool[0][which].split_overhead,
         )
 
     table, expected = resample(0), resample(1)

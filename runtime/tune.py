@@ -99,7 +99,7 @@ def _mean_expectation(scenarios: ScenarioSet):
                      mean(lambda d: d.send_forward), mean(lambda d: d.send_backward), [1.0] * first.microbatches,
                      input_grad=mean(lambda d: d.input_grad) if first.input_grad else None,
                      weight_grad=mean(lambda d: d.weight_grad) if first.weight_grad else None,
-                     source=f"mean expectation of {n} scenarios")
+                     source=f"mean expectation of {n} scenarios", split_overhead=first.split_overhead)
 
 
 def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, seed: int) -> Verdict:

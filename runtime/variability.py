@@ -11,8 +11,10 @@ Units and conventions
   a typical microbatch; with ``v`` chunks per rank each model stage holds
   ``1/v`` of that share, so changing ``--chunks`` keeps total compute fixed.
 * A backward costs ``backward_ratio`` times its forward. When a hint splits
-  backwards, ``I`` and ``W`` each take half of the sampled ``B`` (so every
-  hint faces the same sampled work; see :meth:`Durations.for_graph`).
+  backwards, ``I`` takes half of the sampled ``B`` and ``W`` the rest of
+  ``split_overhead`` times it (by default 1.0: ``W = B/2``, a free split, so
+  every hint faces the same sampled work; see [Note: split backward
+  durations] in :meth:`Durations.for_graph`).
 
 Workloads (``workload=``)
 -------------------------
@@ -93,6 +95,7 @@ class VariabilityModel:
     text_tokens: int = 256
     image_tokens: int = 144
     cost_table: CostTable | None = None  # presets only: samples drawn from a user's table
+    split_overhead: float = 1.0  # I + W over B ([Note: split backward durations])
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
@@ -119,6 +122,7 @@ class VariabilityModel:
                 raise UserError(f"must be >= 1, got {getattr(self, name)!r}", name.replace("_", "-"))
         if self.seq_len_min > self.seq_len_max:
             raise UserError("seq-len-min is above seq-len-max", "seq-len-min")
+        check_split_overhead(self.split_overhead)
 
     @classmethod
     def field_names(cls) -> list[str]:
@@ -150,6 +154,23 @@ class VariabilityModel:
                 raise UserError(f"must be between 1 and {stages - 1} for {stages} stages", "vision-stages")
             return self.vision_stages
         return max(1, stages // 4) if stages > 1 else 1
+
+
+# (I + W) / B of the real workloads' split backward on CPU, median over the stages that compute an input
+# gradient, measured by `benchmarks/split_cost.py` ([Note: split backward durations]); not a default:
+# the legacy default stays 1.0, this is what a user or a preset asks for.
+MEASURED_SPLIT_OVERHEAD = {"gpt": 1.57, "multimodal": 1.65}
+
+
+def check_split_overhead(value: object, where: str = "split-overhead") -> None:
+    """A split backward does at least the fused one's work: ``split_overhead`` is a finite number >= 1."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1.0:
+        raise UserError(f"must be a finite number >= 1 (I + W over B), got {value!r}", where)
+
+
+def split_parts(backward: float, split_overhead: float) -> tuple[float, float]:
+    """``(I, W)`` of a split backward whose fused ``B`` lasts ``backward`` ([Note: split backward durations])."""
+    return backward * 0.5, backward * (split_overhead - 0.5)  # for_graph computes the same products per row
 
 
 @dataclass(frozen=True)
@@ -310,14 +331,32 @@ class Durations:
     features: list[dict[str, float]] | None = None  # per microbatch, when recorded (else from specs)
     # See expected(): the expectation, a function computing it (sampled tables), or None (recorded).
     expectation: "Durations | Callable[[], Durations] | None" = field(default=None, repr=False)
+    split_overhead: float = 1.0  # I + W over B when I and W are not recorded (the model's)
 
     def for_graph(self, graph: TaskGraph) -> tuple[list[float], list[float]]:
         """Per task id: compute seconds, and the latency of the message it sends (0 if none).
 
         [Note: split backward durations] A split hint's ``I`` and ``W`` take
         the recorded ``I``/``W`` when the table has them, otherwise half of
-        ``B`` each; a full-backward hint's ``B`` is the table's ``B``, or
-        ``I + W`` when only those were recorded.
+        ``I = B/2`` and ``W = (split_overhead - 1/2) x B`` (:func:`split_parts`;
+        the emulated workload sleeps the same); a full-backward hint's ``B`` is
+        the table's ``B``, or ``I + W`` when only those were recorded.
+        ``split_overhead`` (a :class:`VariabilityModel` knob; 1.0 by default,
+        ``W = B/2``, so legacy tables and golden makespans are unchanged) is
+        what splitting costs on real models: the executor's ``W`` calls
+        autograd again from the stage's outputs ([Note: split backward in the
+        runtime]), which walks the whole backward graph a second time.
+        ``benchmarks/split_cost.py --stages 2 --iters 6 --rounds 3 --hidden
+        256 --seq-len 128 --layers-per-stage 2`` (2-core CPU) measured, on the
+        stage with an input gradient, ``(I + W) / B`` medians of 1.57 (gpt,
+        quartiles 1.49-1.62) and 1.65 (multimodal, 1.58-1.80), with ``I`` at
+        0.55 and 0.53 of ``B`` and ``W`` at 1.01 and 1.12: ``I`` costs about
+        half of ``B``, as before, and the overhead is ``W``'s, which is how
+        the model splits it. Stage 0 computes no input gradient on the real
+        models (``I`` about 0, ``(I + W) / B`` 1.01 and 1.22). The emulated
+        workload's stage 0 does (its input is a leaf that wants a gradient),
+        so one factor serves every stage (:data:`MEASURED_SPLIT_OVERHEAD`). A
+        recorded table with only ``B`` carries no model: its split stays free.
         """
         shape = graph.shape
         if shape.stages != self.stages or shape.microbatches != self.microbatches:
@@ -329,6 +368,7 @@ class Durations:
         # Task ids run in blocks of the m microbatches of one (stage, kind) (TaskGraph.blocks), so each
         # block is one row of the table.
         m = self.microbatches
+        weight_share = self.split_overhead - 0.5  # split_parts, one product per task
         no_messages = [0.0] * m
         compute_rows, transfer_rows = [], []
         for stage, kind in graph.blocks:
@@ -340,11 +380,11 @@ class Durations:
                 transfer_rows.append(self.send_backward[stage])
             elif kind is I:
                 compute_rows.append(self.input_grad[stage] if self.input_grad
-                                    else [value / 2 for value in self.backward[stage]])
+                                    else [value * 0.5 for value in self.backward[stage]])
                 transfer_rows.append(self.send_backward[stage])
             else:
                 compute_rows.append(self.weight_grad[stage] if self.weight_grad
-                                    else [value / 2 for value in self.backward[stage]])
+                                    else [value * weight_share for value in self.backward[stage]])
                 transfer_rows.append(no_messages)
         compute = list(chain.from_iterable(compute_rows))
         transfer = list(chain.from_iterable(transfer_rows))
@@ -395,6 +435,7 @@ class Durations:
             input_grad=flat(self.input_grad) if self.input_grad else None,
             weight_grad=flat(self.weight_grad) if self.weight_grad else None,
             source=f"mean per (stage, kind) of {self.source}", features=self.microbatch_features(),
+            split_overhead=self.split_overhead,
         )
         means.expectation = means
         return means
@@ -423,7 +464,8 @@ def expected_durations(model: VariabilityModel, shape: PipelineShape, specs: lis
     expected = Durations(stages, m, forward, backward,
                          [[model.comm_latency if k < stages - 1 else 0.0] * m for k in range(stages)],
                          [[model.comm_latency if k > 0 else 0.0] * m for k in range(stages)],
-                         estimated, source=source or f"expectation of the {model.workload} model", specs=specs)
+                         estimated, source=source or f"expectation of the {model.workload} model", specs=specs,
+                         split_overhead=model.split_overhead)
     expected.expectation = expected  # what is known beforehand of an expectation is the expectation itself
     return expected
 
@@ -490,7 +532,7 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
     send_backward = [latencies(m) if k > 0 else [0.0] * m for k in range(stages)]
     estimated = _microbatch_costs(rows, row_of)
     return Durations(stages, m, forward, backward, send_forward, send_backward, estimated,
-                     source=f"{model.workload} model, seed {seed}", specs=specs,
+                     source=f"{model.workload} model, seed {seed}", specs=specs, split_overhead=model.split_overhead,
                      expectation=lambda: expected_durations(model, shape, specs,
                                                             f"expectation of the {model.workload} model, seed {seed}"))
 

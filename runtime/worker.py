@@ -280,6 +280,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
         _write_job_inputs(out_dir, config, workload)
     plan = HintPlan(config, workload)
     shape = plan.for_iteration(0).shape  # the hint decides whether backwards are split
+    workload.split_backward = shape.split_backward
     graph = TaskGraph.build(shape)
     rule = config.rule()
     budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if rule.uses_budget else None

@@ -60,6 +60,7 @@ from runtime.variability import (
     expected_durations,
     sample_durations,
     sample_microbatches,
+    split_parts,
 )
 
 IMAGE_SIZE = 16
@@ -100,6 +101,9 @@ class Workload:
     # iteration of replicas*m microbatches, the reference's data with ``microbatches = replicas x m``.
     replica: int = 0
     replicas: int = 1
+    # Whether this job's hint splits backwards (set by the worker once the hint is known): the emulated
+    # workload's split sleeps split_overhead x B in all ([Note: split backward durations]).
+    split_backward: bool = False
 
     name = "base"
 
@@ -373,9 +377,15 @@ class EmulatedStage(nn.Module):
         table = self.workload.durations(batch.iteration)
         k, i = self.stage, batch.index
         backward = table.backward[k][i]
-        # Split backwards take I and W (half of B each unless recorded); a full B traverses both nodes.
-        input_part = table.input_grad[k][i] if table.input_grad else backward / 2
-        weight_part = table.weight_grad[k][i] if table.weight_grad else backward - input_part
+        # A full B traverses both nodes (half of B each); split backwards take I and W: recorded, or
+        # B/2 and (split_overhead - 1/2) x B ([Note: split backward durations] in runtime.variability).
+        if table.input_grad and table.weight_grad:
+            input_part, weight_part = table.input_grad[k][i], table.weight_grad[k][i]
+        elif self.workload.split_backward:
+            input_part, weight_part = split_parts(backward, table.split_overhead)
+        else:
+            input_part = backward / 2
+            weight_part = backward - input_part
         (x,) = inputs
         y = (linear or self._linear)(x, lambda t: SleepInBackward.apply(t, input_part),
                                      lambda t: SleepInBackward.apply(t, weight_part))
@@ -402,7 +412,7 @@ class EmulatedWorkload(Workload):
         return VariabilityModel(workload=c.emulate, forward_time=c.forward_time, backward_ratio=c.backward_ratio,
                                 jitter=c.jitter, straggler_prob=c.straggler_prob,
                                 straggler_slowdown=c.straggler_slowdown, comm_latency=c.comm_latency,
-                                comm_jitter=c.comm_jitter, samples=c.samples)
+                                comm_jitter=c.comm_jitter, samples=c.samples, split_overhead=c.split_overhead)
 
     def durations(self, iteration: int) -> Durations:
         if iteration not in self._durations:

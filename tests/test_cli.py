@@ -455,3 +455,15 @@ def test_usage_errors_are_one_line_too(tmp_path, args, line):
 def test_a_group_alone_prints_its_help(tmp_path):
     proc = rrfp(tmp_path, "trace")
     assert proc.returncode == 2 and "summary" in proc.stdout + proc.stderr and "error" not in proc.stderr
+
+
+def test_split_overhead_slows_a_split_hint_only_and_bad_values_are_one_line(tmp_path):
+    base = ("simulate", "-p", "4", "-m", "8", "--policy", "fixed")
+    free = ok_json(tmp_path, *base, "--hint", "zb")["makespan"]
+    costly = ok_json(tmp_path, *base, "--hint", "zb", "--split-overhead", "1.5")["makespan"]
+    assert free == pytest.approx(0.27) and costly > free  # F 10 ms, B 20 ms: W goes from 10 to 20 ms
+    assert ok_json(tmp_path, *base, "--hint", "1f1b", "--split-overhead", "1.5")["makespan"] == \
+        ok_json(tmp_path, *base, "--hint", "1f1b")["makespan"]  # no split, no overhead
+    for bad in ("0.5", "nan"):
+        assert "split-overhead" in user_error(tmp_path, *base, "--hint", "zb", "--split-overhead", bad)
+    assert "--split-overhead" in user_error(tmp_path, "run", "--workload", "emulated", "--split-overhead", "0.9")

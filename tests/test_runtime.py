@@ -183,3 +183,30 @@ def test_v_placement_matches_single_process(tmp_path, stages, microbatches, work
         # Rank 0 ran the last model stage (the loss) and rank p-1 both stages of the turn.
         assert f"{2 * stages - 1}F0" in results[0][job["name"]]["executed"]
         assert {f"{stages - 1}F0", f"{stages}F0"} <= set(results[stages - 1][job["name"]]["executed"])
+
+
+@pytest.mark.parametrize("split, overhead", [(False, 1.6), (True, 1.0), (True, 1.6)])
+def test_emulated_stage_sleeps_the_split_overhead_in_w(monkeypatch, split, overhead):
+    """[Note: split backward durations]: a split backward sleeps B/2 in I and (overhead - 1/2) x B in W; a full
+    B sleeps B whatever the overhead."""
+    import runtime.workloads as workloads
+
+    config = RunConfig(workload="emulated", emulate="uniform", stages=2, microbatches=2, forward_time=0.001,
+                       split_overhead=overhead)
+    workload = workloads.make_workload(config, run_shape(config))
+    workload.split_backward = split
+    stage = workload.build_stage(1)
+    batch = workload.batch(0, 0)
+    x = torch.randn(2, 32, requires_grad=True)
+    (y,) = stage((x,), batch)
+    slept: list[float] = []
+    monkeypatch.setattr(workloads.time, "sleep", slept.append)
+    backward = workload.durations(0).backward[1][0]
+    if split:
+        torch.autograd.grad(y.sum(), [x], retain_graph=True)  # I
+        assert slept == [pytest.approx(backward / 2)]
+        torch.autograd.grad(y.sum(), [stage.linear.weight])  # W
+        assert slept[1:] == [pytest.approx(backward * (overhead - 0.5))]
+    else:
+        y.sum().backward()
+        assert sorted(slept) == [pytest.approx(backward / 2)] * 2

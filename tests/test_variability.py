@@ -10,11 +10,12 @@ import polars as pl
 import pytest
 
 from hints.errors import UserError
-from hints.tasks import PipelineShape
+from hints.tasks import B, I, W, PipelineShape, Task
 from runtime.deps import TaskGraph
 from runtime.duration_tables import durations_frame_rows, load_durations
 from runtime.variability import (
     VariabilityModel,
+    split_parts,
     _noisy,
     sample_durations,
     sample_microbatches,
@@ -183,3 +184,42 @@ def test_recorded_table_unreadable(tmp_path):
         load_durations(path, 1, 1)
     with pytest.raises(UserError, match="no such file"):
         load_durations(tmp_path / "absent.csv", 1, 1)
+
+
+# -- split_overhead ([Note: split backward durations]) --------------------------------------------
+
+
+@pytest.mark.parametrize("overhead", [1.0, 1.6, 2.0])
+def test_split_overhead_charges_w_in_for_graph_and_its_expectation(overhead):
+    model = VariabilityModel(workload="multimodal", forward_time=1.0, jitter=0.3, split_overhead=overhead)
+    table = sample_durations(model, PipelineShape(2, 1, 4), 7)
+    split = TaskGraph.build(PipelineShape(2, 1, 4, split_backward=True))
+    full = TaskGraph.build(PipelineShape(2, 1, 4))
+    for durations in (table, table.expected()):
+        full_compute = dict(zip(full.tasks, durations.for_graph(full)[0]))
+        for task, seconds in zip(split.tasks, durations.for_graph(split)[0]):
+            b = durations.backward[task.stage][task.microbatch]
+            assert full_compute[Task(task.stage, B, task.microbatch)] == b  # a full hint's B: unchanged
+            if task.kind is I:
+                assert seconds == pytest.approx(b / 2)
+            elif task.kind is W:
+                assert seconds == pytest.approx(b * (overhead - 0.5))
+    # I + W = overhead x B; the split parts the emulated stage sleeps are the same numbers
+    assert sum(split_parts(2.0, overhead)) == pytest.approx(2.0 * overhead)
+    assert split_parts(2.0, overhead) == (1.0, 2.0 * (overhead - 0.5))
+
+
+def test_split_overhead_one_is_the_legacy_halves_exactly():
+    table = sample_durations(VariabilityModel(workload="language", jitter=0.2), PipelineShape(3, 2, 6), 3)
+    graph = TaskGraph.build(PipelineShape(3, 2, 6, split_backward=True))
+    compute, _ = table.for_graph(graph)
+    for task, seconds in zip(graph.tasks, compute):
+        if task.kind.value in "IW":
+            assert seconds == table.backward[task.stage][task.microbatch] / 2  # bit for bit
+
+
+@pytest.mark.parametrize("bad", [0.99, 0.0, -1.0, float("nan"), float("inf"), True, "1.5"])
+def test_split_overhead_rejects_bad_values(bad):
+    with pytest.raises(UserError) as caught:
+        VariabilityModel(split_overhead=bad)
+    assert caught.value.where == "split-overhead"
