@@ -706,17 +706,18 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     measured = {row[0]: row[1] * 1e-9 for row in iteration_windows(frames).select(
         "iteration", "makespan_ns").iter_rows()}
     rule = traced_rule(frames)
+    p2p = meta.get("p2p", "async")  # traces older than --p2p ran async
     own_name = f"(traced) {meta.get('hint', '')}"
     comparisons = []
     for it in iterations:
         table = realized_durations(frames, it)
         hints = {own_name: trace_hint(frames, it), **builtin_candidates(pipeline_shape(frames), table)}
-        comparisons.append(compare(hints, table, budget, overhead=overhead, own=(own_name, rule)))
+        comparisons.append(compare(hints, table, budget, overhead=overhead, own=(own_name, rule), own_p2p=p2p))
     rows = median_rows(comparisons)
     rows.sort(key=lambda r: r.hint != own_name)  # the traced hint first, then the built-ins in order
     # A replay's makespan counts the first dispatch (its first task starts at `overhead`); a traced
     # iteration's window starts at its first task.
-    replayed = {it: c.row(own_name, rule).makespan - overhead for it, c in zip(iterations, comparisons)}
+    replayed = {it: c.row(own_name, rule, p2p).makespan - overhead for it, c in zip(iterations, comparisons)}
     return Sensitivity(iterations, overhead, calibration, {i: measured[i] for i in iterations}, replayed, rows,
                        str(budget), comparisons[0].baseline)
 
@@ -756,6 +757,7 @@ def summary(frames: TraceFrames) -> dict:
         "workload": meta.get("workload"),
         "shape": pipeline_shape(frames).describe(),
         "policy": meta.get("policy"),
+        "p2p": meta.get("p2p", "async"),  # traces older than --p2p ran async
         "hint": meta.get("hint"),
         "memory_budget": meta.get("memory_budget"),
         "timing": meta.get("timing"),

@@ -236,7 +236,7 @@ class _PacketWriter:
             "schema": SCHEMA, "rank": rank, "world": setup.world, "job": setup.job, "workload": c.workload,
             "stages": shape.ranks, "chunks": shape.chunks, "placement": shape.placement,
             "microbatches": shape.microbatches, "policy": c.policy,
-            "rule": c.rule().name,
+            "rule": c.rule().name, "p2p": c.p2p,
             "hint": hint_spec(c), "memory_budget": c.memory_budget, "budget_slots": setup.budget or 0,
             "clock_offset_ns": setup.clock_offset_ns, "clock_error_ns": setup.clock_error_ns,
             "timing": "cuda-events" if self.cuda else "host", "device": str(setup.device),
