@@ -32,6 +32,13 @@ Conventions
     ``misalignment``. So misalignment is what readiness-first could still
     recover at the same budget: idle time beyond the dispatch cost while a
     task the budget allowed was ready.
+
+    Under ``--p2p blocking`` a gap opens with ``rendezvous``: from the end of
+    the task before it until the receivers of that task's messages posted
+    their receives (the trace's ``rendezvous`` slices, [Note: blocking p2p in
+    the runtime] in runtime.executor). Nothing could start then, whatever
+    was ready, so that time is the protocol's, not a dependency's; the rest
+    of the gap splits as above. (A wait after a rank's last task is drain.)
 """
 
 from __future__ import annotations
@@ -107,7 +114,8 @@ def select_iterations(frames: TraceFrames, window: tuple[int, int | None] | None
     keep = pl.col("iteration").is_in(chosen)
     return replace(frames, tasks=frames.tasks.filter(keep), decisions=frames.decisions.filter(keep),
                    transfers=frames.transfers.filter(keep), iterations=frames.iterations.filter(keep),
-                   steps=frames.steps.filter(keep), members=frames.members.filter(keep),
+                   steps=frames.steps.filter(keep), rendezvous=frames.rendezvous.filter(keep),
+                   members=frames.members.filter(keep),
                    member_decisions=frames.member_decisions.filter(keep)), notes
 
 
@@ -147,8 +155,8 @@ def ready_times(frames: TraceFrames) -> pl.DataFrame:
 
 # -- bubbles -------------------------------------------------------------------
 
-BUBBLE_COLUMNS = ("fill_ns", "drain_ns", "step_ns", "dependency_ns", "budget_held_ns", "dispatch_ns",
-                  "misalignment_ns")
+BUBBLE_COLUMNS = ("fill_ns", "drain_ns", "step_ns", "rendezvous_ns", "dependency_ns", "budget_held_ns",
+                  "dispatch_ns", "misalignment_ns")
 _NEVER = float("inf")
 
 
@@ -164,7 +172,7 @@ def bubbles(frames: TraceFrames, dispatch_s: float | None = None) -> pl.DataFram
     windows = _bubble_windows(frames)
     steps = {(r, i): end - start for r, i, start, end in frames.steps.select(
         "rank", "iteration", "start_ns", "barrier_ns").iter_rows()}
-    gaps = _gaps(tasks, _held_back(frames), dispatch_ns)
+    gaps = _gaps(tasks, _held_back(frames), dispatch_ns, rendezvous=_rendezvous_ends(frames))
     rows = []
     for (rank, iteration), group in tasks.group_by(["rank", "iteration"], maintain_order=True):
         begin, finish = windows[iteration]
@@ -186,25 +194,41 @@ def _bubble_windows(frames: TraceFrames) -> dict[int, tuple[int, int]]:
         "iteration", "start_ns", "end_ns").iter_rows()}
 
 
-_GAP_COLUMNS = ("dependency_ns", "budget_held_ns", "dispatch_ns", "misalignment_ns")
+_GAP_COLUMNS = ("rendezvous_ns", "dependency_ns", "budget_held_ns", "dispatch_ns", "misalignment_ns")
 
 
 def split_gap(a: float, b: float, next_ready: float, free_ready: float, held_ready: float,
-              dispatch: float) -> dict[str, float]:
+              dispatch: float, rendezvous_until: float | None = None) -> dict[str, float]:
     """The idle gap ``a..b`` before a task ready at ``next_ready``, by [Note: bubble categories].
 
     ``free_ready`` and ``held_ready``: when the first later task of the rank that the budget allowed (held back)
-    was ready; ``inf`` for never (or unknown).
+    was ready; ``inf`` for never (or unknown). ``rendezvous_until``: when the rank's wait for its receivers to
+    post ended (``--p2p blocking``; None: no wait).
     """
+    rendezvous = 0 if rendezvous_until is None else max(0, min(b, rendezvous_until) - a)
+    if rendezvous:
+        rest = split_gap(a + rendezvous, b, next_ready, free_ready, held_ready, dispatch) if a + rendezvous < b \
+            else {"dependency_ns": 0, "budget_held_ns": 0, "dispatch_ns": 0, "misalignment_ns": 0,
+                  "misaligned_from_ns": b}
+        return {**rest, "rendezvous_ns": rendezvous}
     anything = max(a, min(next_ready, free_ready, held_ready))
     if anything >= b:
-        return {"dependency_ns": b - a, "budget_held_ns": 0, "dispatch_ns": 0, "misalignment_ns": 0,
-                "misaligned_from_ns": b}
+        return {"rendezvous_ns": 0, "dependency_ns": b - a, "budget_held_ns": 0, "dispatch_ns": 0,
+                "misalignment_ns": 0, "misaligned_from_ns": b}
     dispatch = min(b - anything, max(b - max(a, next_ready), dispatch))
     waiting_end = b - dispatch  # before it, something other than `next` was ready
     misaligned = max(0, waiting_end - max(anything, free_ready))
-    return {"dependency_ns": anything - a, "budget_held_ns": waiting_end - anything - misaligned,
+    return {"rendezvous_ns": 0, "dependency_ns": anything - a, "budget_held_ns": waiting_end - anything - misaligned,
             "dispatch_ns": dispatch, "misalignment_ns": misaligned, "misaligned_from_ns": waiting_end - misaligned}
+
+
+def _rendezvous_ends(frames: TraceFrames) -> dict[tuple[int, int], list[tuple[int, int]]]:
+    """Per ``(rank, iteration)``: the ``(start_ns, end_ns)`` of each rendezvous wait, in time order."""
+    out: dict[tuple[int, int], list[tuple[int, int]]] = {}
+    for rank, iteration, start, end in frames.rendezvous.sort("start_ns").select(
+            "rank", "iteration", "start_ns", "end_ns").iter_rows():
+        out.setdefault((rank, iteration), []).append((start, end))
+    return out
 
 
 def _held_back(frames: TraceFrames) -> dict[tuple[int, int, str], frozenset[str]]:
@@ -214,11 +238,14 @@ def _held_back(frames: TraceFrames) -> dict[tuple[int, int, str], frozenset[str]
         "rank", "iteration", "chosen", "held_back").iter_rows()}
 
 
-def _gaps(tasks: pl.DataFrame, held_back: dict, dispatch: float, keep: bool = False):
+def _gaps(tasks: pl.DataFrame, held_back: dict, dispatch: float, keep: bool = False, rendezvous: dict | None = None):
     """Per ``(rank, iteration)``: the idle gaps between tasks summed by category; with ``keep``, a list of every
-    gap (its categories, ``ran_next``, the free and held tasks ready before it ended) instead."""
+    gap (its categories, ``ran_next``, the free and held tasks ready before it ended) instead. ``rendezvous``:
+    :func:`_rendezvous_ends`."""
     out: dict = {}
+    rendezvous = rendezvous or {}
     for (rank, iteration), group in tasks.sort("start_ns").group_by(["rank", "iteration"], maintain_order=True):
+        waits = rendezvous.get((rank, iteration), [])
         names = group.get_column("task").to_list()
         starts, ends = group.get_column("start_ns").to_list(), group.get_column("end_ns").to_list()
         ready = [_NEVER if r is None else r for r in group.get_column("ready_ns").to_list()]
@@ -232,7 +259,9 @@ def _gaps(tasks: pl.DataFrame, held_back: dict, dispatch: float, keep: bool = Fa
             if held:
                 free_ready = min((ready[j] for j in range(k + 1, len(names)) if names[j] not in held), default=_NEVER)
                 held_ready = min((ready[j] for j in range(k + 1, len(names)) if names[j] in held), default=_NEVER)
-            split = split_gap(a, b, ready[k], free_ready, held_ready, dispatch)
+            # A wait that began at the previous task's end (the executor's clock reads it a moment later).
+            until = next((end for start, end in waits if a <= start < b), None)
+            split = split_gap(a, b, ready[k], free_ready, held_ready, dispatch, until)
             if keep:
                 others = sorted((ready[j], names[j]) for j in range(k + 1, len(names)) if ready[j] < b)
                 out.setdefault((rank, iteration), []).append({
@@ -285,21 +314,21 @@ def _every_gap(frames: TraceFrames, dispatch_s: float | None) -> dict:
     """:func:`_gaps` with ``keep``: every idle gap of ``frames``, the dispatch cost calibrated unless given."""
     tasks = ready_times(frames)
     dispatch_ns = (_calibrated(tasks) if dispatch_s is None else dispatch_s * 1e9) if tasks.height else 0.0
-    return _gaps(tasks, _held_back(frames), dispatch_ns, keep=True)
+    return _gaps(tasks, _held_back(frames), dispatch_ns, keep=True, rendezvous=_rendezvous_ends(frames))
 
 
 def _integral(value):
     return int(value) if isinstance(value, float) else value
 
 
-IDLE_CAUSES = ("dependency", "budget_held", "misalignment", "dispatch")
+IDLE_CAUSES = ("rendezvous", "dependency", "budget_held", "misalignment", "dispatch")
 
 
 def idle_segments(frames: TraceFrames, dispatch_s: float | None = None) -> pl.DataFrame:
     """Every idle gap between two tasks of a rank, cut where [Note: bubble categories] cuts it.
 
     One row per non-empty segment: ``rank``, ``iteration``, ``cause`` (one of :data:`IDLE_CAUSES`),
-    ``start_ns``, ``end_ns``. A gap runs dependency, budget-held, misalignment, dispatch, in that order,
+    ``start_ns``, ``end_ns``. A gap runs rendezvous, dependency, budget-held, misalignment, dispatch, in that order,
     so its segments tile it; summed per rank they are :func:`bubbles`' columns of the same names.
     """
     rows = []
@@ -706,17 +735,18 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     measured = {row[0]: row[1] * 1e-9 for row in iteration_windows(frames).select(
         "iteration", "makespan_ns").iter_rows()}
     rule = traced_rule(frames)
+    p2p = meta.get("p2p", "async")  # traces older than --p2p ran async
     own_name = f"(traced) {meta.get('hint', '')}"
     comparisons = []
     for it in iterations:
         table = realized_durations(frames, it)
         hints = {own_name: trace_hint(frames, it), **builtin_candidates(pipeline_shape(frames), table)}
-        comparisons.append(compare(hints, table, budget, overhead=overhead, own=(own_name, rule)))
+        comparisons.append(compare(hints, table, budget, overhead=overhead, own=(own_name, rule), own_p2p=p2p))
     rows = median_rows(comparisons)
     rows.sort(key=lambda r: r.hint != own_name)  # the traced hint first, then the built-ins in order
     # A replay's makespan counts the first dispatch (its first task starts at `overhead`); a traced
     # iteration's window starts at its first task.
-    replayed = {it: c.row(own_name, rule).makespan - overhead for it, c in zip(iterations, comparisons)}
+    replayed = {it: c.row(own_name, rule, p2p).makespan - overhead for it, c in zip(iterations, comparisons)}
     return Sensitivity(iterations, overhead, calibration, {i: measured[i] for i in iterations}, replayed, rows,
                        str(budget), comparisons[0].baseline)
 
@@ -756,6 +786,7 @@ def summary(frames: TraceFrames) -> dict:
         "workload": meta.get("workload"),
         "shape": pipeline_shape(frames).describe(),
         "policy": meta.get("policy"),
+        "p2p": meta.get("p2p", "async"),  # traces older than --p2p ran async
         "hint": meta.get("hint"),
         "memory_budget": meta.get("memory_budget"),
         "timing": meta.get("timing"),

@@ -35,6 +35,8 @@ Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 * ``iterations``: rank, iteration, start_ns, end_ns, hint
 * ``steps``: rank, iteration, start_ns, barrier_ns, end_ns (the optimizer step, then the barrier that ends
   the iteration; empty in traces older than it)
+* ``rendezvous``: rank, iteration, start_ns, end_ns, messages (``--p2p blocking``: the waits for receivers
+  to post, [Note: blocking p2p in the runtime] in runtime.executor; empty otherwise)
 
 [Note: traces of TP and DP runs]
     Every rank writes its trace, but the frames above hold one *slice* of
@@ -76,12 +78,13 @@ _REQUIRED = {  # annotation types a slice must carry to be kept (exact types: a 
     "decisions": (("iteration", int), ("hint_rank", int), ("in_flight", int)),
     "iterations": (("iteration", int), ("hint", str)),
     "step": (("iteration", int), ("barrier_ns", int)),
+    "rendezvous": (("iteration", int), ("messages", str)),
     "send": (("iteration", int), ("sequence", int), ("bytes", int)),
     "recv": (("iteration", int), ("sequence", int), ("bytes", int)),
 }
 
 
-FRAME_NAMES = ("tasks", "decisions", "transfers", "counters", "iterations", "steps")
+FRAME_NAMES = ("tasks", "decisions", "transfers", "counters", "iterations", "steps", "rendezvous")
 
 
 class TraceError(UserError):
@@ -98,6 +101,7 @@ DECISION_SCHEMA = {"rank": I64, "iteration": I64, "waited_from_ns": I64, "time_n
 GRID_SCHEMA = {"rank": I64, "pipe_rank": I64, "tp_rank": I64, "dp_rank": I64}
 ITERATION_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "end_ns": I64, "hint": STR}
 STEP_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "barrier_ns": I64, "end_ns": I64}
+RENDEZVOUS_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "end_ns": I64, "messages": STR}
 COUNTER_SCHEMA = {"rank": I64, "counter": STR, "time_ns": I64, "value": pl.Float64}
 TRANSFER_SCHEMA = {"src": I64, "dst": I64, "sequence": I64, "iteration": I64, "producer": STR, "bytes": I64,
                    "queued_ns": I64, "send_start_ns": I64, "send_end_ns": I64, "recv_start_ns": I64,
@@ -122,6 +126,7 @@ class TraceFrames:
     iterations: pl.DataFrame
     meta: dict[int, dict[str, Any]]
     steps: pl.DataFrame = field(default_factory=lambda: _empty(STEP_SCHEMA))
+    rendezvous: pl.DataFrame = field(default_factory=lambda: _empty(RENDEZVOUS_SCHEMA))
     warnings: list[str] = field(default_factory=list)
     packets: int = 0
     # [Note: traces of TP and DP runs]: every rank's tasks and decisions, with its grid coordinates
@@ -232,11 +237,12 @@ class _Reader:
         self.malformed = 0
         self.cut: str | None = None  # where the first truncated file was cut, for errors
         self.rows: dict[str, list[tuple]] = {kind: [] for kind in ("compute", "decisions", "iterations", "step",
-                                                                   "counters")}
+                                                                   "counters", "rendezvous")}
         self.sends: dict[int, tuple] = {}
         self.recvs: dict[int, tuple] = {}
         self.slice_handlers = {"compute": self._compute, "decisions": self._decision, "iterations": self._iteration,
-                               "step": self._step, "send": self._send, "recv": self._recv}
+                               "step": self._step, "send": self._send, "recv": self._recv,
+                               "rendezvous": self._rendezvous}
 
     # -- framing -----------------------------------------------------------
     def feed(self, data: bytes, where: str) -> None:
@@ -393,6 +399,12 @@ class _Reader:
         if v is not None:
             self.rows["step"].append((track[0], v["iteration"], start, min(max(v["barrier_ns"], start), end), end))
 
+    def _rendezvous(self, track, begun, end) -> None:
+        start, event, sequence = begun
+        v = self._values("rendezvous", event, sequence)
+        if v is not None:
+            self.rows["rendezvous"].append((track[0], v["iteration"], start, end, v["messages"]))
+
     def _send(self, track, begun, end) -> None:
         start, event, sequence = begun
         v = self._values("send", event, sequence)
@@ -433,6 +445,7 @@ class _Reader:
             counters=_frame(self.rows["counters"], COUNTER_SCHEMA),
             iterations=_frame(self.rows["iterations"], ITERATION_SCHEMA).sort("iteration", "rank"),
             steps=_frame(self.rows["step"], STEP_SCHEMA).sort("iteration", "rank"),
+            rendezvous=_frame(self.rows["rendezvous"], RENDEZVOUS_SCHEMA).sort("rank", "start_ns"),
             meta=dict(sorted(self.meta.items())),
             warnings=self.warnings,
             packets=self.packets,
@@ -488,7 +501,7 @@ def _pipeline_slice(frames: TraceFrames) -> TraceFrames:
     frames.member_decisions = coordinates.join(frames.decisions, on="rank").sort("rank", "time_ns")
     frames.tasks, frames.decisions = frames.tasks.filter(keep), frames.decisions.filter(keep)
     frames.counters, frames.iterations = frames.counters.filter(keep), frames.iterations.filter(keep)
-    frames.steps = frames.steps.filter(keep)
+    frames.steps, frames.rendezvous = frames.steps.filter(keep), frames.rendezvous.filter(keep)
     frames.member_transfers = frames.transfers
     frames.transfers = frames.transfers.filter(pl.col("src").is_in(primary) & pl.col("dst").is_in(primary))
     frames.member_meta = frames.meta

@@ -106,6 +106,10 @@ class TraceRecorder:
         if self.events is not None:
             self.events.append(("arrival", arrival))
 
+    def rendezvous(self, iteration: int, start_ns: int, end_ns: int, messages) -> None:
+        if self.events is not None:
+            self.events.append(("rendezvous", iteration, start_ns, end_ns, messages))
+
     def counters(self, iteration: int, now_ns: int, values: dict[str, float]) -> None:
         if self.events is not None:
             self.events.append(("counters", now_ns, values))
@@ -201,6 +205,8 @@ class _PacketWriter:
                     self._counter(COUNTERS[key], now + offset, value)
             elif tag == "step":
                 self._step(event, offset)
+            elif tag == "rendezvous":
+                self._rendezvous(event, offset)
             elif tag == "sends":
                 for sent in event[1]:
                     if self.setup.config.traces(sent.iteration):
@@ -236,7 +242,7 @@ class _PacketWriter:
             "schema": SCHEMA, "rank": rank, "world": setup.world, "job": setup.job, "workload": c.workload,
             "stages": shape.ranks, "chunks": shape.chunks, "placement": shape.placement,
             "microbatches": shape.microbatches, "policy": c.policy,
-            "rule": c.rule().name,
+            "rule": c.rule().name, "p2p": c.p2p,
             "hint": hint_spec(c), "memory_budget": c.memory_budget, "budget_slots": setup.budget or 0,
             "clock_offset_ns": setup.clock_offset_ns, "clock_error_ns": setup.clock_error_ns,
             "timing": "cuda-events" if self.cuda else "host", "device": str(setup.device),
@@ -372,6 +378,13 @@ class _PacketWriter:
         _, iteration, start, barrier, end = event
         track = self._track("step", 0, start + offset)
         self._begin(track, start + offset, "optimizer step", {"iteration": iteration, "barrier_ns": barrier + offset})
+        self._end(track, end + offset)
+
+    def _rendezvous(self, event: tuple, offset: int) -> None:
+        _, iteration, start, end, messages = event
+        track = self._track("rendezvous", 0, start + offset)
+        self._begin(track, start + offset, "rendezvous",
+                    {"iteration": iteration, "messages": " ".join(f"{task}->{dst}" for task, dst in messages)})
         self._end(track, end + offset)
 
     def _arrival(self, arrival, offset: int) -> None:

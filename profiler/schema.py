@@ -35,6 +35,11 @@ track                  events
                        ``iteration``, ``barrier_ns`` (when the optimizer step
                        ended and the barrier began). Absent in traces older
                        than it
+``rendezvous``         ``--p2p blocking`` only: one slice per wait, after a
+                       task (or the last), until the receivers of the
+                       messages it sent posted their receives; named
+                       ``rendezvous``; ``iteration``, ``messages``
+                       (``<producer>-><rank>`` list). Absent otherwise
 ``ready set``, ``in flight``, ``activation bytes``
                        counters, sampled after every task
 =====================  =====================================================
@@ -42,7 +47,8 @@ track                  events
 The first event of every rank is an instant named ``rrfp-trace/1`` on the
 process track whose annotations hold the run's metadata (shape, policy,
 ``rule`` -- ``fixed``, ``greedy`` or ``lookahead``, absent in traces older
-than the lookahead rule --, hint, budget, clock offset, timing source). A trace without it was not
+than the lookahead rule --, ``p2p`` -- ``async`` or ``blocking``, absent
+(async) in traces older than it --, hint, budget, clock offset, timing source). A trace without it was not
 written by rrfp.
 
 Track uuids are ``(rank + 1) << 32 | code << 16 | peer`` (:func:`track_uuid`)
@@ -79,6 +85,7 @@ TRACK_CODES = {
     "in flight": 7,
     "activation bytes": 8,
     "step": 9,
+    "rendezvous": 10,
 }
 KIND_OF_CODE = {code: kind for kind, code in TRACK_CODES.items()}
 COUNTERS = {"ready": "ready set", "in_flight": "in flight", "activation_bytes": "activation bytes"}

@@ -9,7 +9,8 @@ apart on the colour wheel (:func:`task_colour`). Idle time between tasks is
 hatched by its cause ([Note: bubble categories] in :mod:`profiler.analysis`):
 ``dependency`` (nothing was ready), ``budget held`` (only admissions the
 memory budget held back were ready) and ``misalignment`` (a task the budget
-allowed was ready: what readiness-first could still recover); the dispatch
+allowed was ready: what readiness-first could still recover), and under
+``--p2p blocking`` ``rendezvous`` (a receiver had not posted); the dispatch
 cost at the end of a gap stays white. The optimizer step, when the trace
 records it, is a grey box after the rank's last task. A legend of swatches
 sits under the picture.
@@ -53,6 +54,7 @@ GRID: RGB = (225, 225, 225)
 
 # Idle causes drawn, each a hatch: (label, ink, stroke directions as (dx, dy) per unit along the stroke).
 HATCHES: dict[str, tuple[str, RGB, tuple[tuple[int, int], ...]]] = {
+    "rendezvous": ("rendezvous (--p2p blocking: a receiver had not posted)", (140, 60, 170), ((1, 1),)),
     "dependency": ("dependency (nothing ready)", (150, 150, 150), ((1, -1),)),
     "budget_held": ("budget held (only held-back admissions ready)", (40, 90, 200), ((1, 1),)),
     "misalignment": ("misalignment (an allowed task was ready)", (215, 35, 35), ((1, -1), (1, 1))),

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from hints.errors import Interrupted, UserError
 from runtime.config import RunConfig, build_config, load_toml
-from rrfp_cli.options import LookaheadChoice, lookahead_flag
+from rrfp_cli.options import LookaheadChoice, P2POpt, lookahead_flag, p2p_value
 from rrfp_cli.output import Column, Output, print_table
 
 RUN = "Run"
@@ -42,6 +42,7 @@ def run(
     hint: Annotated[Optional[str], _opt("--hint", help="Built-in, hint file or torch:SCHEDULE [default 1f1b / interleaved-1f1b / zbv under V]")] = None,
     policy: Annotated[Optional[str], _opt("--policy", help=f"ready or fixed [default {D.policy}]")] = None,
     lookahead: Annotated[Optional[LookaheadChoice], _opt("--lookahead", help="ready only: on = no backward that would delay a forward already on its way; off = greedy [default on]")] = None,
+    p2p: P2POpt = None,
     memory_budget: Annotated[Optional[str], _opt("--memory-budget", help="1f1b, 2x, or slots per rank [default 1f1b]")] = None,
     iters: Annotated[Optional[int], _opt("--iters", help=f"Training iterations [default {D.iters}]")] = None,
     seed: Annotated[Optional[int], _opt("--seed", help="Seed for model init, data and variability [default 0]")] = None,
@@ -83,6 +84,8 @@ def run(
              if value is not None and name not in ("config_file", "compare", "json_mode", "delay", "resume")}
     if lookahead is not None:
         flags["lookahead"] = lookahead_flag(lookahead)
+    if p2p is not None:
+        flags["p2p"] = p2p_value(p2p)
     if delay:
         flags["delay"] = _parse_delays(delay)
     file_values = load_toml(config_file) if config_file else {}
@@ -136,9 +139,10 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
     if compare:
         from runtime.plan import run_shape
 
-        baseline = config.with_overrides(policy="fixed", hint=None, lookahead=None,
+        # Both fixed jobs use buffered links: a --p2p blocking job is then compared with async fixed order.
+        baseline = config.with_overrides(policy="fixed", hint=None, lookahead=None, p2p="async",
                                          placement=run_shape(config).placement)
-        configs = [baseline, config.with_overrides(policy="fixed", lookahead=None), config]
+        configs = [baseline, config.with_overrides(policy="fixed", lookahead=None, p2p="async"), config]
     named = {_job_name(c): c for c in configs}  # a hint that is 1f1b in fixed order runs once
     preflight(list(named.values()))  # bad input fails before anything is written
     checkpoint = _checkpoint_to_resume(config, resume)
@@ -283,7 +287,8 @@ def _job_name(config: RunConfig) -> str:
     rule = config.rule()
     budget = f"@{config.memory_budget}" if rule.uses_budget else ""
     greedy = "-greedy" if rule.policy.value == "ready" and not rule.lookahead else ""
-    return f"{config.policy}{greedy}-{name}{budget}"
+    blocking = "-blocking" if config.p2p == "blocking" else ""  # [Note: blocking p2p] in runtime.simulator
+    return f"{config.policy}{greedy}{blocking}-{name}{budget}"
 
 
 def _summarise(job, rows: list[dict]) -> dict[str, Any]:
@@ -294,6 +299,7 @@ def _summarise(job, rows: list[dict]) -> dict[str, Any]:
         "hint": job.config.hint,
         "policy": job.config.policy,
         "rule": job.config.rule().name,
+        "p2p": job.config.p2p,
         "iterations": len(rows),
         "loss_first": rows[0]["loss"],
         "loss_last": rows[-1]["loss"],

@@ -25,6 +25,7 @@ from rrfp_cli.options import (
     LookaheadOpt,
     MemoryBudgetOpt,
     Microbatches,
+    P2POpt,
     Placement,
     PolicyChoice,
     PolicyOpt,
@@ -37,6 +38,7 @@ from rrfp_cli.options import (
     Workload,
     WorkloadChoice,
     lookahead_flag,
+    p2p_value,
     placement_value,
     variability_model,
 )
@@ -55,6 +57,7 @@ def simulate(
     ] = None,
     policy: PolicyOpt = PolicyChoice.ready,
     lookahead: LookaheadOpt = None,
+    p2p: P2POpt = None,
     memory_budget: MemoryBudgetOpt = "1f1b",
     workload: Workload = None,
     forward_time: ForwardTime = 0.010,
@@ -78,11 +81,12 @@ def simulate(
     seed: Seed = 0,
     compare: Annotated[bool, typer.Option("--compare", help="Run every built-in hint under fixed, ready and "
                                           "ready with lookahead on the same durations, at equal memory; "
-                                          "speedups against fixed-order 1F1B.")] = False,
+                                          "speedups against fixed-order 1F1B. With --p2p blocking, every "
+                                          "fixed order also with blocking p2p.")] = False,
     json_mode: JsonFlag = False,
 ) -> None:
     """Simulate one hint and policy, or --compare all built-ins, on sampled or recorded durations."""
-    from runtime.arbiter import MemoryBudget, rule_for
+    from runtime.arbiter import MemoryBudget, check_p2p, rule_for
     from runtime.bounds import split_bound
     from runtime.evaluate import builtin_candidates, concrete, durations_for, resolve
     from runtime.simulator import simulate as run_simulation
@@ -121,12 +125,14 @@ def simulate(
                   "model": {**model.__dict__, "cost_table": str(cost_table) if cost_table is not None else None}}
     source["task_overhead"] = task_overhead
 
+    p2p_mode = p2p_value(p2p) or "async"
     if not compare:
         rule = rule_for(policy.value, lookahead_flag(lookahead), hint_spec)
+        check_p2p(p2p_mode, rule)
         order = (concrete(file_hint, table) if file_hint
                  else resolve(hint_spec, stages, chunks, microbatches, table, placed))
         began = time.perf_counter()
-        result = run_simulation(order, table, rule, budget, overhead=task_overhead)
+        result = run_simulation(order, table, rule, budget, overhead=task_overhead, p2p=p2p_mode)
         elapsed = time.perf_counter() - began
         bound = split_bound(shape, table)
         data = {**result.to_json(), "memory_budget_spec": str(budget), "source": source,
@@ -142,8 +148,9 @@ def simulate(
     if file_hint is not None or hint_spec.startswith(TORCH_PREFIX):
         extra = file_hint or resolve(hint_spec, stages, chunks, microbatches, placement=placed)
         hints[extra.name] = extra
-    with out.progress("simulating", total=len(DEFAULT_RULES) * len(hints)) as advance:
-        comparison = run_compare(hints, table, budget, overhead=task_overhead, advance=advance)
+    blocking = p2p_mode == "blocking"
+    with out.progress("simulating", total=(len(DEFAULT_RULES) + blocking) * len(hints)) as advance:
+        comparison = run_compare(hints, table, budget, overhead=task_overhead, advance=advance, blocking=blocking)
     data = {**comparison.to_json(), "source": source}
     out.result(data, lambda console: _render_compare(console, comparison))
 
@@ -194,7 +201,8 @@ def _render_describe(console: Console, rows: list[dict], count: int, seed: int) 
 def _render_one(console: Console, result, budget, bound, elapsed: float) -> None:
     shape = result.graph.shape
     rule = result.rule
-    title = f"{result.hint} under {rule.policy}" + (" with lookahead" if rule.lookahead else "")
+    title = (f"{result.hint} under {rule.policy}" + (" with lookahead" if rule.lookahead else "")
+             + (" with blocking p2p" if result.p2p == "blocking" else ""))
     lower = (f"{format_seconds(bound.value)} ({bound.binding}); makespan is {result.makespan / bound.value:.3f}x "
              f"of it" if bound.value > 0 else "0")
     print_pairs(console, [
@@ -242,6 +250,12 @@ def _render_compare(console: Console, comparison) -> None:
              f"{format_seconds(comparison.bound.value)} ({comparison.bound.binding}); memory: peak "
              f"microbatch-chunks in flight summed over ranks, over the budget's sum; ready+la: ready with "
              f"lookahead."]
+    if any(r.p2p == "blocking" for r in rows) or comparison.deadlocked:
+        notes.append("fixed (blocking p2p): the same fixed order with Megatron's blocking send/receive, each rank "
+                     "waiting after every task until its peers posted their receives (docs/simulator.md).")
+    if comparison.deadlocked:
+        notes.append(f"No blocking row for {', '.join(comparison.deadlocked)}: that fixed order deadlocks under "
+                     f"blocking p2p.")
     if fixed_over:
         notes.append("* that hint's fixed order holds more memory than the budget (below), so this ratio is "
                      "not at equal memory.")

@@ -147,7 +147,7 @@ def summary_command(run: RunArg, iterations: Iterations = None, json_mode: JsonF
 
 def _render_summary(console: Console, data: dict) -> None:
     pairs = [(key.replace("_", " "), str(data[key]))
-             for key in ("job", "workload", "shape", "grid", "policy", "hint", "memory_budget", "timing")
+             for key in ("job", "workload", "shape", "grid", "policy", "p2p", "hint", "memory_budget", "timing")
              if data.get(key) is not None or key != "grid"]
     makespan = data["median_makespan_s"]
     pairs += [
@@ -480,6 +480,8 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None] | None)
         replay += ["--memory-budget", str(meta.get("memory_budget"))]
         # Traces older than the lookahead rule (no "rule") ran greedy readiness.
         replay += ["--lookahead", "on" if meta.get("rule") == "lookahead" else "off"]
+    if meta.get("p2p") == "blocking":
+        replay += ["--p2p", "blocking"]
     return {"file": str(path), "iterations": [r.iteration for r in realized], "task_rows": rows,
             "latencies_measured": sum(len(r.measured) for r in realized),
             "latencies_filled": sum(len(r.filled) for r in realized),

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 import typer
 
 from hints.tasks import PLACEMENTS
-from runtime.arbiter import Policy
+from runtime.arbiter import P2P_MODES, Policy
 from runtime.presets import WORKLOAD_NAMES
 
 SHAPE = "Pipeline shape"
@@ -24,6 +24,10 @@ VARIABILITY = "Variability model"
 
 # The policies come from the arbiter's rule table (runtime.arbiter.RULES), the one place they are defined.
 PolicyChoice = Enum("PolicyChoice", {policy.value: policy.value for policy in Policy}, type=str)
+
+
+# --p2p values (runtime.arbiter.P2P_MODES); "async" is a keyword, so the functional form.
+P2PChoice = Enum("P2PChoice", {mode: mode for mode in P2P_MODES}, type=str)
 
 
 PlacementChoice = Enum("PlacementChoice", {placement: placement for placement in PLACEMENTS}, type=str)
@@ -74,6 +78,12 @@ LookaheadOpt = Annotated[
     typer.Option("--lookahead", help="--policy ready only: on = never start a backward that would delay a "
                  "forward already on its way; off = greedy readiness. Default: on (per-hint defaults in "
                  "docs/simulator.md)."),
+]
+P2POpt = Annotated[
+    Optional[P2PChoice],
+    typer.Option("--p2p", help="--policy fixed only: async = buffered links, a rank never waits for its peer "
+                 "(default); blocking = Megatron's 1F1B baseline, after each task a rank posts its sends and "
+                 "its next task's receives and waits until the peers took them (docs/simulator.md)."),
 ]
 TaskOverhead = Annotated[
     float,
@@ -143,6 +153,10 @@ DurationsFile = Annotated[
 
 def lookahead_flag(choice: "LookaheadChoice | None") -> bool | None:
     return None if choice is None else choice is LookaheadChoice.on
+
+
+def p2p_value(choice: "P2PChoice | None") -> str | None:
+    return None if choice is None else choice.value
 
 
 def placement_value(choice: "PlacementChoice | None") -> str | None:

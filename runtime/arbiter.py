@@ -699,6 +699,24 @@ def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | 
     return RULES["lookahead" if lookahead else "greedy"]
 
 
+P2P_MODES = ("async", "blocking")  # --p2p: how a fixed order's messages meet ([Note: blocking p2p] in runtime.simulator)
+
+
+def check_p2p(p2p: str, rule: ArbiterRule) -> str:
+    """``--p2p`` for ``rule``: ``async`` (buffered links, every rule) or ``blocking`` (``fixed`` only).
+
+    Blocking point-to-point is Megatron's 1F1B baseline: a rank waits after each task until its peers
+    took its messages ([Note: blocking p2p] in :mod:`runtime.simulator`). A readiness-first rule runs
+    whatever has arrived, so a receive posted before a chosen task means nothing to it: refused.
+    """
+    if p2p not in P2P_MODES:
+        raise UserError(f"{p2p!r} is not one of {', '.join(P2P_MODES)}", "--p2p")
+    if p2p == "blocking" and not rule.exact_order:
+        raise UserError(f"blocking applies to --policy fixed only (this is {rule.policy}): readiness-first runs "
+                        f"whatever message has arrived, so it cannot post its receives in a fixed order", "--p2p")
+    return p2p
+
+
 def as_rule(rule: "ArbiterRule | Policy | str") -> ArbiterRule:
     """A rule, or its name (``fixed``, ``greedy``, ``lookahead``); the bare policy ``ready`` means ``greedy``.
 
@@ -741,11 +759,13 @@ __all__ = [
     "LookaheadArbiter",
     "LOOKAHEAD_OFF_BY_DEFAULT",
     "MemoryBudget",
+    "P2P_MODES",
     "Policy",
     "RULES",
     "ReadyArbiter",
     "RunningMeans",
     "as_rule",
+    "check_p2p",
     "make_arbiter",
     "one_f_one_b_bounds",
     "rule_for",

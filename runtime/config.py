@@ -18,7 +18,7 @@ from typing import Any
 
 from hints.errors import UserError
 from hints.tasks import PLACEMENTS, Task
-from runtime.arbiter import ArbiterRule, MemoryBudget, Policy, rule_for
+from runtime.arbiter import P2P_MODES, ArbiterRule, MemoryBudget, Policy, check_p2p, rule_for
 from runtime.presets import WORKLOAD_NAMES
 from runtime.variability import check_split_overhead
 
@@ -44,6 +44,7 @@ class RunConfig:
     hint: str | None = None  # None: 1f1b (interleaved-1f1b with chunks >= 2, zbv under V placement)
     policy: str = "ready"
     lookahead: bool | None = None  # ready policy: None = the hint's default (runtime.arbiter.rule_for)
+    p2p: str = "async"  # fixed policy: "blocking" waits for peers as Megatron does ([Note: blocking p2p])
     memory_budget: str = "1f1b"
     iters: int = 5
     seed: int = 0
@@ -146,6 +147,11 @@ class RunConfig:
         if self.lookahead is not None and not isinstance(self.lookahead, bool):
             raise UserError(f"must be on, off, true or false, got {self.lookahead!r}", "--lookahead")
         self.rule()
+        _check_choice("p2p", self.p2p, P2P_MODES)
+        check_p2p(self.p2p, self.rule())
+        if self.p2p == "blocking" and self.tp > 1:
+            raise UserError("blocking is built for pipeline (and --dp) jobs: a TP follower learns its next task "
+                            "from its leader, too late to post its receives first; use --tp 1", "--p2p")
         if self.trace_iters is not None and self.trace_window()[0] >= self.iters:
             raise UserError(f"{self.trace_iters!r} traces nothing: the run has {self.iters} iterations "
                             f"(0..{self.iters - 1})", "--trace-iters")

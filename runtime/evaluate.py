@@ -13,7 +13,11 @@ answers it once:
 * :func:`compare` -- each hint under each rule on one compiled graph per
   shape, with the lower bound of :mod:`runtime.bounds`, speedups over the
   baseline (fixed-order 1F1B), what readiness itself adds (a ready rule over
-  ``fixed`` of the same hint) and whether each row kept to the budget.
+  ``fixed`` of the same hint) and whether each row kept to the budget;
+  with ``blocking``, each hint's fixed order also under [Note: blocking p2p]
+  in :mod:`runtime.simulator` (Megatron's 1F1B baseline), labelled ``fixed
+  (blocking p2p)``; a hint that deadlocks under that rule is listed in
+  :attr:`Comparison.deadlocked` instead of getting a row.
 
 [Note: equal memory]
     A speedup credits readiness only when both sides hold the same
@@ -44,7 +48,7 @@ from hints.tasks import PipelineShape, default_chunks
 from runtime.arbiter import RULES, ArbiterRule, MemoryBudget
 from runtime.bounds import LowerBound, split_bound
 from runtime.deps import TaskGraph
-from runtime.simulator import SimResult, simulate
+from runtime.simulator import ScheduleDeadlock, SimResult, simulate
 from runtime.variability import Durations, VariabilityModel, sample_durations
 
 
@@ -128,14 +132,17 @@ class Row:
     speedup: float = float("nan")  # baseline makespan / this one
     vs_fixed: float | None = None  # fixed-order makespan of the same hint / this one (ready rules only)
     over_bound: float = float("nan")  # makespan / lower bound (>= 1)
+    p2p: str = "async"  # "blocking": [Note: blocking p2p] (fixed only)
 
     @property
     def label(self) -> str:
-        return RULES[self.rule].label
+        """``fixed``, ``ready``, ``ready+la``, or ``fixed (blocking p2p)``."""
+        return RULES[self.rule].label + (" (blocking p2p)" if self.p2p == "blocking" else "")
 
     def to_json(self) -> dict:
         rule = RULES[self.rule]
         return {"hint": self.hint, "rule": self.rule, "policy": str(rule.policy), "lookahead": rule.lookahead,
+                "p2p": self.p2p, "label": self.label,
                 "makespan": self.makespan, "bubble_fraction": self.bubble_fraction,
                 "peak_in_flight": max(self.peak_in_flight), "peak_in_flight_per_rank": self.peak_in_flight,
                 "within_budget": self.within_budget, "speedup": self.speedup,
@@ -152,9 +159,10 @@ class Comparison:
     baseline: str  # "<hint> fixed", what speedups are relative to
     bound: LowerBound
     rows: list[Row] = field(default_factory=list)
+    deadlocked: list[str] = field(default_factory=list)  # hints whose fixed order deadlocks under blocking p2p
 
-    def row(self, hint: str, rule: str) -> Row | None:
-        return next((r for r in self.rows if r.hint == hint and r.rule == rule), None)
+    def row(self, hint: str, rule: str, p2p: str = "async") -> Row | None:
+        return next((r for r in self.rows if r.hint == hint and r.rule == rule and r.p2p == p2p), None)
 
     @property
     def versus_label(self) -> str:
@@ -165,7 +173,7 @@ class Comparison:
         return {"shape": self.shape.to_json(), "baseline": self.baseline, "memory_budget": str(self.budget),
                 "memory_budget_slots": self.slots, "lower_bound": self.bound.value,
                 "lower_bound_binding": self.bound.binding, "critical_path": self.bound.critical_path,
-                "rows": [r.to_json() for r in self.rows]}
+                "rows": [r.to_json() for r in self.rows], "blocking_p2p_deadlocks": self.deadlocked}
 
 
 DEFAULT_RULES = ("fixed", "greedy", "lookahead")
@@ -178,11 +186,13 @@ def versus_label(baseline: str) -> str:
 
 def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
             rules: Sequence[str] = DEFAULT_RULES, overhead: float = 0.0,
-            own: tuple[str, str] | None = None, advance: Callable[[int], None] | None = None) -> Comparison:
+            own: tuple[str, str] | None = None, advance: Callable[[int], None] | None = None,
+            blocking: bool = False, own_p2p: str = "async") -> Comparison:
     """Every hint of ``hints`` under every rule of ``rules`` on ``table``.
 
     The graph is compiled once per shape (split or not) and reused. ``own`` is
-    a ``(hint name, rule)`` pair run under that rule only (a traced hint).
+    a ``(hint name, rule)`` pair run under that rule only (a traced hint), with ``own_p2p``.
+    ``blocking`` adds each hint's fixed order under blocking p2p (after its async fixed row).
     Speedups are over the baseline of the first hint's placement (fixed-order
     1F1B, interleaved with chunks >= 2; ZB-V under V), which is always run.
     ``advance(n)`` reports progress.
@@ -190,57 +200,70 @@ def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
     first = next(iter(hints.values()))
     shape = replace(first.shape, split_backward=False)
     baseline_name = baseline_hint_name(shape.chunks, shape.placement)
-    plan: list[tuple[str, HintOrder, ArbiterRule]] = []
+    plan: list[tuple[str, HintOrder, ArbiterRule, str]] = []
     if baseline_name not in hints or "fixed" not in rules:
         plan.append((baseline_name, resolve(baseline_name, shape.ranks, shape.chunks, shape.microbatches,
-                                            placement=shape.placement), RULES["fixed"]))
+                                            placement=shape.placement), RULES["fixed"], "async"))
     for name, hint in hints.items():
-        chosen = [own[1]] if own is not None and name == own[0] else rules
-        plan += [(name, hint, RULES[rule]) for rule in chosen]
+        if own is not None and name == own[0]:
+            plan.append((name, hint, RULES[own[1]], own_p2p))
+            continue
+        for rule in rules:
+            plan.append((name, hint, RULES[rule], "async"))
+            if blocking and RULES[rule].exact_order:
+                plan.append((name, hint, RULES[rule], "blocking"))
     slots = budget.per_rank(shape)
     graphs: dict[PipelineShape, TaskGraph] = {}
     rows: list[Row] = []
-    for name, hint, rule in plan:
+    deadlocked: list[str] = []
+    for name, hint, rule, p2p in plan:
         if hint.shape not in graphs:
             graphs[hint.shape] = TaskGraph.build(hint.shape)
-        result = simulate(concrete(hint, table), table, rule, budget, graph=graphs[hint.shape], overhead=overhead)
-        rows.append(_row(name, rule, result, slots))
+        try:
+            result = simulate(concrete(hint, table), table, rule, budget, graph=graphs[hint.shape],
+                              overhead=overhead, p2p=p2p)
+        except ScheduleDeadlock:
+            if p2p != "blocking" or (own is not None and name == own[0]):
+                raise
+            deadlocked.append(name)  # an order that needs buffered links: no blocking row
+        else:
+            rows.append(_row(name, rule, result, slots, p2p))
         if advance:
             advance(1)
     bound = split_bound(shape, table)
-    base = next(r.makespan for r in rows if r.hint == baseline_name and r.rule == "fixed")
-    fixed = {r.hint: r.makespan for r in rows if r.rule == "fixed"}
+    base = next(r.makespan for r in rows if r.hint == baseline_name and r.rule == "fixed" and r.p2p == "async")
+    fixed = {r.hint: r.makespan for r in rows if r.rule == "fixed" and r.p2p == "async"}
     for row in rows:
         row.speedup = base / row.makespan if row.makespan > 0 else float("nan")
         row.over_bound = row.makespan / bound.value if bound.value > 0 else float("nan")
         if row.rule != "fixed" and row.hint in fixed and row.makespan > 0:
             row.vs_fixed = fixed[row.hint] / row.makespan
-    return Comparison(shape, budget, slots, f"{baseline_name} fixed", bound, rows)
+    return Comparison(shape, budget, slots, f"{baseline_name} fixed", bound, rows, deadlocked)
 
 
-def _row(name: str, rule: ArbiterRule, result: SimResult, slots: list[int]) -> Row:
+def _row(name: str, rule: ArbiterRule, result: SimResult, slots: list[int], p2p: str = "async") -> Row:
     peaks = list(result.peak_in_flight)
     return Row(name, rule.name, result.makespan, result.bubble_fraction, peaks,
-               all(peak <= slot for peak, slot in zip(peaks, slots)))
+               all(peak <= slot for peak, slot in zip(peaks, slots)), p2p=p2p)
 
 
 def median_rows(comparisons: Sequence[Comparison]) -> list[Row]:
-    """Per (hint, rule), the median over several tables (iterations) of every figure."""
-    groups: dict[tuple[str, str], list[Row]] = {}
+    """Per (hint, rule, p2p), the median over several tables (iterations) of every figure."""
+    groups: dict[tuple[str, str, str], list[Row]] = {}
     for comparison in comparisons:
         for row in comparison.rows:
-            groups.setdefault((row.hint, row.rule), []).append(row)
+            groups.setdefault((row.hint, row.rule, row.p2p), []).append(row)
 
     def median(values):
         values = [v for v in values if v is not None]
         return statistics.median(values) if values else None
 
     out = []
-    for (hint, rule), rows in groups.items():
+    for (hint, rule, p2p), rows in groups.items():
         peaks = [max(r.peak_in_flight[k] for r in rows) for k in range(len(rows[0].peak_in_flight))]
         out.append(Row(hint, rule, median(r.makespan for r in rows), median(r.bubble_fraction for r in rows),
                        peaks, all(r.within_budget for r in rows), median(r.speedup for r in rows),
-                       median(r.vs_fixed for r in rows), median(r.over_bound for r in rows)))
+                       median(r.vs_fixed for r in rows), median(r.over_bound for r in rows), p2p))
     return out
 
 

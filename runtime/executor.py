@@ -27,6 +27,30 @@ about time, tracing or the transport. Conventions:
 * Each microbatch's loss is divided by the microbatch count, so gradients
   accumulated over an iteration equal those of the mean loss.
 
+[Note: blocking p2p in the runtime]
+    ``--policy fixed --p2p blocking`` runs [Note: blocking p2p] of
+    :mod:`runtime.simulator` (Megatron's paired blocking send/receive) on
+    the same buffered transport, whose receiver threads always receive at
+    once, by one small control message: after a task, the rank sends its
+    outputs, then posts the receives its next task in the order needs by
+    sending each input's producer rank a POSTED frame for it, then waits,
+    before starting anything, until (a) a POSTED has come back for every
+    output it just sent (its receiver reached the point just before the
+    consuming task and waits for it) and (b) its next task's inputs have
+    arrived (the fixed arbiter's own rule). After its last task it waits
+    for (a) too, as Megatron's last ``send_backward`` does. A POSTED that
+    comes before the output was even sent is kept and the send then does
+    not wait. Why this cannot hang where the simulator completes: a rank
+    waits only on a POSTED its peer sends on reaching its own post point,
+    and on data its peer sends on finishing a task: the wait-for graph of
+    the simulator's note, so the order completes iff the simulator says so,
+    and ``rrfp run`` checks that before any rank starts
+    (:func:`runtime.simulator.check_completes` with the run's ``p2p``).
+    What differs from NCCL: the bytes already crossed the link while the
+    receiver was busy, so a receiver never pays the transfer after posting.
+    The time spent in (a) is recorded (``Recorder.rendezvous``) and the
+    trace's bubble analysis names it ``rendezvous``.
+
 [Note: split backward in the runtime]
     ``I`` computes the gradients of the stage inputs with
     ``torch.autograd.grad(..., retain_graph=True)`` and sends them upstream at
@@ -52,7 +76,7 @@ from runtime.arbiter import Arbiter
 from runtime.deps import TaskGraph
 from runtime.forecast import ArrivalForecast
 from runtime.recording import NullRecorder, Recorder, TaskSpan
-from runtime.transport import Arrival, Decided, Notice, Transport
+from runtime.transport import Arrival, Decided, Notice, Posted, Transport
 from runtime.workloads import Workload
 
 IDLE_POLL_SECONDS = 0.5  # how long the dispatcher sleeps on the inbox before re-checking faults
@@ -91,6 +115,7 @@ class StageExecutor:
         hang_at: tuple[Task, int] | None = None,
         progress: Callable[[], None] | None = None,
         lookahead: bool = False,
+        blocking: bool = False,
     ) -> None:
         self.rank = rank
         self.graph = graph
@@ -113,6 +138,15 @@ class StageExecutor:
                     self.data_consumer[tid] = consumer
         # Notices and estimates for the lookahead rule (None: the rule is off, nothing is sent).
         self.forecast = ArrivalForecast(rank, graph, transport, self.data_consumer) if lookahead else None
+        # [Note: blocking p2p in the runtime]: per task id, the producers of its inputs on other ranks; the
+        # outputs sent whose receiver has not posted yet, and the POSTED frames that came before their send.
+        self.blocking = blocking
+        self.remote_inputs: list[list[int]] = [[] for _ in range(len(graph))]
+        for producer, consumers in enumerate(graph.remote_consumers):
+            for consumer in consumers:
+                self.remote_inputs[consumer].append(producer)
+        self.unposted: set[int] = set()
+        self.posted_early: set[int] = set()
         self.arbiter: Arbiter | None = None
         self.received: dict[int, tuple[torch.Tensor, ...]] = {}
         self.stash: dict[tuple[int, int], tuple[tuple, tuple]] = {}
@@ -134,8 +168,24 @@ class StageExecutor:
         busy, executed, units = 0, [], 0
         idle_since = start
         last_end = start
-        while not arbiter.done:
+        rendezvous = None  # (since, messages) while sends wait for their receivers ([Note: blocking p2p in ...])
+        if self.blocking:
+            self.unposted.clear()
+            self.posted_early.clear()
+            self._post_receives(arbiter, iteration)
+        while True:
             self._apply_arrivals(iteration)
+            if self.unposted:
+                if rendezvous is None:
+                    rendezvous = (clock(), tuple((graph.tasks[t], graph.rank[self.data_consumer[t]])
+                                                 for t in sorted(self.unposted)))
+                self.transport.inbox.wait(IDLE_POLL_SECONDS)
+                continue
+            if rendezvous is not None:
+                recorder.rendezvous(iteration, rendezvous[0], clock(), rendezvous[1])
+                rendezvous = None
+            if arbiter.done:
+                break
             now = clock()
             tid = arbiter.choose(now * 1e-9)
             if tid is None:
@@ -177,6 +227,8 @@ class StageExecutor:
             busy += ended - began
             executed.append(task)
             idle_since = last_end = ended
+            if self.blocking:
+                self._post_receives(arbiter, iteration)
             self.progress()
         sends: list = []
         if self.transport:
@@ -196,6 +248,17 @@ class StageExecutor:
             if isinstance(arrival, Notice):
                 if self.forecast is not None and arrival.iteration == iteration:
                     self.forecast.notice(arrival, time.monotonic_ns() * 1e-9)
+                continue
+            if isinstance(arrival, Posted):  # [Note: blocking p2p in the runtime]
+                if arrival.iteration != iteration:
+                    raise RuntimeError(f"rank {self.rank}: POSTED for {arrival.producer} of iteration "
+                                       f"{arrival.iteration} arrived during iteration {iteration}")
+                producer = self.graph.tid(arrival.producer)
+                if producer in self.unposted:
+                    self.unposted.discard(producer)
+                else:
+                    self.posted_early.add(producer)
+                self.progress()
                 continue
             if isinstance(arrival, Decided):  # a TP follower: the leader's next decision ([Note: TP coordination])
                 if arrival.iteration != iteration:
@@ -226,6 +289,19 @@ class StageExecutor:
             self.received[consumer] = outputs
         else:
             self.transport.send(destination, self.iteration, self.graph.tasks[tid], outputs)
+            if self.blocking:  # wait for its receiver to post, unless it already has
+                if tid in self.posted_early:
+                    self.posted_early.discard(tid)
+                else:
+                    self.unposted.add(tid)
+
+    def _post_receives(self, arbiter: Arbiter, iteration: int) -> None:
+        """Tell each producer rank of the next task's remote inputs that its receive is posted."""
+        h = arbiter.head
+        if h < len(arbiter.tids):
+            graph = self.graph
+            for producer in self.remote_inputs[arbiter.tids[h]]:
+                self.transport.posted(graph.rank[producer], iteration, graph.tasks[producer])
 
     def _maybe_fault(self, task: Task) -> None:
         if (task, self.iteration) == self.fail_at:

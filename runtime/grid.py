@@ -148,7 +148,7 @@ def _own_group(rank: int, member_lists: list[list[int]], kwargs: dict):
 class SliceTransport:
     """A :class:`runtime.transport.Transport` addressed by pipeline rank within this process's slice.
 
-    ``send`` and ``notify`` take the pipeline rank of the destination; everything else (the inbox,
+    ``send``, ``notify`` and ``posted`` take the pipeline rank of the destination; everything else (the inbox,
     ``wait_sent``, ``take_sent``) is the transport's own.
     """
 
@@ -160,6 +160,9 @@ class SliceTransport:
 
     def notify(self, dst: int, iteration: int, producer, remaining: float, firm: bool) -> None:
         self.transport.notify(self.grid.global_rank(dst), iteration, producer, remaining, firm)
+
+    def posted(self, dst: int, iteration: int, producer) -> None:
+        self.transport.posted(self.grid.global_rank(dst), iteration, producer)
 
     def __getattr__(self, name: str):
         return getattr(self.transport, name)

@@ -2,7 +2,8 @@
 
 :func:`validate_run` is what the launcher calls first: it resolves the hint
 for the run's shape, checks the memory budget, and for the fixed policy
-checks that the hint completes in exactly its order, so bad input fails with
+checks that the hint completes in exactly its order (with ``--p2p blocking``,
+under that rule too), so bad input fails with
 one clear error instead of a hang across processes.
 
 ``bfw`` and ``cp`` are built from expected costs, which change every
@@ -70,7 +71,7 @@ def validate_run(config) -> HintOrder:
     if rule.exact_order:
         from runtime.simulator import check_completes
 
-        check_completes(hint)
+        check_completes(hint, config.p2p)  # [Note: blocking p2p]: a deadlock is refused here too
     return hint
 
 

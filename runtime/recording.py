@@ -63,6 +63,10 @@ class Recorder(Protocol):
 
     def counters(self, iteration: int, now_ns: int, values: dict[str, float]) -> None: ...
 
+    def rendezvous(self, iteration: int, start_ns: int, end_ns: int, messages: tuple[tuple[Task, int], ...]) -> None:
+        """``--p2p blocking``: from ``start_ns`` to ``end_ns`` the rank waited for the receivers of ``messages``
+        (``(producer, destination rank)`` pairs) to post their receives ([Note: blocking p2p in the runtime])."""
+
     def end_iteration(self, iteration: int, now_ns: int, sends: list[Any]) -> None: ...
 
     def optimizer_step(self, iteration: int, start_ns: int, barrier_ns: int, end_ns: int) -> None:
@@ -87,6 +91,8 @@ class NullRecorder:
 
     def counters(self, iteration, now_ns, values): pass
 
+    def rendezvous(self, iteration, start_ns, end_ns, messages): pass
+
     def end_iteration(self, iteration, now_ns, sends): pass
 
     def optimizer_step(self, iteration, start_ns, barrier_ns, end_ns): pass
@@ -100,12 +106,16 @@ class ListRecorder(NullRecorder):
     def __init__(self) -> None:
         self.spans: list[TaskSpan] = []
         self.decisions: list[tuple[int, Decision]] = []
+        self.waits: list[tuple[int, int, int, tuple]] = []  # rendezvous: (iteration, start_ns, end_ns, messages)
 
     def decision(self, iteration, decision, wait_ns):
         self.decisions.append((iteration, decision))
 
     def task_finished(self, span):
         self.spans.append(span)
+
+    def rendezvous(self, iteration, start_ns, end_ns, messages):
+        self.waits.append((iteration, start_ns, end_ns, messages))
 
 
 def load_recorder_class(spec: str):

@@ -28,10 +28,66 @@ Semantics (exactly these; tests assert makespans against them):
   durations; idle is ``makespan - busy``; the bubble fraction is total idle
   over ``ranks * makespan``.
 
+* ``p2p="blocking"`` (``--p2p blocking``, the ``fixed`` rule only) replaces
+  the buffered links by Megatron's blocking point-to-point: [Note: blocking
+  p2p].
+
 Deterministic: no randomness here (durations are sampled beforehand), ties
 broken by rank and event order. If no event is pending while tasks remain,
 the hint cannot complete under that policy and :class:`ScheduleDeadlock`
 explains where each rank is stuck.
+
+[Note: blocking p2p]
+    Megatron-core's 1F1B (``forward_backward_pipelining_without_interleaving``
+    in ``megatron/core/pipeline_parallel/schedules.py``) communicates between
+    compute steps through ``p2p_communication._communicate``: it posts the
+    step's sends and receives together (``batch_isend_irecv``, or one
+    ``isend``/``irecv`` each) and waits on all of them before computing
+    again (``send_forward_recv_backward``, ``send_backward_recv_forward``,
+    ``recv_forward``, ``send_forward``...). An NCCL send completes only when
+    the peer has posted the matching receive. The rule, for a fixed order:
+
+    * a rank's *post point* before its ``k``-th task is the end of its task
+      ``k-1`` (0 for the first task). There it posts the sends of task
+      ``k-1``'s cross-rank outputs and the receives of task ``k``'s
+      cross-rank inputs, and waits until all of them complete;
+    * a message from producer ``p`` to consumer ``c`` completes, on both
+      sides, at ``max(end(p), post(c)) + latency(p)``: the sender posts it
+      at ``end(p)``, the receiver at ``post(c)``, and the bytes move once
+      both have (rendezvous);
+    * so ``start(t_k) = max(post(t_k), completion of each receive of t_k,
+      completion of each send of t_{k-1}) + overhead``.
+
+    What this leaves out: Megatron's warm-up and cool-down call
+    ``recv_forward`` and ``send_forward`` (``recv_backward``,
+    ``send_backward``) one after the other, not batched; batching them can
+    only complete earlier, so the model is, if anything, kind to the
+    baseline. The interleaved schedule pairs a forward and a backward
+    between two communication points and receives one step ahead
+    (``send_forward_backward_recv_forward_backward``); that pairing is not
+    modelled: every task is its own step. NCCL's eager protocol for small
+    messages (a send that completes before the receive is posted) is not
+    modelled either.
+
+    Never faster than async: by induction over the tasks in the order the
+    replay computes them, each blocking start time is a maximum over a
+    superset of the async terms (the previous task's end, each input's end
+    plus its latency), each term no smaller, since ``max(end(p), post(c)) >=
+    end(p)``. ``test_properties`` checks it on random durations.
+
+    Deadlock. The rule makes ``t_k`` wait for ``t_{k-1}``, for the producer
+    of each of its inputs, and, for each consumer ``c`` of ``t_{k-1}``'s
+    outputs, for the task before ``c`` on its rank (whose end is ``c``'s post
+    point). An order completes iff this wait-for graph is acyclic, which the
+    replay decides by counting (Kahn's algorithm): a task whose waits are
+    all met runs; if tasks remain when none can, they wait on one another in
+    a cycle and the hint cannot complete under blocking p2p, whatever the
+    durations; :class:`ScheduleDeadlock` names each stuck rank's task and
+    what it waits for. An order that completes async can still deadlock
+    here: rank 0 runs ``0F0 0F1`` and rank 1 ``1F1 1F0``; rank 0's send of
+    ``0F0`` waits for rank 1 to reach ``1F0``, which follows ``1F1``, whose
+    input rank 0 sends only after that wait. 1F1B never does: its two
+    neighbours post matching pairs at every step.
 
 Cost: linear in the number of tasks. The event loop delivers a message
 without an event when nothing can tell the difference ([Note: early
@@ -56,7 +112,7 @@ from hints.errors import UserError
 from hints.orders import HintOrder
 from hints.tasks import cyclic_gc_paused
 from hints.validate import format_grid
-from runtime.arbiter import ArbiterRule, Decision, MemoryBudget, Policy, as_rule, make_arbiter
+from runtime.arbiter import ArbiterRule, Decision, MemoryBudget, Policy, as_rule, check_p2p, make_arbiter
 from runtime.deps import TaskGraph
 from runtime.variability import Durations
 
@@ -89,6 +145,7 @@ class SimResult:
     compute: Sequence[float]  # per task id, its duration
     peak_in_flight: list[int]
     decisions: list[Decision] | None
+    p2p: str = "async"  # or "blocking": [Note: blocking p2p]
 
     # Per task id, start and end times: built on first use. The event loop keeps only each rank's
     # start times, unboxed, in execution order: storing two float objects per task into task-sized
@@ -133,6 +190,7 @@ class SimResult:
             "policy": str(self.policy),
             "rule": self.rule.name,
             "lookahead": self.rule.lookahead,
+            "p2p": self.p2p,
             "shape": shape.to_json(),
             "memory_budget": self.budgets,
             "makespan": self.makespan,
@@ -154,6 +212,7 @@ def simulate(
     graph: TaskGraph | None = None,
     overhead: float = 0.0,
     estimates: tuple[Compute, Transfer] | None = None,
+    p2p: str = "async",
 ) -> SimResult:
     """Run ``hint`` under ``policy`` (a rule or its name, see :func:`runtime.arbiter.as_rule`) on ``durations``.
 
@@ -163,9 +222,13 @@ def simulate(
     may be passed to reuse one compiled graph across runs. ``overhead`` is
     the per-dispatch cost in seconds. ``estimates`` (same form as raw
     durations) are what a lookahead rule expects; by default the table's
-    :meth:`Durations.expected`.
+    :meth:`Durations.expected`. ``p2p="blocking"`` (the ``fixed`` rule only)
+    runs [Note: blocking p2p]; decisions are not recorded then.
     """
     rule = as_rule(policy)
+    check_p2p(p2p, rule)
+    if p2p == "blocking" and record:
+        raise ValueError("blocking p2p replays the order without an arbiter: there are no decisions to record")
     shape = hint.shape
     if graph is None or graph.shape != shape:
         graph = TaskGraph.build(shape)
@@ -182,6 +245,13 @@ def simulate(
         raise ValueError("the lookahead rule needs estimates when durations are given as raw lists")
     expected_compute, expected_transfer = estimates if lookahead else (None, None)
     budgets = _budgets(rule, budget, shape)
+    if p2p == "blocking":
+        orders = [graph.ids(order) for order in hint.orders]
+        makespan, executed, began, busy, peak_in_flight = _replay_blocking(hint, graph, orders, compute, transfer,
+                                                                           overhead)
+        return SimResult(hint=hint.name, rule=rule, graph=graph, budgets=budgets, makespan=makespan, busy=busy,
+                         executed=executed, began=began, compute=compute, peak_in_flight=peak_in_flight,
+                         decisions=None, p2p=p2p)
     if rule.exact_order and not record and min(compute, default=0.0) >= 0.0:
         replayed = _replay_exact_order(graph, [graph.ids(order) for order in hint.orders], compute, transfer, overhead)
         if replayed is not None:
@@ -417,6 +487,101 @@ def _replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Comp
     return makespan, orders, began, _busy(orders, compute), peak_in_flight
 
 
+def _replay_blocking(hint: HintOrder, graph: TaskGraph, orders: list[list[int]], compute: Compute,
+                     transfer: Transfer, overhead: float):
+    """A fixed order under [Note: blocking p2p]: ``(makespan, executed, began, busy, peak in flight)``.
+
+    Raises :class:`ScheduleDeadlock` when the order cannot complete under the rule.
+    """
+    n = len(graph)
+    if sorted(t for order in orders for t in order) != list(range(n)):
+        raise ScheduleDeadlock("cannot complete with blocking p2p: the hint does not run every task once",
+                               f"hint {hint.name}")
+    before = [-1] * n  # the previous task in its rank's order: its end is this task's post point
+    for order in orders:
+        for earlier, later in zip(order, order[1:]):
+            before[later] = earlier
+    consumers = graph.remote_consumers  # per task id: the cross-rank consumers of its output (messages)
+    inputs: list[list[int]] = [[] for _ in range(n)]  # per task id: the producers of its cross-rank inputs
+    for producer, targets in enumerate(consumers):
+        for consumer in targets:
+            inputs[consumer].append(producer)
+    # What each task waits for (the wait-for graph of the note): its previous task, its inputs' producers
+    # (local ones too: an order that runs a consumer before its local producer cannot complete), and for
+    # each consumer of the previous task's outputs, the task before that consumer.
+    waits = [set() for _ in range(n)]
+    for producer, targets in enumerate(graph.local_consumers):
+        for consumer in targets:
+            waits[consumer].add(producer)  # ends before the previous task's end when the order is valid
+    for tid in range(n):
+        previous = before[tid]
+        if previous >= 0:
+            waits[tid].add(previous)
+            waits[tid].update(before[c] for c in consumers[previous] if before[c] >= 0)
+        waits[tid].update(inputs[tid])
+    unmet = [len(w) for w in waits]
+    followers: list[list[int]] = [[] for _ in range(n)]
+    for tid, wanted in enumerate(waits):
+        for other in wanted:
+            followers[other].append(tid)
+    end = [0.0] * n
+    done = [False] * n
+    runnable = deque(t for t in range(n) if not unmet[t])
+    count = 0
+    while runnable:
+        tid = runnable.popleft()
+        previous = before[tid]
+        post = end[previous] if previous >= 0 else 0.0
+        ready = post
+        for producer in inputs[tid]:  # receives posted at `post`
+            ready = max(ready, max(end[producer], post) + transfer[producer])
+        if previous >= 0:  # the sends of the previous task, posted at its end (= post)
+            for consumer in consumers[previous]:
+                taken = end[before[consumer]] if before[consumer] >= 0 else 0.0
+                ready = max(ready, max(post, taken) + transfer[previous])
+        end[tid] = ready + overhead + compute[tid]
+        done[tid] = True
+        count += 1
+        for follower in followers[tid]:
+            unmet[follower] -= 1
+            if not unmet[follower]:
+                runnable.append(follower)
+    if count < n:
+        raise _blocking_deadlock(hint, graph, orders, done, before, inputs, consumers)
+    makespan = max(end, default=0.0)
+    change = [forward - frees for forward, frees in zip(graph.is_forward, graph.frees)]
+    peak_in_flight = [max(0, max(accumulate(map(change.__getitem__, order)), default=0)) for order in orders]
+    began = [array("d", [end[tid] - compute[tid] for tid in order]) for order in orders]
+    return makespan, orders, began, _busy(orders, compute), peak_in_flight
+
+
+def _blocking_deadlock(hint, graph: TaskGraph, orders, done, before, inputs, consumers) -> ScheduleDeadlock:
+    """Where each rank is stuck under [Note: blocking p2p], as a grid and a line per rank."""
+    tasks, rank_of = graph.tasks, graph.rank
+    rows, marks, lines = [], {}, []
+    for rank, order in enumerate(orders):
+        row = [str(tasks[t]) for t in order if done[t]]
+        stuck = next((t for t in order if not done[t]), None)
+        if stuck is not None:
+            marks[rank] = len(row)
+            row.append(f"{tasks[stuck]}?")
+            wanted = [f"its input {tasks[p]} (rank {rank_of[p]})" for p in inputs[stuck] if not done[p]]
+            wanted += [f"its input {tasks[p]} (this rank, later in the order)"
+                       for p in range(len(done)) if stuck in graph.local_consumers[p] and not done[p]]
+            previous = before[stuck]
+            if previous >= 0:
+                wanted += [f"rank {rank_of[c]} to post its receive of {tasks[previous]} (before {tasks[c]}, "
+                           f"after {tasks[before[c]]})" for c in consumers[previous]
+                           if before[c] >= 0 and not done[before[c]]]
+            lines.append(f"rank {rank} waits at step {len(row) - 1} for {tasks[stuck]}: "
+                         f"{'; '.join(wanted) or 'its previous task'}")
+        rows.append(row)
+    left = len(done) - sum(done)
+    what = (f"cannot complete with blocking p2p (--p2p blocking): the ranks wait for one another with {left} of "
+            f"{len(done)} tasks left (first: {lines[0] if lines else 'no runnable task'})")
+    return ScheduleDeadlock(what, f"hint {hint.name}", format_grid(rows, marks) + "\n" + "\n".join(lines))
+
+
 def _budgets(rule: ArbiterRule, budget: MemoryBudget | Sequence[int] | None, shape) -> list[int] | None:
     if not rule.uses_budget:
         return None
@@ -461,14 +626,14 @@ def _deadlock(hint, rule: ArbiterRule, graph, arbiters, executed) -> ScheduleDea
     return ScheduleDeadlock(what, f"hint {hint.name}", grid + "\n" + "\n".join(lines))
 
 
-def check_completes(hint: HintOrder) -> None:
-    """Raise :class:`ScheduleDeadlock` if ``hint`` cannot complete under the fixed policy.
+def check_completes(hint: HintOrder, p2p: str = "async") -> None:
+    """Raise :class:`ScheduleDeadlock` if ``hint`` cannot complete under the fixed policy (with ``p2p``).
 
-    Whether a fixed order completes does not depend on durations, so unit
-    durations answer it.
+    Whether a fixed order completes does not depend on durations (under
+    blocking p2p neither: [Note: blocking p2p]), so unit durations answer it.
     """
     graph = TaskGraph.build(hint.shape)
-    simulate(hint, ([1.0] * len(graph), [0.0] * len(graph)), "fixed", graph=graph)
+    simulate(hint, ([1.0] * len(graph), [0.0] * len(graph)), "fixed", graph=graph, p2p=p2p)
 
 
 __all__ = ["ScheduleDeadlock", "SimResult", "check_completes", "simulate"]

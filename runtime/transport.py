@@ -22,6 +22,11 @@ payload::
     [magic, sequence, type, iteration, stage, kind, microbatch, n_tensors, inline, remaining_ns, firm,
      (dtype, ndim, d0..d5) x MAX_TENSORS] [payload bytes, tensors back to back]
 
+The magic word is versioned: its low 32 bits spell ``RRFP``, its high 32 bits
+are :data:`WIRE_VERSION` (0 before versions existed). A frame of another
+version is a :class:`TransportError` naming both versions, never a silent
+misreading of a layout or a message type one side does not know.
+
 Payloads that fit travel inside the frame, so a typical message costs one
 send and one receive; larger ones (``inline == 0``) follow the frame as one
 send per tensor (zero-size tensors are never sent; the header has their
@@ -39,7 +44,7 @@ shape). Frames are built and read on the host with ``struct`` and
     copied on the device to build a frame.
 
 ``type`` is HELLO (sent once per link at start, so every link is set up and
-exercised before training), DATA, NOTICE, DECISION or CLOSE (end of run). ``kind`` is
+exercised before training), DATA, NOTICE, DECISION, POSTED or CLOSE (end of run). ``kind`` is
 the Unicode code point of the producing task's letter (``ord("F")``), so the
 header names the producing task ``<stage><kind><microbatch>`` directly.
 
@@ -59,6 +64,11 @@ the two words a NOTICE uses for ``remaining_ns`` and ``firm`` hold the
 decision's index in the iteration and the leader's clock at the decision
 (ns, rank 0's clock domain), from which the follower's trace gets the follow
 latency.
+
+A POSTED carries no tensors either: under ``--p2p blocking`` the consumer's
+rank tells the producer's rank that it has posted its receive for the
+message the producer fields name ([Note: blocking p2p in the runtime] in
+:mod:`runtime.executor`). It travels on the link opposite to the data's.
 
 [Note: sending without a hand-off]
     gloo's ``isend`` is asynchronous (gloo writes in place when the peer has
@@ -134,7 +144,8 @@ import torch.distributed as dist
 
 from hints.tasks import Kind, Task
 
-MAGIC = 0x52524650  # "RRFP"
+MAGIC = 0x52524650  # "RRFP": the low half of a frame's first word
+WIRE_VERSION = 1  # its high half; 1 added POSTED (0: the frames before versions existed)
 MAX_TENSORS = 4
 MAX_DIMS = 6
 FIXED_WORDS = 11
@@ -143,7 +154,7 @@ HEADER_BYTES = HEADER_WORDS * 8
 INLINE_BYTES = 32 * 1024
 FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
 MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
-HELLO, DATA, CLOSE, NOTICE, DECISION = 1, 2, 3, 4, 5
+HELLO, DATA, CLOSE, NOTICE, DECISION, POSTED = 1, 2, 3, 4, 5, 6
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
           torch.uint8)
 _DTYPE_CODE = {dtype: code for code, dtype in enumerate(DTYPES)}
@@ -198,6 +209,15 @@ class Decided(NamedTuple):
     index: int
     task: Task
     decided_ns: int  # the leader's clock at the decision, in rank 0's clock domain
+    arrived_ns: int  # host monotonic clock (this rank's)
+
+
+class Posted(NamedTuple):
+    """A POSTED from link ``src -> this rank``: ``src`` posted its receive for ``producer``'s output."""
+
+    src: int
+    iteration: int
+    producer: Task
     arrived_ns: int  # host monotonic clock (this rank's)
 
 
@@ -272,7 +292,7 @@ def encode_frame(kind_of_message: int, sequence: int, iteration: int = 0, produc
     header = _HEADER_VIEW.from_address(address)
     stage, kind, microbatch = (-1, 0, -1) if producer is None else \
         (producer.stage, ord(producer.kind.value), producer.microbatch)
-    _FIXED.pack_into(header, 0, MAGIC, sequence, kind_of_message, iteration, stage, kind, microbatch, len(tensors),
+    _FIXED.pack_into(header, 0, MAGIC | WIRE_VERSION << 32, sequence, kind_of_message, iteration, stage, kind, microbatch, len(tensors),
                      inline, notice[0], notice[1])
     for i, tensor in enumerate(tensors):
         _SPEC.pack_into(header, _FIXED.size + i * _SPEC.size, *_spec(tensor))
@@ -316,9 +336,13 @@ def decode_frame(frame: torch.Tensor) -> FrameHeader:
     header = _HEADER_VIEW.from_address(frame.data_ptr())
     magic, sequence, kind_of_message, iteration, stage, kind, microbatch, count, inline, remaining, firm = \
         _FIXED.unpack_from(header)
-    if magic != MAGIC:
+    if magic & 0xFFFFFFFF != MAGIC:
         raise TransportError(f"bad message header (magic {magic:#x})")
-    producer = Task(stage, Kind(chr(kind)), microbatch) if kind_of_message in (DATA, NOTICE, DECISION) else None
+    if magic >> 32 != WIRE_VERSION:
+        raise TransportError(f"the peer speaks wire version {magic >> 32}, this rank {WIRE_VERSION}: run one rrfp "
+                             f"version on every rank")
+    producer = (Task(stage, Kind(chr(kind)), microbatch) if kind_of_message in (DATA, NOTICE, DECISION, POSTED)
+                else None)
     specs = []
     for i in range(count):
         dtype, ndim, *dims = _SPEC.unpack_from(header, _FIXED.size + i * _SPEC.size)
@@ -581,6 +605,8 @@ class _Receiver:
             elif header.kind_of_message == NOTICE:
                 self.inbox.put(Notice(link.src, header.iteration, header.producer, header.remaining_ns * 1e-9,
                                       header.firm, frame_ns))
+            elif header.kind_of_message == POSTED:
+                self.inbox.put(Posted(link.src, header.iteration, header.producer, frame_ns))
             elif header.kind_of_message == DECISION:
                 self.inbox.put(Decided(link.src, header.iteration, header.remaining_ns, header.producer,
                                        header.decided_ns, frame_ns))
@@ -695,6 +721,10 @@ class Transport:
         """Post a DECISION for follower ``dst``: its ``index``-th task of ``iteration`` is ``task``."""
         self._senders[dst].post(_Message(DECISION, iteration, task, notice=(index, decided_ns),
                                          queued_ns=time.monotonic_ns()))
+
+    def posted(self, dst: int, iteration: int, producer: Task) -> None:
+        """Post a POSTED for rank ``dst``: this rank has posted its receive for ``producer``'s output."""
+        self._senders[dst].post(_Message(POSTED, iteration, producer, queued_ns=time.monotonic_ns()))
 
     def wait_sent(self, timeout: float) -> None:
         """Block until every posted message was sent and received (the end of an iteration; peers wait for them)."""

@@ -122,7 +122,7 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         measured = measure_clock_offset(rank, world, group=ctx.control_group)
         ctx.clock_offset_ns, ctx.clock_error_ns = _clock_domain(measured, ctx.control_group)
         ctx.grid = ProcessGrid.of(config, rank)
-        links = ctx.grid.links([pair for job in jobs for pair in _job_graph(job.config).links()])
+        links = ctx.grid.links([pair for job in jobs for pair in _job_links(job.config)])
         _log_links(ctx, backend, links)
         ctx.transport = Transport(rank, links, ctx.device, options.timeout, latency=None)
         ctx.groups = make_groups(ctx.grid, timedelta(seconds=max(60.0, 2 * options.timeout)))
@@ -210,6 +210,13 @@ def _job_graph(config):
     from runtime.plan import run_shape
 
     return TaskGraph.build(run_shape(config))
+
+
+def _job_links(config) -> set[tuple[int, int]]:
+    """The ``(producer rank, consumer rank)`` pairs a job's messages cross; with ``--p2p blocking`` also each
+    reversed, for the POSTED frames ([Note: blocking p2p in the runtime] in runtime.executor)."""
+    links = _job_graph(config).links()
+    return links | {(b, a) for a, b in links} if config.p2p == "blocking" else links
 
 
 def _device_and_backend(config, local_rank: int, world: int):
@@ -301,6 +308,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
         pipe, graph, workload, modules, SliceTransport(ctx.transport, grid), ctx.device,
         recorder=_Tracking(recorder, ctx), delay=noise.extra, fail_at=config.fault("fail_at"),
         hang_at=config.fault("hang_at"), progress=watchdog.progress, lookahead=rule.lookahead and grid.is_leader,
+        blocking=config.p2p == "blocking",
     )
     ctx.executor = executor
     reducer = _gradient_reducer(ctx, modules, shape, executor)
@@ -373,6 +381,7 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
         metrics.close()
     if isinstance(recorder, ListRecorder):
         first["max_decision_in_flight"] = max((d.in_flight for _, d in recorder.decisions), default=0)
+        first["rendezvous_waits"] = len(recorder.waits)  # [Note: blocking p2p in the runtime]
     return {**first, "losses": losses, "metrics": rows if ctx.rank == 0 else None}
 
 

@@ -192,6 +192,36 @@ def test_simulate_lookahead_flags(tmp_path):
     assert fixed["rule"] == "fixed"
 
 
+def test_simulate_blocking_p2p(tmp_path):
+    # [Note: blocking p2p]: with a latency on every message, blocking 1F1B pays it after each post.
+    args = ("simulate", "-p", "4", "-m", "8", "--policy", "fixed", "--comm-latency", "0.001")
+    async_run = ok_json(tmp_path, *args)
+    blocking = ok_json(tmp_path, *args, "--p2p", "blocking")
+    assert (async_run["p2p"], blocking["p2p"]) == ("async", "blocking")
+    assert blocking["makespan"] > async_run["makespan"]
+    assert "1f1b under fixed with blocking p2p" in ok(tmp_path, *args, "--p2p", "blocking").stdout
+    refused = rrfp(tmp_path, "simulate", "-p", "4", "-m", "8", "--p2p", "blocking")
+    assert refused.returncode == 2
+    assert refused.stderr.startswith("error: --p2p: blocking applies to --policy fixed only (this is ready)")
+    assert len(refused.stderr.strip().splitlines()) == 1
+
+
+def test_simulate_compare_blocking_rows(tmp_path):
+    data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--workload", "multimodal",
+                   "--jitter", "0.2", "--comm-latency", "0.001", "--p2p", "blocking")
+    blocking = {r["hint"]: r for r in data["rows"] if r["p2p"] == "blocking"}
+    fixed = {r["hint"]: r for r in data["rows"] if r["rule"] == "fixed" and r["p2p"] == "async"}
+    assert set(blocking) | set(data["blocking_p2p_deadlocks"]) == set(fixed)
+    assert "1f1b" in blocking
+    for hint, row in blocking.items():
+        assert row["label"] == "fixed (blocking p2p)" and fixed[hint]["label"] == "fixed"
+        assert row["makespan"] >= fixed[hint]["makespan"]
+    assert blocking["1f1b"]["speedup"] < 1.0  # the baseline stays async fixed 1F1B
+    out = ok(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--p2p", "blocking", "--comm-latency",
+             "0.001").stdout
+    assert "blocking p2p" in out
+
+
 def test_simulate_task_overhead(tmp_path):
     # Every task waits 1 ms after its decision: 1F1B's critical path holds 2 * (m + p - 1) tasks.
     data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--policy", "fixed", "--task-overhead", "0.001")

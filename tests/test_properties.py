@@ -202,3 +202,60 @@ def test_fixed_without_events_equals_the_event_loop(p, v, m, split, seed, latenc
             outcomes.append((result.makespan, result.start, result.end, result.executed, result.busy,
                              result.peak_in_flight))
     assert outcomes[0] == outcomes[1]
+
+
+def check_rendezvous(result, async_result, compute, transfer, overhead):
+    """[Note: blocking p2p] holds in ``result``: each message completes at max(send, receive posted) +
+    latency; its consumer starts no earlier, nor does its producer's next task; never before async."""
+    graph = result.graph
+    before, after = {}, {}
+    for tids in result.executed:
+        for earlier, later in zip(tids, tids[1:]):
+            before[later], after[earlier] = earlier, later
+    for producer, consumers in enumerate(graph.remote_consumers):
+        for consumer in consumers:
+            posted = result.end[before[consumer]] if consumer in before else 0.0
+            done = max(result.end[producer], posted) + transfer[producer]
+            assert result.start[consumer] >= done + overhead - 1e-9
+            if producer in after:
+                assert result.start[after[producer]] >= done + overhead - 1e-9
+    for tid in range(len(graph)):
+        assert result.start[tid] >= async_result.start[tid] - 1e-9
+    assert result.makespan >= async_result.makespan - 1e-12
+
+
+@given(st.integers(1, 6), st.integers(1, 12), st.integers(0, 2**20), st.sampled_from([0.0, 0.2, 1.0]),
+       st.sampled_from([0.0, 0.3]), st.booleans())
+def test_blocking_1f1b_is_never_faster_than_async(p, m, seed, latency, overhead, split):
+    # 1F1B (and ZB-H1, its split form) never deadlock under blocking p2p; on any durations the rule holds
+    # message by message, and no task starts earlier than with buffered links.
+    hint = builtin_hint("zb" if split else "1f1b", p, 1, m)
+    graph = TaskGraph.build(hint.shape)
+    compute, transfer = random_durations(graph, seed, latency)
+    async_result = simulate(hint, (compute, transfer), "fixed", graph=graph, overhead=overhead)
+    result = simulate(hint, (compute, transfer), "fixed", graph=graph, overhead=overhead, p2p="blocking")
+    check_run(result, hint, compute, transfer, None)
+    for rank in range(p):
+        assert tuple(result.executed_tasks(rank)) == hint.orders[rank]
+    check_rendezvous(result, async_result, compute, transfer, overhead)
+
+
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
+       st.sampled_from([0.0, 0.5]), placements)
+def test_blocking_random_orders_complete_or_report(p, v, m, split, seed, latency, placement):
+    # Any structurally valid order either completes under the rule or is reported (never hangs); one that
+    # completes under blocking p2p completes async too (the rule only adds waits).
+    v = chunks_for(placement, v)
+    shape = PipelineShape(p, v, m, split, placement)
+    hint = random_order_hint(shape, seed)
+    graph = TaskGraph.build(shape)
+    compute, transfer = random_durations(graph, seed, latency)
+    try:
+        result = simulate(hint, (compute, transfer), "fixed", graph=graph, p2p="blocking")
+    except ScheduleDeadlock as err:
+        assert "cannot complete with blocking p2p" in str(err)
+        assert "<--" in err.details
+        return
+    async_result = simulate(hint, (compute, transfer), "fixed", graph=graph)
+    check_run(result, hint, compute, transfer, None)
+    check_rendezvous(result, async_result, compute, transfer, 0.0)

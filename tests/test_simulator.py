@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from hints.orders import BUILTIN_HINTS, builtin_hint
-from hints.errors import HintError
+from hints.errors import HintError, UserError
 from hints.tasks import Kind, Task
 from runtime.deps import TaskGraph
 from runtime.simulator import ScheduleDeadlock, check_completes, simulate
@@ -242,3 +242,71 @@ def test_inlined_predictions_give_what_the_method_calls_give(hint_name, chunks, 
     assert inlined.decisions == by_calls.decisions
     if seed == 0:  # the predictions matter here: the lookahead run is not greedy's
         assert inlined.executed != simulate(hint, table, "greedy").executed
+
+
+# -- blocking p2p ([Note: blocking p2p]) -------------------------------------------
+
+
+def blocking(hint, **unit):
+    graph = TaskGraph.build(hint.shape)
+    return simulate(hint, unit_durations(graph, **unit), "fixed", graph=graph, p2p="blocking")
+
+
+@pytest.mark.parametrize("p,m", SHAPES)
+def test_blocking_1f1b_equals_async_with_uniform_durations_and_no_latency(p, m):
+    # Megatron's 1F1B is built so that, with equal tasks and free messages, no rank waits for a
+    # neighbour to post: the blocking makespan is async's (m + p - 1) * 3, start for start.
+    hint = builtin_hint("1f1b", p, 1, m)
+    result = blocking(hint)
+    assert result.makespan == (m + p - 1) * 3
+    assert list(result.start) == list(run(hint).start)
+    assert result.p2p == "blocking" and result.to_json()["p2p"] == "blocking"
+
+
+def test_blocking_is_strictly_slower_in_a_hand_computed_case():
+    # 1F1B, p = 2, m = 2, F = 1, B = 2, every message 0.5 s.
+    # async:    rank 0 0F0 0-1, 0F1 1-2, 0B0 5-7 (1B0 ends 4.5, + 0.5), 0B1 8-10; makespan 10.
+    # blocking: rank 0 waits after 0F0 until 1F0's receive takes it (posted at 0): 1.5, so 0F1 runs
+    #           1.5-2.5. Rank 1 runs 1F0 1.5-2.5 and 1B0 2.5-4.5, and posts 1F1's receive only then:
+    #           the activation that async delivered at 2.5 moves at 4.5 and lands at 5.0, so 1F1 runs
+    #           5-6 (async: 4.5-5.5) and 1B1 6-8; its gradient reaches rank 0 at 8.5: 0B1 8.5-10.5.
+    hint = builtin_hint("1f1b", 2, 1, 2)
+    assert run(hint, latency=0.5).makespan == 10.0
+    result = blocking(hint, latency=0.5)
+    assert result.makespan == 10.5
+    starts = {str(task): result.start[tid] for tid, task in enumerate(result.graph.tasks)}
+    assert starts == {"0F0": 0.0, "0F1": 1.5, "0B0": 5.0, "0B1": 8.5, "1F0": 1.5, "1B0": 2.5, "1F1": 5.0,
+                      "1B1": 6.0}
+
+
+def test_blocking_deadlock_is_reported_not_hung():
+    # Completes with buffered links (rank 1 runs 1F1 first, whatever order 0F0 arrived in), but under
+    # blocking p2p rank 0's send of 0F0 waits for rank 1 to reach 1F0, which follows 1F1, whose input
+    # rank 0 sends only after that wait.
+    hint = hint_from_text([["0F0", "0F1", "0B0", "0B1"], ["1F1", "1F0", "1B0", "1B1"]], name="swapped")
+    check_completes(hint)
+    with pytest.raises(ScheduleDeadlock) as caught:
+        check_completes(hint, p2p="blocking")
+    err = caught.value
+    assert "cannot complete with blocking p2p" in str(err) and "hint swapped" in str(err)
+    assert ">0F1?<" in err.details and ">1F1?<" in err.details
+    assert "rank 0 waits at step 1 for 0F1: rank 1 to post its receive of 0F0 (before 1F0, after 1F1)" \
+        in err.details
+    assert "rank 1 waits at step 0 for 1F1: its input 0F1 (rank 0)" in err.details
+
+
+def test_blocking_interleaved_1f1b_is_refused_as_a_deadlock():
+    # Megatron's interleaved schedule pairs a forward with a backward between two communication points
+    # and receives a step ahead; every task as its own step (what rrfp models) deadlocks it.
+    with pytest.raises(ScheduleDeadlock, match="cannot complete with blocking p2p"):
+        check_completes(builtin_hint("interleaved-1f1b", 4, 2, 8), p2p="blocking")
+
+
+def test_blocking_is_refused_under_the_ready_policy():
+    hint = builtin_hint("1f1b", 2, 1, 4)
+    graph = TaskGraph.build(hint.shape)
+    for rule in ("ready", "greedy", "lookahead"):
+        with pytest.raises(UserError, match="--p2p: blocking applies to --policy fixed only"):
+            simulate(hint, unit_durations(graph), rule, graph=graph, p2p="blocking")
+    with pytest.raises(UserError, match="'eager' is not one of async, blocking"):
+        simulate(hint, unit_durations(graph), "fixed", graph=graph, p2p="eager")

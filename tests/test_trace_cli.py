@@ -100,8 +100,8 @@ def test_compare_export_timeline(runs, tmp_path):
     assert [row["run"] for row in data["rows"]] == ["A", "B"]
     assert run_rrfp(root, "trace", "export", str(ready), "--parquet", str(tmp_path / "pq")).returncode == 0
     assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
-        "counters.parquet", "decisions.parquet", "iterations.parquet", "meta.json", "steps.parquet",
-        "tasks.parquet", "transfers.parquet"]
+        "counters.parquet", "decisions.parquet", "iterations.parquet", "meta.json", "rendezvous.parquet",
+        "steps.parquet", "tasks.parquet", "transfers.parquet"]
     png = tmp_path / "t.png"
     assert run_rrfp(root, "trace", "timeline", str(ready), "--png", str(png)).returncode == 0
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

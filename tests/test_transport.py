@@ -20,6 +20,8 @@ from runtime.transport import (
     HELLO,
     INLINE_BYTES,
     NOTICE,
+    POSTED,
+    WIRE_VERSION,
     Arrival,
     Inbox,
     Link,
@@ -91,6 +93,23 @@ def test_notices_and_control_messages_are_header_only():
     for kind in (HELLO, CLOSE):
         header = decode_frame(encode_frame(kind, 1)[0])
         assert header.kind_of_message == kind and header.producer is None
+
+
+def test_posted_is_a_header_naming_the_message_it_answers():
+    frame, follow = encode_frame(POSTED, 4, 2, Task.parse("2B5"))
+    assert frame.numel() == HEADER_BYTES and follow == []
+    header = decode_frame(frame)
+    assert (header.kind_of_message, header.sequence, header.iteration, header.producer) == \
+        (POSTED, 4, 2, Task.parse("2B5"))
+
+
+def test_a_frame_of_another_wire_version_is_refused():
+    frame, _ = encode_frame(POSTED, 0, 0, Task.parse("0F0"))
+    words = frame[:8].view(torch.int64)
+    assert words[0].item() >> 32 == WIRE_VERSION
+    words[0] = words[0].item() & 0xFFFFFFFF  # what a peer from before versioned frames sends
+    with pytest.raises(TransportError, match=f"the peer speaks wire version 0, this rank {WIRE_VERSION}"):
+        decode_frame(frame)
 
 
 def test_bad_frames_and_messages_are_transport_errors():

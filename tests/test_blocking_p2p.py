@@ -1,0 +1,110 @@
+"""``--p2p blocking`` on real processes (gloo, CPU): [Note: blocking p2p in the runtime] in runtime.executor.
+
+One launch of 4 ranks runs every job (starting ranks is the slow part on 2 cores), inside a subprocess with
+a hard timeout, as tests/test_runtime.py does.
+"""
+
+from __future__ import annotations
+
+import re
+
+import polars as pl
+import pytest
+import torch
+
+from hints.errors import UserError
+from runtime.config import RunConfig
+from tests.conftest import run_rrfp
+from tests.test_runtime import check_against_reference, run_jobs
+
+GPT = dict(workload="gpt", stages=4, microbatches=6, policy="fixed", iters=2, seed=3, jitter=0.5)
+JOBS = [
+    {"name": "async", "config": GPT},
+    {"name": "blocking", "config": {**GPT, "p2p": "blocking"}},
+    {"name": "blocking-zb", "config": {**GPT, "hint": "zb", "p2p": "blocking"}},
+    # Emulated: tasks sleep their sampled durations, so ranks really wait for one another; traced.
+    {"name": "traced", "recorder": "profiler.recorder:TraceRecorder",
+     "config": dict(workload="emulated", emulate="multimodal", stages=4, microbatches=8, policy="fixed",
+                    p2p="blocking", iters=2, seed=1, forward_time=0.004, jitter=0.3)},
+]
+
+
+@pytest.fixture(scope="module")
+def results(tmp_path_factory):
+    root = tmp_path_factory.mktemp("blocking")
+    return root, run_jobs(root, 4, JOBS)
+
+
+@pytest.mark.parametrize("name", ["async", "blocking", "blocking-zb"])
+def test_blocking_gives_the_reference_loss_and_gradients(results, name):
+    _, got = results
+    check_against_reference(got, next(job for job in JOBS if job["name"] == name))
+
+
+def test_blocking_gives_async_fixed_results_bit_for_bit(results):
+    # Same order, same accumulation: the protocol changes only when tasks start.
+    _, got = results
+    for rank in range(4):
+        assert got[rank]["blocking"]["executed"] == got[rank]["async"]["executed"]
+        for key, grad in got[rank]["async"]["grads"].items():
+            assert torch.equal(got[rank]["blocking"]["grads"][key], grad), key
+    assert got[0]["blocking"]["losses"] == got[0]["async"]["losses"]
+
+
+def test_only_blocking_ranks_wait_for_receivers(results):
+    _, got = results
+    assert all(got[rank]["async"]["rendezvous_waits"] == 0 for rank in range(4))
+    # Every rank but the last sends forwards, and its receiver is often busy: some wait must show.
+    assert sum(got[rank]["blocking"]["rendezvous_waits"] for rank in range(4)) > 0
+
+
+def test_the_trace_records_the_waits_and_bubbles_name_them(results):
+    from profiler import analysis
+    from profiler.reader import read_trace
+
+    root, _ = results
+    frames = read_trace(root / "run" / "traced")
+    assert next(iter(frames.meta.values()))["p2p"] == "blocking"
+    assert analysis.summary(frames)["p2p"] == "blocking"
+    waits = frames.rendezvous
+    assert waits.height > 0 and (waits["end_ns"] >= waits["start_ns"]).all()
+    # Each wait names the messages it waited for, as <producer>-><rank>, on the rank that sent them.
+    for rank, text in waits.select("rank", "messages").iter_rows():
+        for message in text.split():
+            producer, destination = message.split("->")
+            assert int(destination) in (rank - 1, rank + 1), message
+    totals = analysis.bubbles(frames)
+    assert totals["rendezvous_ns"].sum() > 0
+    segments = analysis.idle_segments(frames)
+    assert "rendezvous" in segments["cause"].to_list()
+    # Every nanosecond still falls in exactly one category.
+    total = totals.select(pl.sum_horizontal("busy_ns", *analysis.BUBBLE_COLUMNS) - pl.col("makespan_ns"))
+    assert total.to_series().abs().max() <= 1
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(policy="ready", p2p="blocking"), "--p2p: blocking applies to --policy fixed only"),
+    (dict(policy="fixed", p2p="eager"), "--p2p: 'eager' is not one of async, blocking"),
+    (dict(policy="fixed", p2p="blocking", tp=2), "--p2p: blocking is built for pipeline (and --dp) jobs"),
+])
+def test_bad_p2p_is_refused_before_any_rank_starts(changes, message):
+    with pytest.raises(UserError, match=re.escape(message)):
+        RunConfig(**{**GPT, **changes})
+
+
+def test_rrfp_run_refuses_blocking_under_ready_with_one_line(tmp_path):
+    done = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--policy", "ready", "--p2p",
+                    "blocking", "--out", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        "error: --p2p: blocking applies to --policy fixed only (this is ready): readiness-first runs whatever "
+        "message has arrived, so it cannot post its receives in a fixed order"]
+    assert not (tmp_path / "run").exists()
+
+
+def test_rrfp_run_refuses_an_order_that_deadlocks_under_blocking(tmp_path):
+    done = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--chunks", "2", "--microbatches", "4",
+                    "--policy", "fixed", "--p2p", "blocking", "--out", str(tmp_path / "run"))
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: hint interleaved-1f1b: cannot complete with blocking p2p")
+    assert not (tmp_path / "run").exists()
