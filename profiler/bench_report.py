@@ -168,7 +168,7 @@ def real_tables(data: dict) -> list[str]:
         return []
     lines = ["### Real runs on this machine (`rrfp run`, one launch per set, repetitions interleaved)", ""]
     for s in real["sets"]:
-        what = (f"emulated {s['workload']}" if s["workload"] == "emulated" else "gpt (real compute)")
+        what = (f"emulated {s.get('emulate') or ''}".rstrip() if s["workload"] == "emulated" else "gpt (real compute)")
         lines += [f"#### {what}, {s['ranks']} ranks, {s['microbatches']} microbatches, {s['repetitions']} repetitions "
                   f"x {s['iters'] - 1} measured iterations (1 warm-up)", ""]
         if s.get("failed"):

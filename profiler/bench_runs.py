@@ -167,7 +167,8 @@ def summarize_real(real_set: RealSet, jobs, results: dict) -> dict:
                 entry["ready_over_fixed_same_hint"] = spread([fixed[k] / mine[k] for k in mine if k in fixed])
                 entry["fixed_same_hint_peak_in_flight"] = peaks[f"fixed-{row.hint}"]
         rows.append(entry)
-    return {**real_set.__dict__, "measured_iterations_per_job": real_set.iters - 1, "rows": rows}
+    emulate = REAL_EMULATE if real_set.workload == "emulated" else None
+    return {**real_set.__dict__, "emulate": emulate, "measured_iterations_per_job": real_set.iters - 1, "rows": rows}
 
 
 # -- external systems ------------------------------------------------------------------------------

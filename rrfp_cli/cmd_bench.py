@@ -8,7 +8,6 @@ checks the options, shows the progress bar, and prints where the results went.
 from __future__ import annotations
 
 import shlex
-import sys
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from rrfp_cli.output import Output
 
 
 def bench(
+    ctx: typer.Context,
     out: Annotated[Path, typer.Option("--out", "-o", help="Results folder (created; its files are never "
                                       "overwritten without --force).")],
     quick: Annotated[bool, typer.Option("--quick", help="A smaller matrix, fewer seeds and tiny real runs: under "
@@ -68,8 +68,7 @@ def bench(
                            bubble_ranks=min(settings.bubble_ranks, middle))
     check_settings(settings)
     check_out(out, force)
-    command = "rrfp bench " + shlex.join(sys.argv[2:] if len(sys.argv) > 2 and sys.argv[1] == "bench" else
-                                         sys.argv[1:])
+    command = _command_line(ctx)
 
     @contextmanager
     def progress(total: int):
@@ -84,3 +83,21 @@ def bench(
         [console.print(f"note: {n}", markup=False) for n in summary["notes"]],
         console.print(f"wrote {len(summary['files'])} files to {out} in {summary['wall_seconds']:.0f} s "
                       f"(results.md, benchmarks_section.md, results.json, plots/)", markup=False)))
+
+
+def _command_line(ctx: typer.Context) -> str:
+    """The command as given: every option the user set (not the defaults), in its canonical spelling."""
+    words = ["rrfp", "bench"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if source is None or source.name != "COMMANDLINE":
+            continue
+        value = ctx.params[param.name]
+        if param.is_flag:
+            if param.secondary_opts:  # --real/--no-real
+                words.append(param.opts[0] if value else param.secondary_opts[0])
+            elif value:
+                words.append(param.opts[0])
+        else:
+            words += [param.opts[0], str(value)]
+    return shlex.join(words)
