@@ -344,6 +344,49 @@ def idle_segments(frames: TraceFrames, dispatch_s: float | None = None) -> pl.Da
                                       "start_ns": pl.Int64, "end_ns": pl.Int64}, orient="row")
 
 
+def simulated_bubbles(result, transfer: Sequence[float]) -> dict[str, float]:
+    """A simulation's idle time split by [Note: bubble categories], in seconds summed over ranks.
+
+    ``result`` is a :class:`runtime.simulator.SimResult` run with ``record=True`` (the decisions say what
+    the budget held back) and ``transfer`` the per-task latencies it ran on. Ready times follow the
+    simulator's semantics (a producer's end, plus its latency when it is on another rank); the gaps are
+    split by the same code as a trace's (:func:`split_gap`), with no dispatch overhead (the simulator
+    has none unless asked). Keys: ``fill``, ``drain``, ``dependency``, ``budget_held``,
+    ``misalignment``, ``dispatch``, and ``busy`` and ``makespan_x_ranks`` for shares.
+    """
+    graph = result.graph
+    shape = graph.shape
+    start, end = result.start, result.end
+    tasks = graph.tasks
+    ns = 1e9
+    ready = [0.0] * len(graph)  # the deps.py rules, walked from the producers' side
+    for producer, (local, remote) in enumerate(zip(graph.local_consumers, graph.remote_consumers)):
+        for consumer in local:
+            ready[consumer] = max(ready[consumer], end[producer])
+        for consumer in remote:
+            ready[consumer] = max(ready[consumer], end[producer] + transfer[producer])
+    rows = [(rank, 0, str(tasks[tid]), round(start[tid] * ns), round(end[tid] * ns), round(ready[tid] * ns))
+            for rank, executed in enumerate(result.executed) for tid in executed]
+    frame = pl.DataFrame(rows, schema={"rank": pl.Int64, "iteration": pl.Int64, "task": pl.Utf8,
+                                       "start_ns": pl.Int64, "end_ns": pl.Int64, "ready_ns": pl.Int64},
+                         orient="row")
+    held = {(d.rank, 0, str(d.chosen)): frozenset(map(str, d.held_back))
+            for d in result.decisions or () if d.held_back}
+    gaps = _gaps(frame, held, 0.0)
+    out = dict.fromkeys(("fill", "drain", *IDLE_CAUSES), 0.0)
+    for rank, executed in enumerate(result.executed):
+        if executed:
+            out["fill"] += start[executed[0]]
+            out["drain"] += result.makespan - max(end[t] for t in executed)
+        else:
+            out["fill"] += result.makespan
+        for name, value in gaps.get((rank, 0), {}).items():
+            out[name.removesuffix("_ns")] += value / ns
+    out["busy"] = sum(result.busy)
+    out["makespan_x_ranks"] = result.makespan * shape.ranks
+    return out
+
+
 # -- hint conformance ------------------------------------------------------------
 
 

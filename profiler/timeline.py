@@ -101,6 +101,8 @@ class Rule:
     x1: float
     y1: float
     colour: RGB = INK
+    width: float = 1.0  # pixels
+    role: str = ""  # what the SVG names it (class attribute): the charts of profiler.charts name their lines
 
 
 @dataclass
@@ -303,8 +305,10 @@ def to_svg(scene: Scene) -> str:
                    f'</pattern>')
     out += ["</defs>", f'<rect width="{scene.width}" height="{scene.height}" fill="white"/>']
     for rule in scene.rules:
-        out.append(f'<line x1="{rule.x0:.2f}" y1="{rule.y0:.2f}" x2="{rule.x1:.2f}" y2="{rule.y1:.2f}" '
-                   f'stroke="{_hex(rule.colour)}"/>')
+        width = f' stroke-width="{rule.width:g}"' if rule.width != 1.0 else ""
+        role = f' class="{rule.role}"' if rule.role else ""
+        out.append(f'<line{role} x1="{rule.x0:.2f}" y1="{rule.y0:.2f}" x2="{rule.x1:.2f}" y2="{rule.y1:.2f}" '
+                   f'stroke="{_hex(rule.colour)}"{width}/>')
     for box in scene.boxes:
         fill = f"url(#hatch-{box.hatch})" if box.hatch else (_hex(box.fill) if box.fill else "none")
         stroke = f' stroke="{_hex(box.outline)}" stroke-width="0.5"' if box.outline else ""
@@ -328,7 +332,7 @@ def to_png(scene: Scene):
     draw = ImageDraw.Draw(image)
     font = ImageFont.load_default()
     for rule in scene.rules:
-        draw.line([(rule.x0, rule.y0), (rule.x1, rule.y1)], fill=rule.colour)
+        draw.line([(rule.x0, rule.y0), (rule.x1, rule.y1)], fill=rule.colour, width=max(1, round(rule.width)))
     for box in scene.boxes:
         if box.hatch:
             _, ink, directions = HATCHES[box.hatch]

@@ -21,7 +21,7 @@ import threading
 import typer
 
 from hints.errors import Interrupted, UserError, raise_interrupted
-from rrfp_cli import cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_tune
+from rrfp_cli import cmd_bench, cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_tune
 
 app = typer.Typer(
     name="rrfp",
@@ -35,6 +35,7 @@ app.add_typer(cmd_trace.app, name="trace")
 app.command("simulate")(cmd_simulate.simulate)
 app.command("run")(cmd_run.run)
 app.command("tune-hint")(cmd_tune.tune_hint)
+app.command("bench")(cmd_bench.bench)
 
 
 def main(argv: list[str] | None = None) -> None:

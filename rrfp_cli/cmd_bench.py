@@ -1,0 +1,103 @@
+"""``rrfp bench``: the headline comparisons in one command, written as a results folder.
+
+A thin layer over :mod:`profiler.bench` (the matrix, simulation, results), :mod:`profiler.bench_runs`
+(real runs and torch's schedules) and :mod:`profiler.bench_report` (Markdown, plots): it parses and
+checks the options, shows the progress bar, and prints where the results went.
+"""
+
+from __future__ import annotations
+
+import shlex
+from contextlib import contextmanager
+from dataclasses import replace
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from rrfp_cli.options import JsonFlag
+from rrfp_cli.output import Output
+
+
+def bench(
+    ctx: typer.Context,
+    out: Annotated[Path, typer.Option("--out", "-o", help="Results folder (created; its files are never "
+                                      "overwritten without --force).")],
+    quick: Annotated[bool, typer.Option("--quick", help="A smaller matrix, fewer seeds and tiny real runs: under "
+                                        "5 minutes on 2 cores.")] = False,
+    workloads: Annotated[Optional[str], typer.Option("--workloads", help="Comma-separated workload presets "
+                                                     "(default: profiler.bench.WORKLOADS).")] = None,
+    ranks: Annotated[Optional[str], typer.Option("--ranks", help="Comma-separated rank counts, e.g. 8,16,32 "
+                                                 "(default 8,16,32,64,128; --quick 8,16,32).")] = None,
+    budgets: Annotated[Optional[str], typer.Option("--budgets", help="Comma-separated memory budgets "
+                                                   "(default 1f1b,2x).")] = None,
+    seeds: Annotated[Optional[int], typer.Option("--seeds", help="Seeds per cell (default 3; --quick 2).")] = None,
+    iterations: Annotated[Optional[int], typer.Option("--iterations", help="Sampled iterations per seed "
+                                                      "(default 2; --quick 1).")] = None,
+    seed: Annotated[int, typer.Option("--seed", help="First seed.")] = 0,
+    jitter: Annotated[Optional[float], typer.Option("--jitter", help="Task noise (log-sd) of the matrix "
+                                                    "(default 0.1).")] = None,
+    tune_seconds: Annotated[Optional[float], typer.Option("--tune-seconds", help="Search time of the tuned row per "
+                                                          "cell (default 10; --quick 2; 0 skips it).")] = None,
+    real: Annotated[bool, typer.Option("--real/--no-real", help="Real rrfp runs on this machine.")] = True,
+    external: Annotated[bool, typer.Option("--external/--no-external", help="torch's schedules through "
+                                           "benchmarks/cross_framework.py.")] = True,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite the suite's files in --out.")] = False,
+    json_mode: JsonFlag = False,
+) -> None:
+    """Run the benchmark matrix (simulation, real runs, external systems); write tables, JSON and plots."""
+    from profiler.bench import Settings, check_out, check_settings, parse_ranks, run_suite
+
+    output = Output(json_mode)
+    settings = Settings.quick_defaults() if quick else Settings()
+    changes = {"seed": seed, "real": real, "external": external}
+    if workloads is not None:
+        changes["workloads"] = tuple(w.strip() for w in workloads.split(",") if w.strip())
+    if ranks is not None:
+        changes["ranks"] = parse_ranks(ranks)
+    if budgets is not None:
+        changes["budgets"] = tuple(b.strip() for b in budgets.split(",") if b.strip())
+    for name, value in (("seeds", seeds), ("iterations", iterations), ("jitter", jitter),
+                        ("tune_seconds", tune_seconds)):
+        if value is not None:
+            changes[name] = value
+    settings = replace(settings, **changes)
+    if "ranks" in changes:  # the sweep and the bubbles run at a rank count of the matrix
+        middle = settings.ranks[len(settings.ranks) // 2]
+        settings = replace(settings, variability_ranks=min(settings.variability_ranks, middle),
+                           bubble_ranks=min(settings.bubble_ranks, middle))
+    check_settings(settings)
+    check_out(out, force)
+    command = _command_line(ctx)
+
+    @contextmanager
+    def progress(total: int):
+        with output.status_progress("benchmarking", total) as update:
+            yield update
+
+    data = run_suite(settings, out, command, progress)
+    summary = {"out": str(out), "files": sorted(["results.json", "results.md", "benchmarks_section.md",
+                                                 *data.get("plots", [])]),
+               "wall_seconds": data.get("wall_seconds"), "notes": data.get("notes", [])}
+    output.result(summary, lambda console: (
+        [console.print(f"note: {n}", markup=False) for n in summary["notes"]],
+        console.print(f"wrote {len(summary['files'])} files to {out} in {summary['wall_seconds']:.0f} s "
+                      f"(results.md, benchmarks_section.md, results.json, plots/)", markup=False)))
+
+
+def _command_line(ctx: typer.Context) -> str:
+    """The command as given: every option the user set (not the defaults), in its canonical spelling."""
+    words = ["rrfp", "bench"]
+    for param in ctx.command.params:
+        source = ctx.get_parameter_source(param.name)
+        if source is None or source.name != "COMMANDLINE":
+            continue
+        value = ctx.params[param.name]
+        if param.is_flag:
+            if param.secondary_opts:  # --real/--no-real
+                words.append(param.opts[0] if value else param.secondary_opts[0])
+            elif value:
+                words.append(param.opts[0])
+        else:
+            words += [param.opts[0], str(value)]
+    return shlex.join(words)
