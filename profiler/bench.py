@@ -33,26 +33,22 @@ Conventions
     order with 2 chunks per rank counts each chunk as half a microbatch.
 
 [Note: rows that need an option]
-    A row may need something the simulator does not have yet (the
-    Megatron-style blocking point-to-point baseline needs
-    ``p2p="blocking"``). :func:`row_unavailable` says why a row cannot run;
+    A row may not run in every cell (the tuned row: a search budget, and
+    at most TUNE_MAX_RANKS ranks). :func:`row_unavailable` says why a row cannot run;
     the suite prints that and lists it under ``skipped`` in the results,
     never dropping a row silently.
 """
 
 from __future__ import annotations
 
-import inspect
 import json
 import math
 import os
 import platform
-import shlex
 import statistics
 import subprocess
-import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -64,11 +60,10 @@ SCHEMA = "rrfp-bench/1"
 
 # -- the matrix (data) ----------------------------------------------------------------------------
 
-# The workload presets the suite runs (names VariabilityModel(workload=...) accepts). When the new
-# presets land, this is the one line to change (e.g. "pretrain-packed", "sft-chat", "vlm-mixed",
-# "vlm-video", "legacy-language", "legacy-multimodal").
-WORKLOADS: tuple[str, ...] = ("uniform", "language", "multimodal")
-QUICK_WORKLOADS: tuple[str, ...] = ("language", "multimodal")
+# The workload presets the suite runs (names VariabilityModel(workload=...) accepts; docs/workloads.md).
+WORKLOADS: tuple[str, ...] = ("uniform", "pretrain-packed", "sft-chat", "vlm-mixed", "vlm-video", "legacy-language",
+                              "legacy-multimodal")
+QUICK_WORKLOADS: tuple[str, ...] = ("sft-chat", "vlm-mixed")
 # Which of the paper's settings a workload preset stands for (for the gap sentences); None: no counterpart.
 PAPER_KIND: dict[str, str | None] = {
     "uniform": None, "language": "language", "multimodal": "multimodal",
@@ -82,10 +77,6 @@ MICROBATCHES_PER_RANK = 4
 JITTER = 0.1  # lognormal task noise on top of each workload's own variability
 VARIABILITY_JITTERS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.4)
 TUNE_MAX_RANKS = 32  # above this the search's cost per scenario makes a tuned row too slow for a suite
-
-# Switch on once the simulator takes p2p="blocking" (another change); until then the row is skipped with
-# a note. See [Note: rows that need an option].
-MEGATRON_BLOCKING_BASELINE = False
 
 BASELINE_ROW = "fixed-1f1b"
 TUNED = "tuned"  # a MatrixRow.hint: the hint rrfp tune-hint's library entry point picks for the cell
@@ -215,19 +206,8 @@ def parse_ranks(text: str) -> tuple[int, ...]:
 # -- rows that need an option -----------------------------------------------------------------------
 
 
-def blocking_p2p_supported() -> bool:
-    """Whether the simulator takes ``p2p`` (the blocking baseline's option) yet."""
-    from runtime.simulator import simulate
-
-    return "p2p" in inspect.signature(simulate).parameters
-
-
 def row_unavailable(row: MatrixRow, settings: Settings, ranks: int | None = None) -> str | None:
     """Why ``row`` cannot run here (printed and recorded), or None."""
-    if row.p2p == "blocking" and not MEGATRON_BLOCKING_BASELINE:
-        return "switched off (profiler.bench.MEGATRON_BLOCKING_BASELINE = False until p2p='blocking' lands)"
-    if row.p2p is not None and not blocking_p2p_supported():
-        return f"the simulator has no p2p={row.p2p!r} option yet"
     if row.hint == TUNED:
         if settings.tune_seconds <= 0:
             return "--tune-seconds 0"
@@ -670,6 +650,6 @@ def _plots_if_any(suite: Suite, write_plots) -> list[str]:
     return [str(p.relative_to(suite.out)) for p in write_plots(data, suite.out / PLOTS)]
 
 
-__all__ = ["BUDGETS", "MATRIX_ROWS", "MEGATRON_BLOCKING_BASELINE", "MatrixRow", "PAPER_ROWS", "PaperRow", "RANKS",
+__all__ = ["BUDGETS", "MATRIX_ROWS", "MatrixRow", "PAPER_ROWS", "PaperRow", "RANKS",
            "SCHEMA", "Settings", "Suite", "WORKLOADS", "check_out", "check_settings", "parse_ranks", "row_unavailable",
            "run_suite", "save", "simulate_table", "spread", "summarize_cell"]

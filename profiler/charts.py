@@ -21,13 +21,13 @@ so tests and scripts can find them.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
 from hints.errors import UserError
 from profiler.schema import write_atomically
-from profiler.timeline import CHAR_WIDTH, GRID, INK, MUTED, RGB, Box, Label, Rule, Scene, to_png, to_svg
+from profiler.timeline import CHAR_WIDTH, GRID, MUTED, RGB, Box, Label, Rule, Scene, to_png, to_svg
 
 PALETTE: tuple[RGB, ...] = (
     (31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189),

@@ -68,7 +68,8 @@ def test_tiny_matrix_writes_every_file_with_the_schema(tmp_path):
     for cell in cells:
         rows = {r["row"]: r for r in cell["rows"]}
         assert rows["fixed-1f1b"]["speedup_vs_fixed_1f1b"]["median"] == pytest.approx(1.0)
-        assert "fixed-1f1b-blocking" not in rows  # switched off, and said so
+        blocking = rows["fixed-1f1b-blocking"]["speedup_vs_fixed_1f1b"]  # Megatron-style: never faster
+        assert blocking["max"] <= 1.0 + 1e-9
         for name in ("ready-1f1b", "ready-bf", "ready-bfw", "ready-zb", "ready-cp", "ready-tuned"):
             row = rows[name]
             assert {"median", "p10", "p90", "min", "max", "n"} == set(row["speedup_vs_fixed_1f1b"])
@@ -77,7 +78,6 @@ def test_tiny_matrix_writes_every_file_with_the_schema(tmp_path):
             assert row["makespan_over_bound"]["min"] >= 1.0
         # readiness with the 1f1b hint: the same hint in fixed order is the baseline itself
         assert rows["ready-1f1b"]["fixed_same_hint_speedup"]["median"] == pytest.approx(1.0)
-    assert any("fixed-1f1b-blocking skipped" in n for n in data["notes"])
     assert {"variability", "bubbles"} <= set(data["simulation"])
     for entry in data["simulation"]["bubbles"]:
         assert sum(entry["share"].values()) == pytest.approx(1.0)  # busy + every cause tiles ranks x makespan
@@ -126,13 +126,10 @@ def test_unwritable_or_used_folder_is_refused(tmp_path):
     one_error(result, "--force")
 
 
-def test_blocking_row_is_skipped_with_a_reason_until_it_lands(monkeypatch):
-    row = next(r for r in bench.MATRIX_ROWS if r.p2p == "blocking")
-    settings = bench.Settings()
-    assert "MEGATRON_BLOCKING_BASELINE" in bench.row_unavailable(row, settings)
-    monkeypatch.setattr(bench, "MEGATRON_BLOCKING_BASELINE", True)
-    reason = bench.row_unavailable(row, settings)
-    assert (reason is None) == bench.blocking_p2p_supported()
+def test_the_tuned_row_says_why_it_is_skipped():
+    row = next(r for r in bench.MATRIX_ROWS if r.hint == bench.TUNED)
+    assert bench.row_unavailable(row, bench.Settings(tune_seconds=0)) == "--tune-seconds 0"
+    assert "TUNE_MAX_RANKS" in bench.row_unavailable(row, bench.Settings(), ranks=bench.TUNE_MAX_RANKS * 2)
 
 
 def test_cross_framework_output_is_parsed():
