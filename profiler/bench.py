@@ -327,8 +327,9 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         if hint.shape not in graphs:
             graphs[hint.shape] = TaskGraph.build(hint.shape)
         graph = graphs[hint.shape]
+        breakdown = bubbles and row.p2p is None  # a blocking replay records no decisions: no breakdown for it
         try:
-            result = simulate(hint, table, rule, MemoryBudget.parse(budget), record=bubbles, graph=graph,
+            result = simulate(hint, table, rule, MemoryBudget.parse(budget), record=breakdown, graph=graph,
                               **_simulate_kwargs(row))
         except ScheduleDeadlock:
             cache[key] = None
@@ -336,7 +337,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         peaks = [peak / row.chunks for peak in result.peak_in_flight]
         out = {"makespan": result.makespan, "peak": max(peaks), "peaks": peaks, "bound": bounds[row.chunks],
                "rule": rule}
-        if bubbles:
+        if breakdown:
             from profiler.analysis import simulated_bubbles
 
             out["bubbles"] = simulated_bubbles(result, table.for_graph(graph)[1])
@@ -501,7 +502,7 @@ def run_simulation(suite: Suite, progress: Progress, done: int = 0) -> int:
         for budget in settings.budgets:
             for row in rows:
                 run = table["runs"].get((row.name, budget))
-                if run is None:
+                if run is None or "bubbles" not in run:  # no breakdown of a blocking replay
                     continue
                 causes = run["bubbles"]
                 total = causes.pop("makespan_x_ranks")
