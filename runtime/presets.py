@@ -196,7 +196,7 @@ def _accumulate(values):
 
 
 def _poisson(rng: random.Random, mean: float) -> int:
-    """Knuth's method (small means)."""
+    """Knuth's method (small means); the legacy multimodal model draws with it too (runtime.variability)."""
     if mean <= 0:
         return 0
     limit, k, product = math.exp(-mean), 0, rng.random()

@@ -66,7 +66,7 @@ from typing import Callable
 from hints.errors import UserError
 from hints.tasks import B, F, I, PipelineShape
 from runtime.deps import TaskGraph
-from runtime.presets import ENCODER_FLOOR, PRESETS, WORKLOAD_NAMES, CostTable, SampleContent, canonical
+from runtime.presets import ENCODER_FLOOR, PRESETS, WORKLOAD_NAMES, CostTable, SampleContent, _poisson, canonical
 
 WORKLOADS = WORKLOAD_NAMES
 
@@ -244,17 +244,6 @@ def _table_means(table: CostTable, preset) -> tuple[float, float]:
         _TABLE_MEANS[key] = (sum(map(preset.lm_cost, contents)) / len(contents),
                              sum(c.encoder_units for c in contents) / len(contents))
     return _TABLE_MEANS[key]
-
-
-def _poisson(rng: random.Random, mean: float) -> int:
-    """Knuth's method; fine for the small means used here."""
-    if mean <= 0:
-        return 0
-    limit, k, product = math.exp(-mean), 0, rng.random()
-    while product > limit:
-        k += 1
-        product *= rng.random()
-    return k
 
 
 def stage_cost(model: VariabilityModel, spec: MicrobatchSpec, stage: int, stages: int) -> float:
