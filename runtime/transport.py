@@ -30,7 +30,8 @@ misreading of a layout or a message type one side does not know.
 Payloads that fit travel inside the frame, so a typical message costs one
 send and one receive; larger ones (``inline == 0``) follow the frame as one
 send per tensor (zero-size tensors are never sent; the header has their
-shape). Frames are built and read on the host with ``struct`` and
+shape), under gloo into receives posted before they were sent ([Note:
+pre-posted receives]). Frames are built and read on the host with ``struct`` and
 ``memmove``: a handful of microseconds, no per-word tensor operations.
 
 [Note: trimmed frames]
@@ -42,6 +43,24 @@ shape). Frames are built and read on the host with ``struct`` and
     weighs. NCCL needs matching sizes, so under NCCL every frame is exactly
     the header (``HEADER_BYTES``) and every tensor follows it: no payload is
     copied on the device to build a frame.
+
+[Note: pre-posted receives]
+    gloo moves a message only once its receive is posted: a tensor posted
+    after its frame was read waits one more round of notifications, and on
+    a round trip of 1 MiB that cost 1.5x plain gloo. So under gloo each
+    incoming link keeps a receive *pre-posted* for each tensor slot of a
+    message (tag ``PREPOSTED_TAG + slot``), sized by the first tensor that
+    followed a frame in that slot, and the sender sends a tensor there when
+    it fits (gloo receives a shorter message into a larger buffer); one
+    that does not fit, or the first of its slot, goes on ``LATE_TAG`` into
+    a receive posted after the frame, as before. Both ends apply the same
+    rule (:func:`follow_tag`) to the same sequence of messages, so the
+    sender always knows what the receiver has posted, without asking. A
+    tensor that filled its buffer is handed over as it is and a new buffer
+    posted; a shorter one is copied out and the buffer posted again. CLOSE
+    sends one byte into each pre-posted receive, so no receive is left
+    pending when the link ends. NCCL ignores tags: there every tensor
+    follows its frame on the one ordered stream, posted after the frame.
 
 ``type`` is HELLO (sent once per link at start, so every link is set up and
 exercised before training), DATA, NOTICE, DECISION, POSTED or CLOSE (end of run). ``kind`` is
@@ -131,6 +150,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import math
 import queue
 import struct
 import threading
@@ -153,6 +173,8 @@ HEADER_WORDS = FIXED_WORDS + MAX_TENSORS * (2 + MAX_DIMS)
 HEADER_BYTES = HEADER_WORDS * 8
 INLINE_BYTES = 32 * 1024
 FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
+PREPOSTED_TAG = 1  # + the tensor's slot in its message: a receive posted before the message ([Note: pre-posted receives])
+LATE_TAG = PREPOSTED_TAG + MAX_TENSORS  # a tensor whose receive is posted after its frame was read
 MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
 HELLO, DATA, CLOSE, NOTICE, DECISION, POSTED = 1, 2, 3, 4, 5, 6
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
@@ -161,6 +183,7 @@ _DTYPE_CODE = {dtype: code for code, dtype in enumerate(DTYPES)}
 _FIXED = struct.Struct(f"={FIXED_WORDS}q")  # native order: frames never leave one kind of machine
 _SPEC = struct.Struct(f"={2 + MAX_DIMS}q")  # dtype, ndim, d0..d5
 _HEADER_VIEW = ctypes.c_char * HEADER_BYTES  # the header of a frame in place, for struct's pack_into/unpack_from
+_ONE_BYTE = torch.zeros(1, dtype=torch.uint8)  # what CLOSE sends into each pre-posted receive
 _NO_DIMS = [(0,) * (MAX_DIMS - n) for n in range(MAX_DIMS + 1)]
 
 
@@ -362,6 +385,20 @@ def inline_tensors(frame: torch.Tensor, specs) -> list[torch.Tensor]:
     return tensors
 
 
+def follow_tag(posted: list[int], slot: int, nbytes: int) -> int:
+    """The tag a tensor of ``nbytes`` (> 0) in ``slot`` follows its frame on, under gloo; updates ``posted``.
+
+    ``posted[slot]`` is the size of the receive the link keeps pre-posted for the slot (0: none yet).
+    Both ends call this for the same tensors in the same order ([Note: pre-posted receives]).
+    """
+    capacity = posted[slot]
+    if capacity >= nbytes:
+        return PREPOSTED_TAG + slot
+    if capacity == 0:
+        posted[slot] = nbytes  # from the next message on, a receive of this size waits for the slot
+    return LATE_TAG
+
+
 def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
     return sum(t.nbytes for t in tensors)
 
@@ -372,12 +409,16 @@ class Link:
 
     def __init__(self, src: int, dst: int, group, peer: int) -> None:
         self.src, self.dst, self.group, self.peer = src, dst, group, peer
+        self.posted = [0] * MAX_TENSORS  # bytes pre-posted per tensor slot, as both ends know it (follow_tag)
 
-    def isend(self, tensor: torch.Tensor):
-        return self.group.send([tensor], self.peer, 0)  # what dist.isend does, without its per-call checks
+    def isend(self, tensor: torch.Tensor, tag: int = 0):
+        return self.group.send([tensor], self.peer, tag)  # what dist.isend does, without its per-call checks
 
-    def recv(self, tensor: torch.Tensor) -> None:
-        self.group.recv([tensor], self.peer, 0).wait()
+    def irecv(self, tensor: torch.Tensor, tag: int = 0):
+        return self.group.recv([tensor], self.peer, tag)
+
+    def recv(self, tensor: torch.Tensor, tag: int = 0) -> None:
+        self.irecv(tensor, tag).wait()
 
     def __repr__(self) -> str:
         return f"link {self.src}->{self.dst}"
@@ -434,7 +475,13 @@ class _Wire:
                                      message.tensors, message.notice, self.inline)
         if not self.host:
             frame = frame.to(self.device)
-        return [link.isend(t) for t in (frame, *follow) if t.numel()]
+        works = [link.isend(frame)]
+        for slot, tensor in enumerate(follow):
+            if tensor.numel():
+                works.append(link.isend(tensor, follow_tag(link.posted, slot, tensor.nbytes) if self.inline else 0))
+        if message.kind_of_message == CLOSE and self.inline:  # release the peer's pre-posted receives
+            works += [link.isend(_ONE_BYTE, PREPOSTED_TAG + slot) for slot, size in enumerate(link.posted) if size]
+        return works
 
     def buffer(self, shape, dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.device)
@@ -579,6 +626,7 @@ class _Receiver:
     def __init__(self, link: Link, wire: _Wire, inbox: Inbox, hello: Callable[[int], None]) -> None:
         self.link, self.wire, self.inbox, self.hello = link, wire, inbox, hello
         self.stream = wire.stream() if wire.device.type == "cuda" else None  # staged tensors arrive on the host
+        self._early: list[tuple[torch.Tensor, Any] | None] = [None] * MAX_TENSORS  # pre-posted (buffer, work)
 
     def run(self) -> None:
         try:
@@ -599,6 +647,9 @@ class _Receiver:
                                      f"(FIFO order broken)")
             expected += 1
             if header.kind_of_message == CLOSE:
+                for early in self._early:  # the sender's CLOSE filled each with one byte
+                    if early is not None:
+                        early[1].wait()
                 return
             if header.kind_of_message == HELLO:
                 self.hello(link.src)
@@ -617,12 +668,36 @@ class _Receiver:
 
     def _follow(self, specs) -> list[torch.Tensor]:
         tensors = []
-        for dtype, shape in specs:
+        for slot, (dtype, shape) in enumerate(specs):
+            nbytes = math.prod(shape) * dtype.itemsize
+            tag = follow_tag(self.link.posted, slot, nbytes) if nbytes and self.wire.inline else 0
+            if tag >= PREPOSTED_TAG and tag != LATE_TAG:
+                tensors.append(self._take_early(slot, dtype, shape, nbytes))
+                continue
             buffer = self.wire.buffer(shape, dtype)
-            if buffer.numel():
-                self.link.recv(buffer)
+            if nbytes:
+                self.link.recv(buffer, tag)
             tensors.append(buffer)
+        for slot, size in enumerate(self.link.posted):  # a slot follow_tag just sized: post its first receive
+            if size and self._early[slot] is None:
+                self._post_early(slot, torch.empty(size, dtype=torch.uint8))
         return tensors
+
+    def _post_early(self, slot: int, buffer: torch.Tensor) -> None:
+        self._early[slot] = (buffer, self.link.irecv(buffer, PREPOSTED_TAG + slot))
+
+    def _take_early(self, slot: int, dtype: torch.dtype, shape, nbytes: int) -> torch.Tensor:
+        """The tensor that arrived in ``slot``'s pre-posted receive; that receive is posted again."""
+        buffer, work = self._early[slot]
+        work.wait()
+        if nbytes == buffer.numel():  # filled: hand the buffer over, post a new one
+            tensor = torch.empty(0, dtype=dtype).set_(buffer.untyped_storage(), 0, shape)
+            self._post_early(slot, torch.empty(nbytes, dtype=torch.uint8))
+        else:  # shorter: copy it out, post the buffer again
+            tensor = torch.empty(shape, dtype=dtype)
+            ctypes.memmove(tensor.data_ptr(), buffer.data_ptr(), nbytes)
+            self._post_early(slot, buffer)
+        return tensor
 
 
 class Transport:

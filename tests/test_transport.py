@@ -18,8 +18,11 @@ from runtime.transport import (
     HEADER_BYTES,
     HELLO,
     INLINE_BYTES,
+    LATE_TAG,
+    MAX_TENSORS,
     NOTICE,
     POSTED,
+    PREPOSTED_TAG,
     WIRE_VERSION,
     Arrival,
     Inbox,
@@ -30,6 +33,7 @@ from runtime.transport import (
     _Sender,
     decode_frame,
     encode_frame,
+    follow_tag,
     inline_tensors,
     pipeline_links,
 )
@@ -249,6 +253,16 @@ def _short_receive(rank: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
+def test_follow_tag_sizes_a_slot_once_and_sends_what_fits_into_it():
+    posted = [0] * MAX_TENSORS
+    assert follow_tag(posted, 0, 100) == LATE_TAG and posted[0] == 100  # the first: late, and sizes the slot
+    assert follow_tag(posted, 0, 100) == PREPOSTED_TAG  # fits
+    assert follow_tag(posted, 0, 60) == PREPOSTED_TAG  # fits, shorter
+    assert follow_tag(posted, 0, 101) == LATE_TAG and posted[0] == 100  # too large: late, the size stays
+    assert follow_tag(posted, 2, 8) == LATE_TAG and follow_tag(posted, 2, 8) == PREPOSTED_TAG + 2
+    assert posted == [100, 0, 8, 0]
+
+
 def test_gloo_receives_a_short_message_into_a_full_size_buffer():
     # [Note: trimmed frames] rests on this behaviour of gloo; if a torch upgrade changes it, this fails.
     assert _two_ranks(_short_receive)[1][1] == list(range(10))
@@ -257,11 +271,23 @@ def test_gloo_receives_a_short_message_into_a_full_size_buffer():
 MESSAGES = 12
 
 
+BIG = INLINE_BYTES // 4 + 5  # floats: too many to travel inside a frame
+
+
 def _payload(microbatch: int) -> tuple[torch.Tensor, ...]:
+    # [Note: pre-posted receives]: every path of a tensor that follows its frame, in one link's sequence.
     if microbatch == 3:
-        return (torch.full((INLINE_BYTES // 4 + 5,), 3.0),)  # follows its frame
+        return (torch.full((BIG,), 3.0),)  # slot 0's first: after its frame; sizes slot 0's pre-posted receive
     if microbatch == 5:
         return (torch.zeros(0, 4), torch.arange(5))  # a zero-size tensor is described, never sent
+    if microbatch == 6:
+        return (torch.arange(BIG, dtype=torch.float32).reshape(BIG // 7, 7),)  # fills the pre-posted receive
+    if microbatch == 8:
+        return (torch.arange(BIG - 100, dtype=torch.float32), torch.full((BIG,), -8.0))  # shorter: copied; slot 1
+    if microbatch == 9:
+        return (torch.arange(3 * BIG, dtype=torch.float32), torch.full((BIG,), 9.0))  # too large: late; pre-posted
+    if microbatch == 10:
+        return (torch.ones(4 * BIG, dtype=torch.bool), torch.tensor([10]))  # fills slot 0's buffer with another dtype
     return (torch.full((2, 8), float(microbatch)), torch.tensor([microbatch]))
 
 
