@@ -95,13 +95,14 @@ QUICK_REAL_SETS: tuple[RealSet, ...] = (
 
 # cross_framework.py's arguments: the paper's external comparison uses the bf hint; every torch schedule,
 # zero-bubble ones included, runs beside the rrfp hint of its structure at its memory ([Note: equal memory
-# pairs] there). The quick run keeps torch's 1F1B and GPipe only.
+# pairs] there). The quick run keeps torch's 1F1B, GPipe and one zero-bubble schedule (ZB1P, 2 chunks).
 TORCH_SCHEDULES = ["Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
                    "ScheduleZBVZeroBubble", "ScheduleDualPipeV"]
 EXTERNAL_ARGS = ["--cases", "gpt", "multimodal", "--stages", "4", "--microbatches", "16", "--iters", "4",
                  "--schedules", *TORCH_SCHEDULES, "--hints", "1f1b", "bf", "--budgets", "1f1b", "2x"]
 QUICK_EXTERNAL_ARGS = ["--cases", "multimodal", "--stages", "2", "--microbatches", "4", "--iters", "2",
-                       "--warmup", "1", "--schedules", "Schedule1F1B", "ScheduleGPipe", "--hints", "bf",
+                       "--warmup", "1", "--schedules", "Schedule1F1B", "ScheduleGPipe",
+                       "ScheduleInterleavedZeroBubble", "--hints", "bf",
                        "--budgets", "1f1b"]
 
 
