@@ -36,7 +36,11 @@ for torch (from torch's own ``pipeline_order``, :func:`hints.torch_import.import
     (``ScheduleGPipe``: ``m``; ``ScheduleInterleavedZeroBubble``: ``(v-1) * round + p``;
     ``ScheduleDualPipeV``: ``2p + 1``) it is that slot count. A peak that is neither cannot be written
     as an rrfp budget; the row then runs at the largest rank's peak and is marked ``equal_memory:
-    false`` (``*`` in the tables). Multi-chunk schedules run ``--layers-per-rank / chunks`` gpt blocks
+    false`` (``*`` in the tables). The ``--hints`` rows run ready at each of ``--budgets`` against the
+    same hint in fixed order, which keeps its own memory: when that fixed order holds more than the
+    budget on some rank (``gpipe``, ``bf``, ``bfw`` keep every microbatch; ``zb`` defers ``W``), the
+    ready row is marked ``equal_memory: false`` and ``*`` too, since its ready / fixed ratio sets less
+    memory against more (:func:`fixed_within`). Multi-chunk schedules run ``--layers-per-rank / chunks`` gpt blocks
     per model stage and the emulated workload splits each rank's ``--forward-time`` over its chunks
     (:mod:`runtime.variability`), so every structure trains a model of the same per-rank size (the
     gpt losses differ between chunk counts: different stage cuts, different initialisation).
@@ -113,12 +117,13 @@ from hints.errors import HintError, UserError
 from hints.orders import peak_in_flight
 from hints.tasks import LOOPING, V, B, PipelineShape, W
 from hints.torch_import import import_torch_schedule
-from runtime.arbiter import one_f_one_b_bounds
+from runtime.arbiter import MemoryBudget, one_f_one_b_bounds
 from runtime.config import RunConfig
 from runtime.launch import free_port, launch, preflight
 from runtime.plan import run_shape
 from runtime.worker import Job, WorkerOptions
 from runtime.workloads import make_optimizer, make_workload
+from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is on sys.path
 
 
 @dataclass(frozen=True)
@@ -207,6 +212,17 @@ def torch_peaks(schedule: str, stages: int, microbatches: int) -> list[int]:
     return [peak_in_flight(order, final) for order in hint.orders]
 
 
+def fixed_within(hint: str, stages: int, microbatches: int, budget: str) -> bool:
+    """Does ``hint``'s fixed order (one chunk) stay within ``budget`` on every rank? If not, ready at that budget
+    against the same hint fixed is not at equal memory ([Note: equal memory pairs]: ``*`` in the tables)."""
+    from runtime.evaluate import resolve
+
+    order = resolve(hint, stages, 1, microbatches)
+    final = W if order.shape.split_backward else B
+    slots = MemoryBudget.parse(budget).per_rank(order.shape)
+    return all(peak_in_flight(tasks, final) <= limit for tasks, limit in zip(order.orders, slots))
+
+
 def equal_memory_budget(schedule: str, stages: int, microbatches: int) -> tuple[str, bool]:
     """The rrfp ``--memory-budget`` equal to ``schedule``'s per-rank peaks, and whether it is exactly equal."""
     pair = PAIRS[schedule]
@@ -282,6 +298,10 @@ def torch_worker(configs: dict[str, RunConfig]) -> dict:
             microbatches, last_stage = config.microbatches, shape.stages - 1
             local = [k for k in range(shape.stages) if shape.rank_of(k) == rank]
             workload = make_workload(config, shape)
+            # A zero-bubble schedule's emulated W sleeps the split's price in torch as in rrfp (the worker
+            # sets the same flag; [Note: split backward durations] in runtime.variability).
+            workload.split_backward = import_torch_schedule(name, config.stages, microbatches,
+                                                            shape.chunks).shape.split_backward
             adapters = {k: TorchStageAdapter(workload, k) for k in local}
             loss_adapter = adapters.get(last_stage)
 
@@ -373,10 +393,10 @@ def plan_case(case: Case, schedules: list[str], hints: list[str], budgets: list[
         add(f"ready-{pair.hint}-v{pair.chunks}@{budget}", structure,
             paired.with_overrides(policy="ready", memory_budget=budget))
     for hint in hints:
-        structure = Structure(hint, 1, LOOPING, None)
-        extra = structure_config(config, structure, layers_per_rank)
-        add(f"fixed-{hint}-v1", structure, extra.with_overrides(policy="fixed"))
+        extra = structure_config(config, Structure(hint, 1, LOOPING, None), layers_per_rank)
+        add(f"fixed-{hint}-v1", Structure(hint, 1, LOOPING, None), extra.with_overrides(policy="fixed"))
         for budget in budgets:
+            structure = Structure(hint, 1, LOOPING, None, fixed_within(hint, p, m, budget))
             add(f"ready-{hint}-v1@{budget}", structure, extra.with_overrides(policy="ready", memory_budget=budget))
     return Plan(torch_configs, jobs, structures, peaks)
 
@@ -485,15 +505,17 @@ def print_case(case: Case, measured: list[Measured], warmup: int, layers_per_ran
                                              order.get(m.structure.paired_with, 0), m.runner != "torch")):
         s, sp = m.structure, m.speedups
         loss = "-" if m.losses[-1] is None else f"{m.losses[-1]:.5f}"
-        budget = m.budget + ("" if s.equal_memory or m.policy != "ready" else "*")
+        unequal = "" if s.equal_memory or m.policy != "ready" else "*"
+        budget = m.budget + unequal
         peak = f"{m.peak_in_flight}" + (" (torch's order)" if m.peak_by_construction else "")
         print(f"| {m.runner} | {m.schedule} | {s.chunks}{' V' if s.placement == V else ''} | {m.policy} | {budget} "
               f"| {m.median_wall * 1e3:.1f} ms | {min(m.walls) * 1e3:.1f} - {max(m.walls) * 1e3:.1f} ms "
               f"| {m.throughput:,.0f} | {ratio(sp['vs_torch_1f1b'])} | {ratio(sp['vs_torch_paired'])} "
-              f"| {ratio(sp['vs_rrfp_fixed_same_hint'])} | {peak} | {loss} |")
+              f"| {ratio(sp['vs_rrfp_fixed_same_hint'])}{unequal} | {peak} | {loss} |")
     print("\n`vs torch same structure`: the paired torch schedule's median over this row's ([Note: equal memory "
-          "pairs]); `ready / fixed same hint`: what readiness adds at the row's budget; `*`: the torch "
-          "schedule's per-rank peaks are not an rrfp budget, the row runs at their maximum.")
+          "pairs]); `ready / fixed same hint`: what readiness adds at the row's budget; `*`: not at equal "
+          "memory: a paired row's torch schedule has per-rank peaks that are no rrfp budget (the row runs at "
+          "their maximum), or an extra hint's fixed order holds more than the row's budget on some rank.")
 
 
 def print_summary(cases: list[Case], results: dict[str, list[Measured]]) -> None:
@@ -514,10 +536,6 @@ def machine() -> str:
             f"CPython {platform.python_version()}, torch {torch.__version__}, gloo")
 
 
-def progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
 def build_cases(args: argparse.Namespace) -> list[Case]:
     iters = args.warmup + args.iters
     common = dict(stages=args.stages, microbatches=args.microbatches, iters=iters, seed=args.seed,
@@ -530,14 +548,6 @@ def build_cases(args: argparse.Namespace) -> list[Case]:
                                                                  straggler_prob=args.straggler_prob, **emulated)),
     }
     return [available[name]() for name in args.cases]
-
-
-class Parser(argparse.ArgumentParser):
-    """Bad input: one ``error:`` line and exit 2 (no usage dump)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

@@ -47,6 +47,7 @@ from profiler.reader import read_trace
 from runtime.config import RunConfig
 from runtime.launch import launch
 from runtime.worker import Job, WorkerOptions
+from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is on sys.path
 
 FULL, SPLIT = "1f1b", "zb"
 TRACE_RECORDER = "profiler.recorder:TraceRecorder"  # what `rrfp run` records with (rrfp_cli.cmd_run)
@@ -142,18 +143,6 @@ def print_workload(result: dict, args: argparse.Namespace) -> None:
               f"| {values['weight']['median']:.3f} | {times} | {values['split']['n']} |")
     ratios = ", ".join(f"{r:.3f}" for r in result["split_step_over_full_step"])
     print(f"\nMedian step time, zb over 1f1b, per round: {ratios} (> 1: the split job is slower end to end).")
-
-
-def progress(message: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
-
-
-class Parser(argparse.ArgumentParser):
-    """Bad input: one ``error:`` line and exit 2 (no usage dump)."""
-
-    def error(self, message: str) -> None:  # type: ignore[override]
-        print(f"error: {message}", file=sys.stderr)
-        sys.exit(2)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

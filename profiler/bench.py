@@ -20,6 +20,10 @@ Conventions
   table), then summarized. The ready rows use the default rule of
   ``--policy ready`` (lookahead).
 * Fixed orders ignore the budget; a cell's budget applies to the ready rows.
+* A split backward (the zb rows) costs each workload's measured ``(I + W) / B``
+  ([Note: split backward cost by preset] in :mod:`runtime.presets`: 1.57 for
+  the language presets, 1.65 for the vision-language ones, 1.0 for
+  ``uniform``) unless ``--split-overhead`` sets one figure for all.
 
 [Note: honest credit]
     A speedup over fixed 1F1B mixes what a hint's structure gives (its
@@ -155,6 +159,7 @@ class Settings:
     variability_ranks: int = 32
     bubble_ranks: int = 32
     tune_seconds: float = 10.0
+    split_overhead: float | None = None  # None: each workload's own (runtime.presets.SPLIT_OVERHEAD)
     real: bool = True
     external: bool = True
     quick: bool = False
@@ -190,6 +195,10 @@ def check_settings(settings: Settings) -> None:
         raise UserError("jitter must be >= 0", "--jitter")
     if settings.tune_seconds < 0:
         raise UserError("must be >= 0 (0 skips the tuned row)", "--tune-seconds")
+    if settings.split_overhead is not None:
+        from runtime.variability import check_split_overhead
+
+        check_split_overhead(settings.split_overhead, "--split-overhead")
 
 
 def parse_ranks(text: str) -> tuple[int, ...]:
@@ -262,7 +271,8 @@ def tune_cell(workload: str, ranks: int, budget: str, settings: Settings) -> Tun
     from runtime.variability import VariabilityModel
 
     shape = PipelineShape(ranks, 1, MICROBATCHES_PER_RANK * ranks)
-    scenarios = from_model(VariabilityModel(workload=workload, jitter=settings.jitter), shape, 8, 8, settings.seed)
+    model = VariabilityModel(workload=workload, jitter=settings.jitter, split_overhead=settings.split_overhead)
+    scenarios = from_model(model, shape, 8, 8, settings.seed)
     outcome = tune(scenarios, "ready", budget, Objective.parse("mean"), settings.tune_seconds, 1, settings.seed)
     chosen = outcome.verdict.chosen.candidate
     return Tuned(chosen, chosen.label, outcome.verdict.tuned_kept, outcome.verdict.reason)
@@ -281,7 +291,7 @@ def _hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None):
 
 def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, rows: Sequence[MatrixRow],
                    budgets: Sequence[str], tuned: dict[str, Tuned] | None = None,
-                   bubbles: bool = False) -> dict:
+                   bubbles: bool = False, split_overhead: float | None = None) -> dict:
     """Every row of ``rows`` on one sampled table, at every budget.
 
     Returns ``{"bound": {chunks: seconds}, "cost_spread": cv, "runs": {(row, budget): run}}`` where a run
@@ -297,7 +307,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     from runtime.variability import VariabilityModel, sample_durations
 
     m = MICROBATCHES_PER_RANK * ranks
-    model = VariabilityModel(workload=workload, jitter=jitter)
+    model = VariabilityModel(workload=workload, jitter=jitter, split_overhead=split_overhead)
     tables, bounds, graphs = {}, {}, {}
     base_shape = PipelineShape(ranks, 1, m)
     slots = {budget: MemoryBudget.parse(budget).per_rank(base_shape) for budget in budgets}
@@ -472,7 +482,7 @@ def run_simulation(suite: Suite, progress: Progress, done: int = 0) -> int:
             for seed, iteration in settings.tables:
                 progress(done, f"{workload} x {ranks} ranks, seed {seed} iteration {iteration}")
                 per_table.append(simulate_table(workload, ranks, settings.jitter, 1000 * seed + iteration, rows,
-                                                settings.budgets, tuned))
+                                                settings.budgets, tuned, split_overhead=settings.split_overhead))
                 done += 1
             for budget in settings.budgets:
                 sim["cells"].append(summarize_cell(workload, ranks, budget, per_table, rows,
@@ -486,7 +496,7 @@ def run_simulation(suite: Suite, progress: Progress, done: int = 0) -> int:
             for seed, iteration in settings.tables:
                 progress(done, f"variability: {workload}, jitter {jitter:g}")
                 per_table.append(simulate_table(workload, ranks, jitter, 1000 * seed + iteration, rows,
-                                                settings.budgets))
+                                                settings.budgets, split_overhead=settings.split_overhead))
                 done += 1
             for budget in settings.budgets:
                 sim["variability"].append(summarize_cell(workload, ranks, budget, per_table, rows, None, jitter))
@@ -497,7 +507,7 @@ def run_simulation(suite: Suite, progress: Progress, done: int = 0) -> int:
         seed, iteration = settings.tables[0]
         progress(done, f"bubbles: {workload}, {ranks} ranks")
         table = simulate_table(workload, ranks, settings.jitter, 1000 * seed + iteration, rows, settings.budgets,
-                               bubbles=True)
+                               bubbles=True, split_overhead=settings.split_overhead)
         done += 1
         for budget in settings.budgets:
             for row in rows:

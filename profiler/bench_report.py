@@ -204,7 +204,33 @@ def external_table(data: dict) -> list[str]:
                      f"{m['fastest_torch_peak_in_flight']} |")
     lines += ["", "cross_framework.py runs no fixed-order bf, so what readiness adds to bf at equal memory is in "
               "the simulated matrix (same hint fixed, ready/fixed)."]
+    return lines + [""] + external_pairs_table(external)
+
+
+def external_pairs_table(external: dict) -> list[str]:
+    """Each torch schedule against the rrfp hint of its structure, fixed and ready at the schedule's memory."""
+    pairs = external.get("pairs") or []
+    if not pairs:
+        return []
+    lines = ["#### torch's schedules against rrfp on the same structure, at equal memory", "",
+             "Each torch schedule beside the rrfp hint that issues its order (same chunks and placement) in fixed "
+             "order and ready, the ready job's budget set to the torch schedule's own per-rank peak "
+             "(cross_framework.py, [Note: equal memory pairs]); `*`: that peak is no rrfp budget, ready ran at its "
+             "maximum, not at equal memory.", "",
+             "| case | torch schedule | rrfp hint | torch step | rrfp fixed | rrfp ready (budget) | fixed vs torch "
+             "| ready vs torch | ready/fixed | peak (torch / ready) |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for p in pairs:
+        mark = "" if p["equal_memory"] is not False else "*"
+        chunks = f" (v={p['chunks']}{', V' if p['placement'] == 'v' else ''})" if p["chunks"] != 1 else ""
+        lines.append(f"| {p['case']} | {p['torch_schedule']} | {p['hint']}{chunks} | {_ms(p['torch_step_s'])} | "
+                     f"{_ms(p['fixed_step_s'])} | {_ms(p['ready_step_s'])} (@{p['ready_budget']}{mark}) | "
+                     f"{_x(p['fixed_vs_torch'])} | {_x(p['ready_vs_torch'])}{mark} | {_x(p['ready_over_fixed'])}{mark} | "
+                     f"{p['torch_peak_in_flight']} / {p['ready_peak_in_flight']} |")
     return lines + [""]
+
+
+def _ms(seconds) -> str:
+    return "-" if seconds is None else f"{seconds * 1e3:.1f} ms"
 
 
 def _x(value) -> str:

@@ -11,21 +11,32 @@ median over repetitions x measured iterations of the step time (rank 0's
 ``wall_seconds``: tasks, optimizer, the closing all-gather), with min..max,
 and speedups paired by (repetition, iteration).
 
+The emulated sets draw their durations from the workload presets
+(:attr:`RealSet.emulate`: ``vlm-mixed``, and ``sft-chat`` in the full run;
+the gpt sets are the real language model), and the zb jobs' split backward
+sleeps the preset's measured ``(I + W) / B`` ([Note: split backward cost by
+preset] in :mod:`runtime.presets`). ``fixed-1f1b-blocking`` is the
+Megatron-style baseline: fixed 1F1B whose sends and receives block
+(``RunConfig.p2p = "blocking"``).
+
 External systems (:func:`run_external`): ``benchmarks/cross_framework.py``
-(torch.distributed.pipelining's ``Schedule1F1B`` and ``ScheduleGPipe``
-against ``rrfp run`` on the same stage modules and data) as a subprocess.
-It is a script of the repository, not part of the installed packages, so an
-installed ``rrfp`` without the checkout skips it with a note. Its output is
-parsed in :func:`parse_cross_framework` (the Markdown tables it prints
-today); when the script offers ``--json FILE`` the file is passed and kept
-raw in the results. Adapting to the JSON is one function
-(:func:`external_measurements`).
+(torch.distributed.pipelining's schedules against ``rrfp run`` on the same
+stage modules and data) as a subprocess. It is a script of the repository,
+not part of the installed packages, so an installed ``rrfp`` without the
+checkout skips it with a note. Its rows are read from the file its
+``--json FILE`` writes (:func:`read_cross_framework`); its Markdown output is
+kept beside the results for people. Two views are made of them
+(:func:`external_measurements`, :func:`external_pairs`): the paper's
+comparison (rrfp ready with the ``bf`` hint against torch's 1F1B and the
+fastest torch schedule) and each torch schedule against the rrfp hint of
+the same structure, fixed and ready, at that schedule's own memory
+(cross_framework.py's [Note: equal memory pairs]).
 """
 
 from __future__ import annotations
 
+import json
 import os
-import re
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -33,19 +44,18 @@ from pathlib import Path
 
 from profiler.bench import MICROBATCHES_PER_RANK, Suite, save, spread
 
-REAL_EMULATE = "multimodal"  # the emulated runs' duration model (RunConfig.emulate); a preset name once they land
-
-
 @dataclass(frozen=True)
 class RealRow:
     name: str
     hint: str
     policy: str  # "fixed" or "ready" (the default rule, lookahead)
     budget: str = "1f1b"  # ready only
+    p2p: str = "async"  # fixed only: "blocking" is the Megatron-style baseline (RunConfig.p2p)
 
 
 REAL_ROWS: tuple[RealRow, ...] = (
     RealRow("fixed-1f1b", "1f1b", "fixed"),
+    RealRow("fixed-1f1b-blocking", "1f1b", "fixed", p2p="blocking"),
     RealRow("ready-1f1b@1f1b", "1f1b", "ready", "1f1b"),
     RealRow("ready-1f1b@2x", "1f1b", "ready", "2x"),
     RealRow("fixed-zb", "zb", "fixed"),
@@ -64,24 +74,36 @@ class RealSet:
     iters: int  # per job, the first a warm-up
     repetitions: int
     forward_time: float = 0.010  # emulated: seconds per rank's forward
+    emulate: str | None = None  # emulated: the duration model (RunConfig.emulate), a workload preset
+
+    @property
+    def label(self) -> str:
+        return self.emulate if self.workload == "emulated" else self.workload
 
 
 REAL_SETS: tuple[RealSet, ...] = (
-    RealSet("emulated", 4, 4 * MICROBATCHES_PER_RANK, 4, 3),
-    RealSet("emulated", 8, 8 * MICROBATCHES_PER_RANK, 4, 2),
+    RealSet("emulated", 4, 4 * MICROBATCHES_PER_RANK, 4, 3, emulate="vlm-mixed"),
+    RealSet("emulated", 8, 8 * MICROBATCHES_PER_RANK, 4, 2, emulate="vlm-mixed"),
+    RealSet("emulated", 4, 4 * MICROBATCHES_PER_RANK, 4, 3, emulate="sft-chat"),
     RealSet("gpt", 2, 8, 5, 3),
     RealSet("gpt", 4, 16, 5, 3),
 )
 QUICK_REAL_SETS: tuple[RealSet, ...] = (
-    RealSet("emulated", 4, 8, 3, 2, forward_time=0.005),
+    RealSet("emulated", 4, 8, 3, 2, forward_time=0.005, emulate="vlm-mixed"),
     RealSet("gpt", 2, 4, 3, 2),
 )
 
-# cross_framework.py's arguments: the paper's external comparison uses the bf hint.
+# cross_framework.py's arguments: the paper's external comparison uses the bf hint; every torch schedule,
+# zero-bubble ones included, runs beside the rrfp hint of its structure at its memory ([Note: equal memory
+# pairs] there). The quick run keeps torch's 1F1B, GPipe and one zero-bubble schedule (ZB1P, 2 chunks).
+TORCH_SCHEDULES = ["Schedule1F1B", "ScheduleGPipe", "ScheduleInterleaved1F1B", "ScheduleInterleavedZeroBubble",
+                   "ScheduleZBVZeroBubble", "ScheduleDualPipeV"]
 EXTERNAL_ARGS = ["--cases", "gpt", "multimodal", "--stages", "4", "--microbatches", "16", "--iters", "4",
-                 "--hints", "1f1b", "bf", "--budgets", "1f1b", "2x"]
+                 "--schedules", *TORCH_SCHEDULES, "--hints", "1f1b", "bf", "--budgets", "1f1b", "2x"]
 QUICK_EXTERNAL_ARGS = ["--cases", "multimodal", "--stages", "2", "--microbatches", "4", "--iters", "2",
-                       "--warmup", "1", "--hints", "bf", "--budgets", "1f1b"]
+                       "--warmup", "1", "--schedules", "Schedule1F1B", "ScheduleGPipe",
+                       "ScheduleInterleavedZeroBubble", "--hints", "bf",
+                       "--budgets", "1f1b"]
 
 
 def real_sets(settings) -> tuple[RealSet, ...]:
@@ -100,11 +122,12 @@ def _jobs(real: RealSet, settings, root: Path):
     base = dict(workload=real.workload, stages=real.ranks, microbatches=real.microbatches, iters=real.iters,
                 seed=settings.seed, trace=False)
     if real.workload == "emulated":
-        base.update(emulate=REAL_EMULATE, forward_time=real.forward_time, jitter=settings.jitter)
+        base.update(emulate=real.emulate, forward_time=real.forward_time, jitter=settings.jitter,
+                    split_overhead=settings.split_overhead)  # None: the preset's own
     jobs = []
     for repetition in range(real.repetitions):
         for row in REAL_ROWS:
-            config = RunConfig(**base, hint=row.hint, policy=row.policy,
+            config = RunConfig(**base, hint=row.hint, policy=row.policy, p2p=row.p2p,
                                memory_budget=row.budget if row.policy == "ready" else "1f1b")
             name = f"{row.name}.{repetition}"
             jobs.append((row, repetition, Job(name, config, str(root / name))))
@@ -118,12 +141,13 @@ def run_real(suite: Suite, progress, done: int) -> int:
 
     real = suite.results.setdefault("real", {"sets": [], "rows": [asdict_row(r) for r in REAL_ROWS]})
     if suite.settings.quick:
-        suite.note("quick: real runs are tiny (emulated 4 ranks x 8 microbatches, gpt 2 ranks x 4 microbatches, "
-                   "2 repetitions of 3 iterations, the first a warm-up); the full run has 4/8 and 2/4 ranks")
+        suite.note("quick: real runs are tiny (emulated vlm-mixed 4 ranks x 8 microbatches, gpt 2 ranks x 4 "
+                   "microbatches, 2 repetitions of 3 iterations, the first a warm-up); the full run has vlm-mixed "
+                   "at 4 and 8 ranks, sft-chat at 4, gpt at 2 and 4")
     for real_set in real_sets(suite.settings):
-        label = f"{real_set.workload}, {real_set.ranks} ranks x {real_set.microbatches} microbatches"
+        label = f"{real_set.label}, {real_set.ranks} ranks x {real_set.microbatches} microbatches"
         progress(done, f"real: {label} ({len(REAL_ROWS) * real_set.repetitions} jobs, one launch)")
-        root = suite.out / "runs" / f"{real_set.workload}-p{real_set.ranks}"
+        root = suite.out / "runs" / f"{real_set.label}-p{real_set.ranks}"
         jobs = _jobs(real_set, suite.settings, root)
         options = WorkerOptions(out_root=str(root), show_progress=False, timeout=120.0, threads=1)
         try:
@@ -156,7 +180,7 @@ def summarize_real(real_set: RealSet, jobs, results: dict) -> dict:
     rows = []
     for row in REAL_ROWS:
         mine = walls[row.name]
-        entry = {"row": row.name, "hint": row.hint, "policy": row.policy,
+        entry = {"row": row.name, "hint": row.hint, "policy": row.policy, "p2p": row.p2p,
                  "budget": row.budget if row.policy == "ready" else None,
                  "step_s": spread(list(mine.values())),
                  "speedup_vs_fixed_1f1b": spread([base[k] / mine[k] for k in mine if k in base and mine[k] > 0]),
@@ -167,8 +191,7 @@ def summarize_real(real_set: RealSet, jobs, results: dict) -> dict:
                 entry["ready_over_fixed_same_hint"] = spread([fixed[k] / mine[k] for k in mine if k in fixed])
                 entry["fixed_same_hint_peak_in_flight"] = peaks[f"fixed-{row.hint}"]
         rows.append(entry)
-    emulate = REAL_EMULATE if real_set.workload == "emulated" else None
-    return {**real_set.__dict__, "emulate": emulate, "measured_iterations_per_job": real_set.iters - 1, "rows": rows}
+    return {**real_set.__dict__, "measured_iterations_per_job": real_set.iters - 1, "rows": rows}
 
 
 # -- external systems ------------------------------------------------------------------------------
@@ -202,18 +225,15 @@ def run_external(suite: Suite, progress, done: int) -> int:
 
 
 def call_cross_framework(script: Path, args: list[str], out: Path) -> dict:
-    """[The one place that calls the script.] Run it, keep its stdout, parse it (and its --json if offered)."""
+    """[The one place that calls the script.] Run it with ``--json FILE``; keep its Markdown and read its rows."""
     root = script.parents[1]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
-    help_text = subprocess.run([sys.executable, str(script), "--help"], capture_output=True, text=True, env=env,
-                               cwd=root, timeout=120).stdout
-    json_file = None
-    if "--json" in help_text:
-        json_file = out / "external" / "cross_framework.json"
-        json_file.parent.mkdir(parents=True, exist_ok=True)
-        args = [*args, "--json", str(json_file)]
-    process = subprocess.Popen([sys.executable, str(script), *args], stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+    folder = out / "external"
+    folder.mkdir(parents=True, exist_ok=True)
+    json_file = folder / "cross_framework.json"
+    json_file.unlink(missing_ok=True)  # a file left by an earlier run is not this run's
+    process = subprocess.Popen([sys.executable, str(script), *args, "--json", str(json_file)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
     try:
         stdout, stderr = process.communicate()
     except KeyboardInterrupt:
@@ -223,66 +243,37 @@ def call_cross_framework(script: Path, args: list[str], out: Path) -> dict:
         except subprocess.TimeoutExpired:
             process.kill()
         raise
-    (out / "external").mkdir(parents=True, exist_ok=True)
-    stdout_file = out / "external" / "cross_framework.md"
+    stdout_file = folder / "cross_framework.md"
     stdout_file.write_text(stdout)
-    (out / "external" / "cross_framework.stderr").write_text(stderr)
+    (folder / "cross_framework.stderr").write_text(stderr)
+    rows = read_cross_framework(json_file)
     result = {"returncode": process.returncode, "stdout_file": str(stdout_file.relative_to(out)),
-              "cases": parse_cross_framework(stdout)}
-    if json_file is not None and json_file.is_file():
-        import json
-
-        result["json_output"] = json.loads(json_file.read_text())
-    result["measurements"] = external_measurements(result)
+              "json_file": str(json_file.relative_to(out)) if json_file.is_file() else None, "rows": rows}
+    result["measurements"] = external_measurements(rows)
+    result["pairs"] = external_pairs(rows)
     return result
 
 
-_CASE = re.compile(r"^### (\w[\w-]*): (.*)$")
-_MS = re.compile(r"([\d.,]+) ms")
+def read_cross_framework(json_file: Path) -> list[dict]:
+    """The rows cross_framework.py's ``--json`` wrote (its ``json_row`` fields); none if it wrote nothing
+    (it rewrites the file after every case, so a failed run leaves the cases that finished)."""
+    try:
+        rows = json.loads(json_file.read_text())
+    except (OSError, ValueError):
+        return []
+    return rows if isinstance(rows, list) else []
 
 
-def parse_cross_framework(text: str) -> dict:
-    """The per-case tables of cross_framework.py's Markdown: case -> rows (runner, schedule, policy, budget,
-    median/min/max step in seconds, peak in flight)."""
-    cases: dict[str, dict] = {}
-    current = None
-    for line in text.splitlines():
-        match = _CASE.match(line)
-        if match and match.group(1) != "Summary":
-            current = cases.setdefault(match.group(1), {"about": match.group(2), "rows": []})
-            continue
-        if current is None or not line.startswith("| ") or line.startswith("| runner") or line.startswith("|---"):
-            continue
-        cells = [c.strip() for c in line.strip().strip("|").split("|")]
-        if len(cells) < 10 or cells[0] not in ("torch", "rrfp"):
-            continue
-        median = _MS.fullmatch(cells[4])
-        low_high = re.fullmatch(r"([\d.,]+) - ([\d.,]+) ms", cells[5])
-        if not median or not low_high:
-            continue
-        current["rows"].append({
-            "runner": cells[0], "schedule": cells[1], "policy": cells[2], "budget": cells[3],
-            "median_step_s": float(median.group(1).replace(",", "")) / 1e3,
-            "min_step_s": float(low_high.group(1).replace(",", "")) / 1e3,
-            "max_step_s": float(low_high.group(2).replace(",", "")) / 1e3,
-            "peak_in_flight": cells[9]})
-    return {name: case for name, case in cases.items() if case["rows"]}
-
-
-def external_measurements(result: dict) -> list[dict]:
-    """Per case and budget: rrfp's ready bf against torch's Schedule1F1B and against the fastest torch schedule.
-
-    The one function to adapt when cross_framework.py's JSON (``result["json_output"]``) replaces the
-    Markdown it prints today.
-    """
+def external_measurements(rows: list[dict]) -> list[dict]:
+    """Per case and budget: rrfp's ready bf against torch's Schedule1F1B and against the fastest torch schedule."""
     out = []
-    for case, data in result.get("cases", {}).items():
-        rows = data["rows"]
-        torch_rows = [r for r in rows if r["runner"] == "torch"]
+    for case in dict.fromkeys(r["case"] for r in rows):
+        mine = [r for r in rows if r["case"] == case]
+        torch_rows = [r for r in mine if r["system"] == "torch"]
         one_f_one_b = next((r for r in torch_rows if r["schedule"] == "Schedule1F1B"), None)
         fastest = min(torch_rows, key=lambda r: r["median_step_s"], default=None)
-        for row in rows:
-            if row["runner"] != "rrfp" or row["policy"] != "ready" or row["schedule"] != "bf":
+        for row in mine:
+            if row["system"] != "rrfp" or row["policy"] != "ready" or row["schedule"] != "bf" or row["chunks"] != 1:
                 continue
             out.append({"case": case, "budget": row["budget"], "rrfp_step_s": row["median_step_s"],
                         "rrfp_peak_in_flight": row["peak_in_flight"],
@@ -293,5 +284,32 @@ def external_measurements(result: dict) -> list[dict]:
     return out
 
 
-__all__ = ["QUICK_REAL_SETS", "REAL_ROWS", "REAL_SETS", "RealRow", "RealSet", "call_cross_framework",
-           "external_measurements", "parse_cross_framework", "run_external", "run_real", "units"]
+def external_pairs(rows: list[dict]) -> list[dict]:
+    """Per case and torch schedule: the rrfp hint of the same structure in fixed order and ready at the
+    schedule's own peak (cross_framework.py's [Note: equal memory pairs]); ``equal_memory`` false when that
+    peak is no rrfp budget and ready ran at its maximum (marked ``*``)."""
+    out = []
+    for torch_row in (r for r in rows if r["system"] == "torch"):
+        paired = [r for r in rows if r["system"] == "rrfp" and r["case"] == torch_row["case"]
+                  and r.get("paired_with") == torch_row["schedule"]]
+        fixed = next((r for r in paired if r["policy"] == "fixed"), None)
+        ready = next((r for r in paired if r["policy"] == "ready"), None)
+        torch_step = torch_row["median_step_s"]
+        out.append({
+            "case": torch_row["case"], "torch_schedule": torch_row["schedule"],
+            "hint": (fixed or ready or {}).get("schedule"), "chunks": torch_row["chunks"],
+            "placement": torch_row["placement"], "torch_step_s": torch_step,
+            "torch_peak_in_flight": torch_row["peak_in_flight"],
+            "fixed_step_s": fixed and fixed["median_step_s"], "ready_step_s": ready and ready["median_step_s"],
+            "ready_budget": ready and ready["budget"], "ready_peak_in_flight": ready and ready["peak_in_flight"],
+            "equal_memory": ready["equal_memory"] if ready else None,
+            "fixed_vs_torch": fixed and torch_step / fixed["median_step_s"],
+            "ready_vs_torch": ready and torch_step / ready["median_step_s"],
+            "ready_over_fixed": ready and fixed and fixed["median_step_s"] / ready["median_step_s"],
+        })
+    return out
+
+
+__all__ = ["EXTERNAL_ARGS", "QUICK_REAL_SETS", "REAL_ROWS", "REAL_SETS", "RealRow", "RealSet", "TORCH_SCHEDULES",
+           "call_cross_framework", "external_measurements", "external_pairs", "read_cross_framework", "run_external",
+           "run_real", "units"]

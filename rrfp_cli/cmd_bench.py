@@ -39,6 +39,10 @@ def bench(
                                                     "(default 0.1).")] = None,
     tune_seconds: Annotated[Optional[float], typer.Option("--tune-seconds", help="Search time of the tuned row per "
                                                           "cell (default 10; --quick 2; 0 skips it).")] = None,
+    split_overhead: Annotated[Optional[float], typer.Option("--split-overhead", help="A split backward's I + W over "
+                                                           "B for every workload (default: each workload's own, "
+                                                           "1.57 language, 1.65 vision-language, 1.0 uniform; "
+                                                           "docs/workloads.md). 1 gives the free split.")] = None,
     real: Annotated[bool, typer.Option("--real/--no-real", help="Real rrfp runs on this machine.")] = True,
     external: Annotated[bool, typer.Option("--external/--no-external", help="torch's schedules through "
                                            "benchmarks/cross_framework.py.")] = True,
@@ -58,7 +62,7 @@ def bench(
     if budgets is not None:
         changes["budgets"] = tuple(b.strip() for b in budgets.split(",") if b.strip())
     for name, value in (("seeds", seeds), ("iterations", iterations), ("jitter", jitter),
-                        ("tune_seconds", tune_seconds)):
+                        ("tune_seconds", tune_seconds), ("split_overhead", split_overhead)):
         if value is not None:
             changes[name] = value
     settings = replace(settings, **changes)

@@ -56,7 +56,7 @@ def run(
     emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: uniform, a preset (pretrain-packed, sft-chat, vlm-mixed, vlm-video; docs/workloads.md) or legacy-language/legacy-multimodal (aliases language, multimodal) [default {D.emulate}]", panel=VAR)] = None,
     forward_time: Annotated[Optional[float], _opt("--forward-time", help=f"Emulated forward seconds per rank [default {D.forward_time}]", panel=VAR)] = None,
     backward_ratio: Annotated[Optional[float], _opt("--backward-ratio", help="Emulated backward / forward [default 2]", panel=VAR)] = None,
-    split_overhead: Annotated[Optional[float], _opt("--split-overhead", help="Emulated split backward: I = B/2, W = (this - 1/2) x B [default 1: a free split; measured 1.57 gpt, 1.65 multimodal]", panel=VAR)] = None,
+    split_overhead: Annotated[Optional[float], _opt("--split-overhead", help="Emulated split backward: I = B/2, W = (this - 1/2) x B [default: the --emulate model's figure, measured by benchmarks/split_cost.py: 1.57 (gpt) for pretrain-packed, sft-chat, legacy-language; 1.65 (multimodal) for vlm-mixed, vlm-video, legacy-multimodal; 1 (a free split) for uniform]", panel=VAR)] = None,
     jitter: Annotated[Optional[float], _opt("--jitter", help="Log-sd of lognormal noise per task", panel=VAR)] = None,
     straggler_prob: Annotated[Optional[float], _opt("--straggler-prob", help="Chance a task straggles", panel=VAR)] = None,
     straggler_slowdown: Annotated[Optional[float], _opt("--straggler-slowdown", help="Slowdown of a straggling task [default 4]", panel=VAR)] = None,

@@ -67,7 +67,7 @@ def simulate(
     straggler_slowdown: StragglerSlowdown = 4.0,
     comm_latency: CommLatency = 0.0,
     comm_jitter: CommJitter = 0.0,
-    split_overhead: SplitOverhead = 1.0,
+    split_overhead: SplitOverhead = None,
     task_overhead: TaskOverhead = 0.0,
     durations: DurationsFile = None,
     cost_table: CostTableFile = None,

@@ -38,6 +38,7 @@ from rrfp_cli.options import (
     PolicyOpt,
     Stages,
     StragglerProb,
+    SplitOverhead,
     StragglerSlowdown,
     WorkloadChoice,
     placement_value,
@@ -51,7 +52,7 @@ SOURCE = "Scenarios (one source)"
 # RunConfig fields of a traced run that job.toml carries over (what makes the next run the same job).
 _CARRIED = ("workload", "emulate", "forward_time", "backward_ratio", "jitter", "straggler_prob", "straggler_slowdown",
             "comm_latency", "comm_jitter", "samples", "hidden", "heads", "layers_per_stage", "vocab", "seq_len", "lr",
-            "seed", "iters", "device", "backend", "timeout")
+            "seed", "iters", "device", "backend", "timeout", "split_overhead")
 
 
 def tune_hint(
@@ -93,6 +94,7 @@ def tune_hint(
     straggler_prob: StragglerProb = 0.0,
     straggler_slowdown: StragglerSlowdown = 4.0,
     comm_latency: CommLatency = 0.0,
+    split_overhead: SplitOverhead = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Directory to create (must not exist).")] = None,
     check: Annotated[Optional[Path], typer.Option("--check", help="A run made with a tuned job.toml: did the "
                                                   "predicted gain materialize? (needs --report)")] = None,
@@ -115,6 +117,9 @@ def tune_hint(
     if len(sources) != 1:
         raise UserError("give one source of scenarios: RUN_DIR..., --durations FILE..., or --workload NAME "
                         f"(got {', '.join(sources) or 'none'})", "rrfp tune-hint")
+    if split_overhead is not None and workload is None:
+        raise UserError("prices the split of a --workload model; traces and tables keep what they recorded",
+                        "--split-overhead")
     if out is None:
         raise UserError("give --out DIR (a new directory for hint.json, job.toml and the report)", "--out")
     target = _new_directory(out)
@@ -133,7 +138,8 @@ def tune_hint(
 
     source = _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, scenarios, seed, keep_first,
                         variability_model(workload or WorkloadChoice.uniform, forward_time, backward_ratio, jitter,
-                                          straggler_prob, straggler_slowdown, comm_latency, 0.0),
+                                          straggler_prob, straggler_slowdown, comm_latency, 0.0,
+                                          split_overhead=split_overhead),
                         placement_value(placement))
     if memory_budget != "auto":
         MemoryBudget.parse(memory_budget).per_rank(source["set"].shape)
@@ -298,6 +304,10 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
             model = source["model"]
             job.update(workload="emulated", emulate=model.workload, forward_time=model.forward_time,
                        backward_ratio=model.backward_ratio, jitter=model.jitter)
+            from runtime.presets import default_split_overhead
+
+            if model.split_overhead != default_split_overhead(model.workload):  # else the emulated model's own
+                job["split_overhead"] = model.split_overhead
         shape = outcome.evaluator.shape
         job.update(stages=shape.ranks, chunks=shape.chunks, microbatches=shape.microbatches,
                    placement=shape.placement, hint=candidate.builtin or "hint.json", policy=str(rule.policy),

@@ -138,10 +138,12 @@ CostTableFile = Annotated[
                  "document counts (examples/cost_table.py writes one), costed with the --workload preset's cost "
                  "model (docs/workloads.md).", rich_help_panel=VARIABILITY),
 ]
+SPLIT_OVERHEAD_HELP = ("A split backward's I + W over B: I = B/2, W the rest. Default: the workload's figure, "
+                       "measured by benchmarks/split_cost.py: 1.57 (gpt) for pretrain-packed, sft-chat and "
+                       "legacy-language, 1.65 (multimodal) for vlm-mixed, vlm-video and legacy-multimodal, 1.0 (a "
+                       "free split, the textbook model) for uniform. 1 gives the free split.")
 SplitOverhead = Annotated[
-    float, typer.Option("--split-overhead", help="A split backward's I + W over B: I = B/2, W the rest (1: a free "
-                        "split; benchmarks/split_cost.py measured 1.57 on gpt, 1.65 on multimodal).",
-                        rich_help_panel=VARIABILITY),
+    Optional[float], typer.Option("--split-overhead", help=SPLIT_OVERHEAD_HELP, rich_help_panel=VARIABILITY),
 ]
 DurationsFile = Annotated[
     Optional[Path],
@@ -173,7 +175,7 @@ def variability_model(
     comm_latency: float,
     comm_jitter: float,
     cost_table: Path | None = None,
-    split_overhead: float = 1.0,
+    split_overhead: float | None = None,  # None: the workload's own (runtime.presets.SPLIT_OVERHEAD)
 ):
     from runtime.variability import VariabilityModel
 

@@ -105,9 +105,18 @@ def split_bound(shape: PipelineShape, table: Durations) -> LowerBound:
     the previous stage no later; ``W`` ends when ``B`` did). The split graph's
     best makespan is therefore at most the unsplit one's, and a lower bound for
     the split graph bounds both.
+
+    That needs ``I + W = B``: a table that charges a costly split
+    (``split_overhead > 1``, [Note: split backward durations]) is bounded on
+    its free split (``I = W = B/2``). Every term of the bound grows with the
+    durations, and a schedule of the costly split graph, its ``W`` shortened,
+    stays a schedule of the free one, so the free split's bound holds for the
+    split hints too (recorded ``I`` and ``W`` are used as recorded).
     """
     split_shape = replace(shape, split_backward=True)
     graph = TaskGraph.build(split_shape)
+    if table.split_overhead != 1.0 and not (table.input_grad and table.weight_grad):
+        table = replace(table, split_overhead=1.0)
     compute, transfer = table.for_graph(graph)
     return makespan_lower_bound(graph, compute, transfer)
 

@@ -60,7 +60,9 @@ class RunConfig:
     emulate: str = "multimodal"
     forward_time: float = 0.020
     backward_ratio: float = 2.0
-    split_overhead: float = 1.0  # emulated split backward: I + W = split_overhead x B (runtime.variability)
+    # emulated split backward: I + W = split_overhead x B; None: the --emulate model's own figure
+    # ([Note: split backward cost by preset] in runtime.presets)
+    split_overhead: float | None = None
     # variability injected into any workload (emulated: part of the sampled durations)
     jitter: float = 0.0
     straggler_prob: float = 0.0
@@ -121,7 +123,8 @@ class RunConfig:
         for name in ("lr", "forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter"):
             _check_number(name, getattr(self, name), 0.0)
         _check_number("timeout", self.timeout, 0.001)
-        check_split_overhead(self.split_overhead, "--split-overhead")
+        if self.split_overhead is not None:
+            check_split_overhead(self.split_overhead, "--split-overhead")
         _check_number("straggler_slowdown", self.straggler_slowdown, 1.0)
         _check_number("straggler_prob", self.straggler_prob, 0.0)
         if self.straggler_prob > 1:

@@ -118,6 +118,7 @@ class Preset:
     frames_max: int = 64
     tokens_per_frame: int = 196
     attention_length: float = 49152.0
+    split_overhead: float = 1.0  # I + W over B of a split backward ([Note: split backward cost by preset])
 
     @property
     def encoder(self) -> bool:
@@ -216,13 +217,29 @@ def _reference_means(preset: Preset) -> tuple[float, float]:
 
 # -- the presets (figures and sources: docs/workloads.md) ----------------------------------------
 
+# [Note: split backward cost by preset]
+#     What a split backward costs, ``(I + W) / B``, on the real models of this repository: medians over
+#     the stages that compute an input gradient, measured by ``benchmarks/split_cost.py`` on a 2-core CPU
+#     ([Note: split backward durations] in runtime.variability has the run and its quartiles). Every
+#     workload model charges its kind's figure by default, so a zero-bubble hint is not credited with a
+#     free split: language presets (pretrain-packed, sft-chat, legacy-language) the gpt figure,
+#     vision-language presets (vlm-mixed, vlm-video, legacy-multimodal) the multimodal figure. ``uniform``
+#     keeps 1.0: it is the textbook model with no network behind it (fixed task costs, ``I = W = B/2`` as
+#     the zero-bubble schedules assume), the reference on which schedule structure and the golden
+#     makespans are stated, and no paper row reads it (profiler.bench.PAPER_KIND). ``--split-overhead F``
+#     overrides any of them; a recorded table keeps what it recorded.
+MEASURED_SPLIT_OVERHEAD = {"gpt": 1.57, "multimodal": 1.65}
+_LANGUAGE_SPLIT = MEASURED_SPLIT_OVERHEAD["gpt"]
+_VISION_SPLIT = MEASURED_SPLIT_OVERHEAD["multimodal"]
+
 _CHAT = Lengths(median=700, sigma=0.9, low=32, high=16384)  # sft-chat: one conversation
 
 PRESETS: dict[str, Preset] = {p.name: p for p in (
     Preset("pretrain-packed", "8k packing of web documents, document-masked attention",
-           sequence=8192, documents=Lengths(median=300, sigma=1.25, low=16, high=131072)),
+           sequence=8192, documents=Lengths(median=300, sigma=1.25, low=16, high=131072),
+           split_overhead=_LANGUAGE_SPLIT),
     Preset("sft-chat", "chat fine-tuning conversations (UltraChat, Tulu-3), one per sample", samples=4,
-           text=(("text", _CHAT),)),
+           text=(("text", _CHAT),), split_overhead=_LANGUAGE_SPLIT),
     Preset("vlm-mixed", "vision-language mix: text-only, AnyRes/dynamic-tile images, interleaved "
            "documents, video",
            mix=(("text", 0.30), ("image", 0.4675), ("multi-image", 0.0825), ("video", 0.15)),
@@ -231,11 +248,11 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
            tiles=((1, 0.20), (3, 0.20), (5, 0.45), (10, 0.10), (13, 0.05)),
            images_extra_mean=2.0,
            durations=((0.45, 5.0, 30.0), (0.20, 30.0, 60.0), (0.18, 60.0, 120.0), (0.17, 120.0, 180.0)),
-           frames_max=64),
+           frames_max=64, split_overhead=_VISION_SPLIT),
     Preset("vlm-video", "video instruction data (LLaVA-Video-178K durations), frames at 1 fps",
            mix=(("video", 1.0),), text=(("video", Lengths(150, 1.0, 8, 4096)),),
            durations=((0.45, 5.0, 30.0), (0.20, 30.0, 60.0), (0.18, 60.0, 120.0), (0.17, 120.0, 180.0)),
-           frames_max=180),
+           frames_max=180, split_overhead=_VISION_SPLIT),
 )}
 
 PRESET_NAMES = tuple(PRESETS)
@@ -245,6 +262,17 @@ WORKLOAD_NAMES = ("uniform", "legacy-language", "legacy-multimodal", *PRESET_NAM
 def canonical(workload: str) -> str:
     """``language``/``multimodal`` are aliases of the legacy presets."""
     return LEGACY_ALIASES.get(workload, workload)
+
+
+# Every workload's default (I + W) / B, by canonical name ([Note: split backward cost by preset]).
+SPLIT_OVERHEAD: dict[str, float] = {"uniform": 1.0, "legacy-language": _LANGUAGE_SPLIT,
+                                    "legacy-multimodal": _VISION_SPLIT,
+                                    **{name: preset.split_overhead for name, preset in PRESETS.items()}}
+
+
+def default_split_overhead(workload: str) -> float:
+    """The split backward's ``(I + W) / B`` that ``workload`` charges unless told otherwise."""
+    return SPLIT_OVERHEAD[canonical(workload)]
 
 
 # -- cost tables ([Note: cost tables]) ----------------------------------------------------------
@@ -336,5 +364,5 @@ def _cost_row(header: list[str], cells: list[str], number: int, where: str):
     return text, images, tiles, frames, visual, documents
 
 
-__all__ = ["CostTable", "Lengths", "PRESETS", "PRESET_NAMES", "Preset", "SampleContent", "WORKLOAD_NAMES",
-           "canonical", "load_cost_table"]
+__all__ = ["CostTable", "Lengths", "MEASURED_SPLIT_OVERHEAD", "PRESETS", "PRESET_NAMES", "Preset", "SPLIT_OVERHEAD",
+           "SampleContent", "WORKLOAD_NAMES", "canonical", "default_split_overhead", "load_cost_table"]

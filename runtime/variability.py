@@ -12,9 +12,11 @@ Units and conventions
   ``1/v`` of that share, so changing ``--chunks`` keeps total compute fixed.
 * A backward costs ``backward_ratio`` times its forward. When a hint splits
   backwards, ``I`` takes half of the sampled ``B`` and ``W`` the rest of
-  ``split_overhead`` times it (by default 1.0: ``W = B/2``, a free split, so
-  every hint faces the same sampled work; see [Note: split backward
-  durations] in :meth:`Durations.for_graph`).
+  ``split_overhead`` times it (by default the workload's measured figure,
+  1.57 for the language models and 1.65 for the vision-language ones, 1.0,
+  a free split, for ``uniform``; [Note: split backward cost by preset] in
+  :mod:`runtime.presets` and [Note: split backward durations] in
+  :meth:`Durations.for_graph`).
 
 Workloads (``workload=``)
 -------------------------
@@ -66,7 +68,16 @@ from typing import Callable
 from hints.errors import UserError
 from hints.tasks import B, F, I, PipelineShape
 from runtime.deps import TaskGraph
-from runtime.presets import ENCODER_FLOOR, PRESETS, WORKLOAD_NAMES, CostTable, SampleContent, _poisson, canonical
+from runtime.presets import (
+    ENCODER_FLOOR,
+    PRESETS,
+    WORKLOAD_NAMES,
+    CostTable,
+    SampleContent,
+    _poisson,
+    canonical,
+    default_split_overhead,
+)
 
 WORKLOADS = WORKLOAD_NAMES
 
@@ -95,11 +106,15 @@ class VariabilityModel:
     text_tokens: int = 256
     image_tokens: int = 144
     cost_table: CostTable | None = None  # presets only: samples drawn from a user's table
-    split_overhead: float = 1.0  # I + W over B ([Note: split backward durations])
+    # I + W over B ([Note: split backward durations]); None becomes the workload's own
+    # ([Note: split backward cost by preset] in runtime.presets)
+    split_overhead: float | None = None
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
             raise UserError(f"unknown workload {self.workload!r}; choose from {', '.join(WORKLOADS)}", "workload")
+        if self.split_overhead is None:
+            object.__setattr__(self, "split_overhead", default_split_overhead(self.workload))
         if self.samples is None:
             object.__setattr__(self, "samples", self.preset.samples if self.preset is not None else 4)
         if self.cost_table is not None and self.preset is None:
@@ -154,12 +169,6 @@ class VariabilityModel:
                 raise UserError(f"must be between 1 and {stages - 1} for {stages} stages", "vision-stages")
             return self.vision_stages
         return max(1, stages // 4) if stages > 1 else 1
-
-
-# (I + W) / B of the real workloads' split backward on CPU, median over the stages that compute an input
-# gradient, measured by `benchmarks/split_cost.py` ([Note: split backward durations]); not a default:
-# the legacy default stays 1.0, this is what a user or a preset asks for.
-MEASURED_SPLIT_OVERHEAD = {"gpt": 1.57, "multimodal": 1.65}
 
 
 def check_split_overhead(value: object, where: str = "split-overhead") -> None:
@@ -330,9 +339,10 @@ class Durations:
         ``I = B/2`` and ``W = (split_overhead - 1/2) x B`` (:func:`split_parts`;
         the emulated workload sleeps the same); a full-backward hint's ``B`` is
         the table's ``B``, or ``I + W`` when only those were recorded.
-        ``split_overhead`` (a :class:`VariabilityModel` knob; 1.0 by default,
-        ``W = B/2``, so legacy tables and golden makespans are unchanged) is
-        what splitting costs on real models: the executor's ``W`` calls
+        ``split_overhead`` (a :class:`VariabilityModel` knob; by default the
+        workload's measured figure, 1.0 for ``uniform``: [Note: split backward
+        cost by preset] in :mod:`runtime.presets`) is what splitting costs on
+        real models: the executor's ``W`` calls
         autograd again from the stage's outputs ([Note: split backward in the
         runtime]), which walks the whole backward graph a second time.
         ``benchmarks/split_cost.py --stages 2 --iters 6 --rounds 3 --hidden
@@ -344,7 +354,7 @@ class Durations:
         the model splits it. Stage 0 computes no input gradient on the real
         models (``I`` about 0, ``(I + W) / B`` 1.01 and 1.22). The emulated
         workload's stage 0 does (its input is a leaf that wants a gradient),
-        so one factor serves every stage (:data:`MEASURED_SPLIT_OVERHEAD`). A
+        so one factor serves every stage (:data:`runtime.presets.MEASURED_SPLIT_OVERHEAD`). A
         recorded table with only ``B`` carries no model: its split stays free.
         """
         shape = graph.shape

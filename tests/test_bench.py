@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import xml.etree.ElementTree as ET
+from pathlib import Path
 
 import pytest
 from PIL import Image
@@ -132,22 +133,54 @@ def test_the_tuned_row_says_why_it_is_skipped():
     assert "TUNE_MAX_RANKS" in bench.row_unavailable(row, bench.Settings(), ranks=bench.TUNE_MAX_RANKS * 2)
 
 
-def test_cross_framework_output_is_parsed():
-    text = """### multimodal: emulated multimodal, jitter 0.2
+def _xf_row(system, schedule, policy, budget, step, peak, chunks=1, placement="looping", paired_with=None,
+            equal_memory=True, case="multimodal"):
+    """One row as cross_framework.py's --json writes it (the fields the bench reads)."""
+    return {"case": case, "system": system, "schedule": schedule, "policy": policy, "budget": budget,
+            "chunks": chunks, "placement": placement, "paired_with": paired_with, "equal_memory": equal_memory,
+            "median_step_s": step, "min_step_s": step, "max_step_s": step, "peak_in_flight": peak}
 
-| runner | schedule (hint) | policy | memory budget | median step | min - max | samples/s | vs torch 1F1B | vs rrfp fixed 1f1b | peak in flight | last loss |
-|---|---|---|---|---|---|---|---|---|---|---|
-| torch | Schedule1F1B | fixed | - | 200.0 ms | 190.0 - 210.0 ms | 41 | 1.000x | 1.019x | 4 (by construction) | 0.01215 |
-| torch | ScheduleGPipe | fixed | - | 160.0 ms | 150.0 - 170.0 ms | 44 | 1.084x | 1.104x | 16 (by construction) | 0.01215 |
-| rrfp | bf | ready | 2x | 100.0 ms | 90.0 - 1,100.0 ms | 47 | 1.153x | 1.175x | 8 | 0.01215 |
 
-### Summary: speedup over torch Schedule1F1B (median step time ratio, > 1 is faster)
+def test_cross_framework_json_is_read_into_measurements_and_equal_memory_pairs(tmp_path):
+    rows = [
+        _xf_row("torch", "Schedule1F1B", "fixed", "-", 0.200, 2, paired_with="Schedule1F1B"),
+        _xf_row("torch", "ScheduleGPipe", "fixed", "-", 0.160, 4, paired_with="ScheduleGPipe"),
+        _xf_row("torch", "ScheduleDualPipeV", "fixed", "-", 0.150, 5, 2, "v", "ScheduleDualPipeV"),
+        _xf_row("rrfp", "1f1b", "fixed", "-", 0.190, 2, paired_with="Schedule1F1B"),
+        _xf_row("rrfp", "1f1b", "ready", "1f1b", 0.180, 2, paired_with="Schedule1F1B"),
+        _xf_row("rrfp", "torch:ScheduleDualPipeV", "fixed", "-", 0.140, 5, 2, "v", "ScheduleDualPipeV"),
+        _xf_row("rrfp", "torch:ScheduleDualPipeV", "ready", "5", 0.120, 5, 2, "v", "ScheduleDualPipeV",
+                equal_memory=False),
+        _xf_row("rrfp", "bf", "ready", "2x", 0.100, 8),
+    ]
+    (tmp_path / "xf.json").write_text(json.dumps(rows))
+    read = bench_runs.read_cross_framework(tmp_path / "xf.json")
+    assert read == rows and bench_runs.read_cross_framework(tmp_path / "missing.json") == []
+    (m,) = bench_runs.external_measurements(read)
+    assert m["vs_torch_1f1b"] == pytest.approx(2.0) and m["fastest_torch"] == "ScheduleDualPipeV"
+    assert m["vs_fastest_torch"] == pytest.approx(1.5) and m["rrfp_peak_in_flight"] == 8
+    pairs = {p["torch_schedule"]: p for p in bench_runs.external_pairs(read)}
+    assert pairs["Schedule1F1B"]["ready_over_fixed"] == pytest.approx(0.190 / 0.180)
+    assert pairs["Schedule1F1B"]["ready_vs_torch"] == pytest.approx(0.200 / 0.180)
+    assert pairs["ScheduleGPipe"]["fixed_step_s"] is None  # not run on the rrfp side: shown as "-"
+    dual = pairs["ScheduleDualPipeV"]
+    assert dual["equal_memory"] is False and dual["ready_budget"] == "5" and dual["chunks"] == 2
+    from profiler.bench_report import external_table
 
-| rrfp ready bf @2x | 1.2x |
-"""
-    cases = bench_runs.parse_cross_framework(text)
-    assert [r["schedule"] for r in cases["multimodal"]["rows"]] == ["Schedule1F1B", "ScheduleGPipe", "bf"]
-    assert cases["multimodal"]["rows"][2]["max_step_s"] == pytest.approx(1.1)
-    (m,) = bench_runs.external_measurements({"cases": cases})
-    assert m["vs_torch_1f1b"] == pytest.approx(2.0) and m["fastest_torch"] == "ScheduleGPipe"
-    assert m["vs_fastest_torch"] == pytest.approx(1.6) and m["rrfp_peak_in_flight"] == "8"
+    table = "\n".join(external_table({"external": {"command": "x", "measurements": [m], "pairs": list(pairs.values())}}))
+    assert "ScheduleDualPipeV | torch:ScheduleDualPipeV (v=2, V)" in table and "(@5*)" in table
+    assert "(@1f1b)" in table and "1.250x*" in table
+
+
+def test_the_real_runs_emulate_presets_and_measure_the_blocking_baseline():
+    from runtime.presets import PRESETS
+
+    emulated = [s for s in (*bench_runs.REAL_SETS, *bench_runs.QUICK_REAL_SETS) if s.workload == "emulated"]
+    assert emulated and all(s.emulate in PRESETS for s in emulated)
+    blocking = [r for r in bench_runs.REAL_ROWS if r.p2p == "blocking"]
+    assert [(r.hint, r.policy) for r in blocking] == [("1f1b", "fixed")]
+    jobs = bench_runs._jobs(bench_runs.QUICK_REAL_SETS[0], bench.Settings.quick_defaults(), Path("/tmp/unused"))
+    configs = {row.name: job.config for row, repetition, job in jobs if repetition == 0}
+    assert configs["fixed-1f1b-blocking"].p2p == "blocking" and configs["fixed-1f1b"].p2p == "async"
+    assert configs["ready-zb@1f1b"].emulate == "vlm-mixed" and configs["ready-zb@1f1b"].split_overhead is None
+    assert "ScheduleZBVZeroBubble" in bench_runs.EXTERNAL_ARGS and "ScheduleDualPipeV" in bench_runs.EXTERNAL_ARGS

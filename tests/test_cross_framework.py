@@ -79,3 +79,21 @@ def test_bad_input_is_one_error_line_and_exit_2(args, message):
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
+
+
+def test_extra_hint_rows_at_unequal_memory_are_marked(tmp_path, monkeypatch):
+    """[Note: equal memory pairs]: ready at a budget against a fixed order that holds more is marked ``*``."""
+    import sys
+
+    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
+    monkeypatch.delitem(sys.modules, "cross_framework", raising=False)
+    import cross_framework as xf
+    from runtime.config import RunConfig
+
+    case = xf.Case("uniform", False, RunConfig(workload="emulated", emulate="uniform", stages=4, microbatches=16))
+    plan = xf.plan_case(case, ["Schedule1F1B"], ["1f1b", "bf", "zb"], ["1f1b", "2x"], 2, tmp_path)
+    equal = {name: s.equal_memory for name, s in plan.structures.items() if s.paired_with is None}
+    assert equal["ready-bf-v1@1f1b"] is False and equal["ready-bf-v1@2x"] is False  # bf fixed keeps all 16
+    assert equal["ready-zb-v1@2x"] is False  # zb fixed holds 4 on the last rank, 2x allows 2
+    assert equal["ready-1f1b-v1@2x"] is True
+    assert plan.structures["ready-1f1b-v1@1f1b"].equal_memory  # paired with Schedule1F1B

@@ -206,3 +206,54 @@ def test_emulated_run_with_a_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["emulate"] == "vlm-mixed"
+
+
+# -- the split backward's price per workload ([Note: split backward cost by preset]) ----------------
+
+
+@pytest.mark.parametrize("workload, expected", [
+    ("pretrain-packed", 1.57), ("sft-chat", 1.57), ("legacy-language", 1.57), ("language", 1.57),
+    ("vlm-mixed", 1.65), ("vlm-video", 1.65), ("legacy-multimodal", 1.65), ("multimodal", 1.65),
+    ("uniform", 1.0),
+])
+def test_each_workload_charges_its_documented_split_cost_by_default(workload, expected):
+    from runtime.presets import MEASURED_SPLIT_OVERHEAD, default_split_overhead
+
+    assert expected in (*MEASURED_SPLIT_OVERHEAD.values(), 1.0)  # the measured figures, not new numbers
+    assert default_split_overhead(workload) == expected
+    model = VariabilityModel(workload=workload)
+    assert model.split_overhead == expected
+    table = sample_durations(model, PipelineShape(2, 1, 2), 0)
+    assert table.split_overhead == expected
+    assert VariabilityModel(workload=workload, split_overhead=1.0).split_overhead == 1.0  # explicit wins
+    assert VariabilityModel(workload=workload, split_overhead=2.0).split_overhead == 2.0
+
+
+def test_the_emulated_run_charges_the_emulated_presets_split_unless_told():
+    from runtime.config import RunConfig
+    from runtime.plan import run_shape
+    from runtime.workloads import make_workload
+
+    def charged(**flags) -> float:
+        config = RunConfig(workload="emulated", stages=2, microbatches=2, **flags)
+        return make_workload(config, run_shape(config)).variability().split_overhead
+
+    assert RunConfig().split_overhead is None  # "the --emulate model's own"
+    assert charged(emulate="vlm-mixed") == 1.65
+    assert charged(emulate="sft-chat") == 1.57
+    assert charged(emulate="uniform") == 1.0
+    assert charged(emulate="vlm-mixed", split_overhead=1.0) == 1.0
+    assert charged(emulate="sft-chat", split_overhead=1.8) == 1.8
+
+
+def test_simulate_charges_the_presets_split_unless_told(tmp_path):
+    def simulated(*extra) -> dict:
+        proc = run_rrfp(tmp_path, "simulate", "-p", "4", "-m", "8", "--policy", "fixed", "--hint", "zb",
+                        "--workload", "vlm-mixed", "--json", *extra)
+        assert proc.returncode == 0, proc.stderr
+        return json.loads(proc.stdout)
+
+    default, free, given = simulated(), simulated("--split-overhead", "1"), simulated("--split-overhead", "1.65")
+    assert default["source"]["model"]["split_overhead"] == 1.65
+    assert free["source"]["model"]["split_overhead"] == 1.0
+    assert default["makespan"] == given["makespan"] > free["makespan"]

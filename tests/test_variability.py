@@ -210,7 +210,7 @@ def test_split_overhead_charges_w_in_for_graph_and_its_expectation(overhead):
 
 
 def test_split_overhead_one_is_the_legacy_halves_exactly():
-    table = sample_durations(VariabilityModel(workload="language", jitter=0.2), PipelineShape(3, 2, 6), 3)
+    table = sample_durations(VariabilityModel(workload="language", jitter=0.2, split_overhead=1.0), PipelineShape(3, 2, 6), 3)
     graph = TaskGraph.build(PipelineShape(3, 2, 6, split_backward=True))
     compute, _ = table.for_graph(graph)
     for task, seconds in zip(graph.tasks, compute):
