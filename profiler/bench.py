@@ -51,6 +51,7 @@ import os
 import platform
 import statistics
 import subprocess
+import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -609,9 +610,12 @@ def check_out(out: Path, force: bool) -> None:
     clash = [name for name in OUTPUT_NAMES if (out / name).exists()]
     if clash and not force:
         raise UserError(f"already holds {clash[0]}; pass --force to overwrite", f"--out {out}")
-    probe_dir = out if out.is_dir() else parent
-    if not os.access(probe_dir, os.W_OK | os.X_OK):
-        raise UserError(f"cannot write in {probe_dir}", f"--out {out}")
+    try:  # created now, and probed with a file: os.access says yes to root in read-only places (/proc)
+        out.mkdir(exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        raise UserError(f"cannot write there: {err.strerror or err}", f"--out {out}") from None
 
 
 def run_suite(settings: Settings, out: Path, command: str, progress_factory) -> dict:

@@ -127,6 +127,13 @@ def test_unwritable_or_used_folder_is_refused(tmp_path):
     one_error(result, "--force")
 
 
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, which refuses new files")
+def test_a_folder_that_cannot_be_written_is_refused_before_any_work():
+    """Root may write anywhere by os.access's word, /proc included: the folder is created and probed."""
+    result = rrfp("bench", "--out", "/proc/rrfp-bench", "--no-real", "--no-external")
+    one_error(result, "cannot write there")
+
+
 def test_the_tuned_row_says_why_it_is_skipped():
     row = next(r for r in bench.MATRIX_ROWS if r.hint == bench.TUNED)
     assert bench.row_unavailable(row, bench.Settings(tune_seconds=0)) == "--tune-seconds 0"
