@@ -34,7 +34,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import sys
+import tempfile
 
 
 def text_of(record: dict) -> str:
@@ -61,6 +63,8 @@ def grid_tiles(width: int, height: int, tile: int, max_tiles: int) -> int:
 
 def sample_row(record: dict, args) -> dict:
     text = record.get("text_tokens")
+    if isinstance(text, int) and text < 0:
+        raise ValueError(f"text_tokens is {text}")
     if not isinstance(text, int):
         text = max(1, round(len(text_of(record)) / args.chars_per_token))
     images = record.get("image") or []
@@ -70,6 +74,8 @@ def sample_row(record: dict, args) -> dict:
     for index in range(len(images)):
         if index < len(sizes):
             width, height = sizes[index]
+            if int(width) <= 0 or int(height) <= 0:
+                raise ValueError(f"image_sizes[{index}] is {sizes[index]}")
             tiles += grid_tiles(int(width), int(height), args.tile, args.max_tiles)
         else:
             tiles += args.tiles_per_image
@@ -112,33 +118,56 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--frames-per-video", type=int, default=32, help="when a record has no frames/duration")
     parser.add_argument("--pack", type=int, default=0, help="write packed sequences of this many tokens")
     args = parser.parse_args(argv)
+    for flag, value in (("--chars-per-token", args.chars_per_token), ("--tile", args.tile),
+                        ("--max-tiles", args.max_tiles), ("--fps", args.fps), ("--max-frames", args.max_frames)):
+        if not value > 0:
+            return fail(f"{flag}: must be > 0, got {value}")
+    if args.pack < 0 or args.tiles_per_image < 0 or args.frames_per_video < 0:
+        return fail("--pack, --tiles-per-image and --frames-per-video must be >= 0")
     rows = []
-    with open(args.jsonl) as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as err:
-                sys.stderr.write(f"error: {args.jsonl}: line {number}: not JSON: {err}\n")
-                return 2
-            if not isinstance(record, dict):
-                sys.stderr.write(f"error: {args.jsonl}: line {number}: not a JSON object\n")
-                return 2
-            rows.append(sample_row(record, args))
+    try:
+        with open(args.jsonl) as handle:
+            for number, line in enumerate(handle, start=1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as err:
+                    return fail(f"{args.jsonl}: line {number}: not JSON: {err}")
+                if not isinstance(record, dict):
+                    return fail(f"{args.jsonl}: line {number}: not a JSON object")
+                try:
+                    rows.append(sample_row(record, args))
+                except (TypeError, ValueError, AttributeError) as err:
+                    return fail(f"{args.jsonl}: line {number}: a field has an unusable value ({err})")
+    except (OSError, UnicodeDecodeError) as err:
+        return fail(f"{args.jsonl}: cannot read: {getattr(err, 'strerror', None) or err}")
     columns = ["text_tokens", "images", "tiles", "frames"]
     if args.pack:
         rows, columns = list(packed_rows(rows, args.pack)), ["text_tokens", "documents"]
     if not rows:
-        sys.stderr.write(f"error: {args.jsonl}: no samples (or not enough text for one packed sequence)\n")
-        return 2
-    with open(args.out, "w", newline="") as handle:
-        writer = csv.DictWriter(handle, fieldnames=columns)
-        writer.writeheader()
-        writer.writerows(rows)
+        return fail(f"{args.jsonl}: no samples (or not enough text for one packed sequence)")
+    try:  # written beside --out and renamed onto it: never half a table
+        temporary = tempfile.NamedTemporaryFile("w", newline="", dir=os.path.dirname(os.path.abspath(args.out)),
+                                                prefix=".cost_table.", suffix=".csv", delete=False)
+    except OSError as err:
+        return fail(f"--out {args.out}: cannot write: {err.strerror or err}")
+    try:
+        with temporary:
+            writer = csv.DictWriter(temporary, fieldnames=columns)
+            writer.writeheader()
+            writer.writerows(rows)
+        os.replace(temporary.name, args.out)
+    except OSError as err:
+        os.unlink(temporary.name)
+        return fail(f"--out {args.out}: cannot write: {err.strerror or err}")
     print(f"{args.out}: {len(rows)} rows")
     return 0
 
+
+def fail(message: str) -> int:
+    sys.stderr.write(f"error: {message}\n")
+    return 2
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -199,6 +199,31 @@ def test_cost_table_script_reads_llava_and_chat_records(tmp_path):
     assert done.returncode == 2 and done.stderr.startswith("error: ") and "line 2" in done.stderr
 
 
+
+@pytest.mark.parametrize("lines, args, where", [
+    (['{"text_tokens": 5, "image": ["a"], "image_sizes": [[0, 4]]}'], [], "line 1"),
+    (['{"text": "x"}', '{"text_tokens": -3}'], [], "line 2"),
+    (['{"text": "x", "image": ["a"], "image_sizes": "ab"}'], [], "line 1"),
+    (['{"text": "x"}'], ["--chars-per-token", "0"], "--chars-per-token"),
+    (['{"text": "x"}'], ["--out-missing"], "--out"),
+    (['{"text": "x"}'], ["--out-dir"], "--out"),
+    (None, [], "cannot read"),
+])
+def test_cost_table_script_bad_input_is_one_error_line_and_keeps_its_input(tmp_path, lines, args, where):
+    source = tmp_path / "s.jsonl"
+    if lines is not None:
+        source.write_text("\n".join(lines) + "\n")
+    out = {"--out-missing": tmp_path / "no" / "c.csv", "--out-dir": tmp_path}.get(args[0] if args else "",
+                                                                                   tmp_path / "c.csv")
+    args = [a for a in args if not a.startswith("--out")]
+    done = subprocess.run([sys.executable, str(REPO / "examples" / "cost_table.py"), str(source), *args,
+                           "--out", str(out)], capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and where in done.stderr, done.stderr
+    assert len(done.stderr.strip().splitlines()) == 1
+    assert (lines is None) != source.exists()  # the input is never touched
+    assert not (tmp_path / "c.csv").exists() and not list(tmp_path.glob(".cost_table.*"))
+
+
 def test_emulated_run_with_a_preset(tmp_path):
     proc = run_rrfp(tmp_path, "run", "--workload", "emulated", "--emulate", "vlm-mixed", "--stages", "2",
                     "--microbatches", "4", "--iters", "2", "--forward-time", "0.002", "--out", "r", "--json",
