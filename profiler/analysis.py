@@ -352,7 +352,7 @@ def simulated_bubbles(result, transfer: Sequence[float]) -> dict[str, float]:
     simulator's semantics (a producer's end, plus its latency when it is on another rank); the gaps are
     split by the same code as a trace's (:func:`split_gap`), with no dispatch overhead (the simulator
     has none unless asked). Keys: ``fill``, ``drain``, ``dependency``, ``budget_held``,
-    ``misalignment``, ``dispatch``, and ``busy`` and ``makespan_x_ranks`` for shares.
+    ``misalignment``, ``dispatch``, ``rendezvous`` (blocking p2p), and ``busy`` and ``makespan_x_ranks`` for shares.
     """
     graph = result.graph
     shape = graph.shape

@@ -188,8 +188,13 @@ def check_settings(settings: Settings) -> None:
         raise UserError("give at least one workload", "--workloads")
     if not settings.ranks or any(r < 2 for r in settings.ranks):
         raise UserError(f"every rank count must be at least 2, got {list(settings.ranks)}", "--ranks")
-    for budget in settings.budgets:
-        MemoryBudget.parse(budget)
+    if not settings.budgets:
+        raise UserError("give at least one budget, e.g. 1f1b,2x", "--budgets")
+    chunks = max(row.chunks for row in MATRIX_ROWS)
+    for ranks in settings.ranks:  # a budget too small for some cell is refused now, not at that cell
+        shape = PipelineShape(ranks, chunks, MICROBATCHES_PER_RANK * ranks)
+        for budget in settings.budgets:
+            MemoryBudget.parse(budget).per_rank(shape)
     if settings.seeds < 1 or settings.iterations < 1:
         raise UserError("need at least one seed and one iteration", "--seeds")
     if settings.jitter < 0 or any(j < 0 for j in settings.variability_jitters):

@@ -251,11 +251,11 @@ def chart_scene(chart: LineChart | BarChart) -> Scene:
 def save_chart(chart: LineChart | BarChart, stem: str | Path) -> list[Path]:
     """Write ``stem.svg`` and ``stem.png`` (atomically); the paths written."""
     scene = chart_scene(chart)
-    stem = Path(stem)
+    stem = Path(stem)  # suffixes appended, not swapped: a stem ending "1.5x" keeps its ".5x"
     text = to_svg(scene)
     image = to_png(scene)
-    return [write_atomically(stem.with_suffix(".svg"), lambda temporary: Path(temporary).write_text(text)),
-            write_atomically(stem.with_suffix(".png"), lambda temporary: image.save(temporary, format="PNG"))]
+    return [write_atomically(stem.parent / f"{stem.name}.svg", lambda temporary: Path(temporary).write_text(text)),
+            write_atomically(stem.parent / f"{stem.name}.png", lambda temporary: image.save(temporary, format="PNG"))]
 
 
 __all__ = ["BarChart", "Bars", "LineChart", "PALETTE", "Series", "bar_scene", "chart_scene", "line_scene",

@@ -15,7 +15,7 @@ from typing import Annotated, Optional
 
 import typer
 
-from rrfp_cli.options import JsonFlag
+from rrfp_cli.options import SPLIT_OVERHEAD_HELP, JsonFlag
 from rrfp_cli.output import Output
 
 
@@ -39,10 +39,7 @@ def bench(
                                                     "(default 0.1).")] = None,
     tune_seconds: Annotated[Optional[float], typer.Option("--tune-seconds", help="Search time of the tuned row per "
                                                           "cell (default 10; --quick 2; 0 skips it).")] = None,
-    split_overhead: Annotated[Optional[float], typer.Option("--split-overhead", help="A split backward's I + W over "
-                                                           "B for every workload (default: each workload's own, "
-                                                           "1.57 language, 1.65 vision-language, 1.0 uniform; "
-                                                           "docs/workloads.md). 1 gives the free split.")] = None,
+    split_overhead: Annotated[Optional[float], typer.Option("--split-overhead", help=SPLIT_OVERHEAD_HELP)] = None,
     real: Annotated[bool, typer.Option("--real/--no-real", help="Real rrfp runs on this machine.")] = True,
     external: Annotated[bool, typer.Option("--external/--no-external", help="torch's schedules through "
                                            "benchmarks/cross_framework.py.")] = True,
@@ -56,20 +53,22 @@ def bench(
     settings = Settings.quick_defaults() if quick else Settings()
     changes = {"seed": seed, "real": real, "external": external}
     if workloads is not None:
-        changes["workloads"] = tuple(w.strip() for w in workloads.split(",") if w.strip())
+        changes["workloads"] = tuple(dict.fromkeys(w.strip() for w in workloads.split(",") if w.strip()))
     if ranks is not None:
         changes["ranks"] = parse_ranks(ranks)
     if budgets is not None:
-        changes["budgets"] = tuple(b.strip() for b in budgets.split(",") if b.strip())
+        changes["budgets"] = tuple(dict.fromkeys(b.strip() for b in budgets.split(",") if b.strip()))
     for name, value in (("seeds", seeds), ("iterations", iterations), ("jitter", jitter),
                         ("tune_seconds", tune_seconds), ("split_overhead", split_overhead)):
         if value is not None:
             changes[name] = value
     settings = replace(settings, **changes)
-    if "ranks" in changes:  # the sweep and the bubbles run at a rank count of the matrix
-        middle = settings.ranks[len(settings.ranks) // 2]
-        settings = replace(settings, variability_ranks=min(settings.variability_ranks, middle),
-                           bubble_ranks=min(settings.bubble_ranks, middle))
+    if "ranks" in changes:  # the sweep and the bubbles run at a rank count of the matrix: the largest
+        def of_matrix(default: int) -> int:  # not above their default (they cost more per rank), else the smallest
+            return max((r for r in settings.ranks if r <= default), default=settings.ranks[0])
+
+        settings = replace(settings, variability_ranks=of_matrix(settings.variability_ranks),
+                           bubble_ranks=of_matrix(settings.bubble_ranks))
     check_settings(settings)
     check_out(out, force)
     command = _command_line(ctx)

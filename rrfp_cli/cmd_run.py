@@ -15,7 +15,7 @@ from rich.console import Console
 
 from hints.errors import Interrupted, UserError
 from runtime.config import RunConfig, build_config, load_toml
-from rrfp_cli.options import LookaheadChoice, P2POpt, lookahead_flag, p2p_value
+from rrfp_cli.options import SPLIT_OVERHEAD_HELP, LookaheadChoice, P2POpt, lookahead_flag, p2p_value
 from rrfp_cli.output import Column, Output, print_table
 
 RUN = "Run"
@@ -51,12 +51,12 @@ def run(
     heads: Annotated[Optional[int], _opt("--heads", help=f"Attention heads [default {D.heads}]", panel=MODEL)] = None,
     layers_per_stage: Annotated[Optional[int], _opt("--layers-per-stage", help="Blocks per model stage [default 1]", panel=MODEL)] = None,
     vocab: Annotated[Optional[int], _opt("--vocab", help=f"Vocabulary size [default {D.vocab}]", panel=MODEL)] = None,
-    samples: Annotated[Optional[int], _opt("--samples", help=f"Samples per microbatch [default {D.samples}]", panel=MODEL)] = None,
+    samples: Annotated[Optional[int], _opt("--samples", help="Samples per microbatch [default: an emulated preset's own, else 2]", panel=MODEL)] = None,
     seq_len: Annotated[Optional[int], _opt("--seq-len", help="gpt: fixed sequence length [default variable]", panel=MODEL)] = None,
     emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: uniform, a preset (pretrain-packed, sft-chat, vlm-mixed, vlm-video; docs/workloads.md) or legacy-language/legacy-multimodal (aliases language, multimodal) [default {D.emulate}]", panel=VAR)] = None,
     forward_time: Annotated[Optional[float], _opt("--forward-time", help=f"Emulated forward seconds per rank [default {D.forward_time}]", panel=VAR)] = None,
     backward_ratio: Annotated[Optional[float], _opt("--backward-ratio", help="Emulated backward / forward [default 2]", panel=VAR)] = None,
-    split_overhead: Annotated[Optional[float], _opt("--split-overhead", help="Emulated split backward: I = B/2, W = (this - 1/2) x B [default: the --emulate model's figure, measured by benchmarks/split_cost.py: 1.57 (gpt) for pretrain-packed, sft-chat, legacy-language; 1.65 (multimodal) for vlm-mixed, vlm-video, legacy-multimodal; 1 (a free split) for uniform]", panel=VAR)] = None,
+    split_overhead: Annotated[Optional[float], _opt("--split-overhead", help=f"Emulated workloads only. {SPLIT_OVERHEAD_HELP}", panel=VAR)] = None,
     jitter: Annotated[Optional[float], _opt("--jitter", help="Log-sd of lognormal noise per task", panel=VAR)] = None,
     straggler_prob: Annotated[Optional[float], _opt("--straggler-prob", help="Chance a task straggles", panel=VAR)] = None,
     straggler_slowdown: Annotated[Optional[float], _opt("--straggler-slowdown", help="Slowdown of a straggling task [default 4]", panel=VAR)] = None,

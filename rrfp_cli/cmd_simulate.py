@@ -115,6 +115,9 @@ def simulate(
     shape = PipelineShape(stages, chunks, microbatches, placement=placed)
     if cost_table is not None and durations is not None:
         raise UserError("a recorded table has its own durations; give --cost-table or --durations", "--cost-table")
+    if split_overhead is not None and durations is not None:
+        raise UserError("prices the split of a --workload model; a recorded table keeps what it recorded",
+                        "--split-overhead")
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
                               straggler_slowdown, comm_latency, comm_jitter, cost_table, split_overhead)
     table = durations_for(shape, model, seed, durations, durations_iteration, comm_latency)

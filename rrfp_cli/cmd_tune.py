@@ -303,7 +303,7 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
         if source.get("model") is not None:
             model = source["model"]
             job.update(workload="emulated", emulate=model.workload, forward_time=model.forward_time,
-                       backward_ratio=model.backward_ratio, jitter=model.jitter)
+                       backward_ratio=model.backward_ratio, jitter=model.jitter, samples=model.samples)
             from runtime.presets import default_split_overhead
 
             if model.split_overhead != default_split_overhead(model.workload):  # else the emulated model's own

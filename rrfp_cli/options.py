@@ -16,7 +16,7 @@ import typer
 
 from hints.tasks import PLACEMENTS
 from runtime.arbiter import P2P_MODES, Policy
-from runtime.presets import WORKLOAD_NAMES
+from runtime.presets import MEASURED_SPLIT_OVERHEAD, SPLIT_OVERHEAD, WORKLOAD_NAMES
 
 SHAPE = "Pipeline shape"
 VARIABILITY = "Variability model"
@@ -138,10 +138,19 @@ CostTableFile = Annotated[
                  "document counts (examples/cost_table.py writes one), costed with the --workload preset's cost "
                  "model (docs/workloads.md).", rich_help_panel=VARIABILITY),
 ]
-SPLIT_OVERHEAD_HELP = ("A split backward's I + W over B: I = B/2, W the rest. Default: the workload's figure, "
-                       "measured by benchmarks/split_cost.py: 1.57 (gpt) for pretrain-packed, sft-chat and "
-                       "legacy-language, 1.65 (multimodal) for vlm-mixed, vlm-video and legacy-multimodal, 1.0 (a "
-                       "free split, the textbook model) for uniform. 1 gives the free split.")
+def _split_defaults() -> str:
+    """Each workload's default split cost, from runtime.presets (one source for every help text)."""
+    by_figure: dict[float, list[str]] = {}
+    for name, figure in SPLIT_OVERHEAD.items():
+        by_figure.setdefault(figure, []).append(name)
+    measured = {figure: source for source, figure in MEASURED_SPLIT_OVERHEAD.items()}
+    return "; ".join(f"{figure:g}" + (f" ({measured[figure]}, benchmarks/split_cost.py)" if figure in measured
+                                      else " (a free split)") + f" for {', '.join(names)}"
+                     for figure, names in by_figure.items())
+
+
+SPLIT_OVERHEAD_HELP = ("A split backward's I + W over B: I = B/2, W the rest; 1 gives the free split. Default: "
+                       f"the workload's own figure: {_split_defaults()}.")
 SplitOverhead = Annotated[
     Optional[float], typer.Option("--split-overhead", help=SPLIT_OVERHEAD_HELP, rich_help_panel=VARIABILITY),
 ]

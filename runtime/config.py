@@ -30,6 +30,16 @@ BACKENDS = ("auto", "gloo", "nccl")
 EMULATED_WIDTH = 32  # the emulated workload's layer (runtime.workloads), which --tp splits
 
 
+def default_samples(workload: str, emulate: str) -> int:
+    """Samples per microbatch unless told: an emulated preset draws as many as the simulator's preset does
+    (``Preset.samples``: vlm-mixed 1, sft-chat 4, ...), so a run and its simulation share one spread; the
+    real models and the legacy emulated models 2."""
+    from runtime.presets import PRESETS, canonical
+
+    preset = PRESETS.get(canonical(emulate)) if workload == "emulated" and isinstance(emulate, str) else None
+    return preset.samples if preset is not None else 2
+
+
 @dataclass(frozen=True)
 class RunConfig:
     """Everything one ``rrfp run`` job needs. Field names are the flags with ``_`` for ``-``."""
@@ -54,7 +64,7 @@ class RunConfig:
     heads: int = 4
     layers_per_stage: int = 1
     vocab: int = 128
-    samples: int = 2
+    samples: int | None = None  # per microbatch; None: an emulated preset's own, else 2 (default_samples)
     seq_len: int | None = None  # gpt: fixed sequence length (default: variable, see runtime.workloads)
     # emulated workload: durations from the simulator's variability models
     emulate: str = "multimodal"
@@ -90,6 +100,8 @@ class RunConfig:
             value = getattr(self, name)
             if value is not None and not isinstance(value, str):
                 raise UserError(f"must be a string, got {value!r}", _flag(name))
+        if self.samples is None:
+            object.__setattr__(self, "samples", default_samples(self.workload, self.emulate))
         if isinstance(self.memory_budget, int) and not isinstance(self.memory_budget, bool):
             object.__setattr__(self, "memory_budget", str(self.memory_budget))  # TOML slots: memory-budget = 6
         if not isinstance(self.memory_budget, str):

@@ -154,6 +154,16 @@ class TaskGraph:
     def remote_consumers(self) -> list[tuple[int, ...]]:
         return self._consumers(self.remote_offsets)
 
+    @cached_property
+    def remote_producers(self) -> list[list[int]]:
+        """Per task id, the producers of its inputs on other ranks (one message each): the inverse of
+        ``remote_consumers``."""
+        producers: list[list[int]] = [[] for _ in range(len(self))]
+        for producer, consumers in enumerate(self.remote_consumers):
+            for consumer in consumers:
+                producers[consumer].append(producer)
+        return producers
+
     @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
     def _consumers(self, offsets: list[tuple[int, ...]]) -> list[tuple[int, ...]]:
         """Per task id, the consumer ids (from the per-block offsets)."""

@@ -141,10 +141,7 @@ class StageExecutor:
         # [Note: blocking p2p in the runtime]: per task id, the producers of its inputs on other ranks; the
         # outputs sent whose receiver has not posted yet, and the POSTED frames that came before their send.
         self.blocking = blocking
-        self.remote_inputs: list[list[int]] = [[] for _ in range(len(graph))]
-        for producer, consumers in enumerate(graph.remote_consumers):
-            for consumer in consumers:
-                self.remote_inputs[consumer].append(producer)
+        self.remote_inputs = graph.remote_producers
         self.unposted: set[int] = set()
         self.posted_early: set[int] = set()
         self.arbiter: Arbiter | None = None

@@ -49,7 +49,7 @@ from __future__ import annotations
 import csv
 import math
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 
@@ -210,7 +210,11 @@ def _poisson(rng: random.Random, mean: float) -> int:
 @lru_cache(maxsize=None)
 def _reference_means(preset: Preset) -> tuple[float, float]:
     draw = preset.sampler(random.Random(f"{preset.name}:reference"))
-    contents = [draw() for _ in range(REFERENCE_SAMPLES)]
+    return mean_costs(preset, [draw() for _ in range(REFERENCE_SAMPLES)])
+
+
+def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, float]:
+    """Mean language-model and encoder cost of one of ``contents`` under ``preset``'s cost model."""
     return (sum(map(preset.lm_cost, contents)) / len(contents),
             sum(c.encoder_units for c in contents) / len(contents))
 
@@ -282,10 +286,31 @@ COST_TABLE_COLUMNS = ("text_tokens", "images", "tiles", "frames", "visual_tokens
 
 @dataclass(frozen=True)
 class CostTable:
-    """Samples read from a user's table (hashable, so models holding one can be cached)."""
+    """Samples read from a user's table (hashable, so models holding one can be cached).
+
+    Its hash and its mean costs per preset are computed once: a table may hold a million rows, and
+    models holding it are hashed and costed once per microbatch."""
 
     path: str
     rows: tuple[tuple[int, int, int, int, int | None, tuple[int, ...]], ...]
+    _means: dict = field(default_factory=dict, init=False, repr=False, compare=False)
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_hash", hash((self.path, self.rows)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def means(self, preset: Preset) -> tuple[float, float]:
+        """:func:`mean_costs` over the table's rows, read as ``preset`` reads them."""
+        if preset.name not in self._means:
+            lm, encoder = mean_costs(preset, self.contents(preset))
+            if lm <= 0:
+                raise UserError(f"its samples have no language-model tokens (text or visual), so {preset.name}'s "
+                                f"cost model has nothing to weigh", self.path)
+            self._means[preset.name] = (lm, encoder)
+        return self._means[preset.name]
 
     def contents(self, preset: Preset) -> list[SampleContent]:
         out = []
@@ -305,7 +330,7 @@ def load_cost_table(path: str | Path) -> CostTable:
     (counted as a spreadsheet shows it: the header is row 1) and the column."""
     where = str(path)
     try:
-        with open(path, newline="") as handle:
+        with open(path, newline="", encoding="utf-8-sig") as handle:  # -sig: Excel's "CSV UTF-8" starts with a BOM
             reader = csv.reader(handle)
             header = next(reader, None)
             if header is None:
@@ -341,7 +366,7 @@ def _cost_row(header: list[str], cells: list[str], number: int, where: str):
             if name == "text_tokens":
                 raise UserError(f"row {number}, column {name}: empty; give a whole number >= 0", where)
             return default
-        if not text.isdigit():
+        if not (text.isascii() and text.isdigit()):  # str.isdigit alone takes '²', which int() refuses
             raise UserError(f"row {number}, column {name}: must be a whole number >= 0, got {text!r}", where)
         return int(text)
 
@@ -350,7 +375,7 @@ def _cost_row(header: list[str], cells: list[str], number: int, where: str):
     documents: tuple[int, ...] = ()
     if values.get("documents"):
         parts = values["documents"].split()
-        if not all(part.isdigit() and int(part) > 0 for part in parts):
+        if not all(part.isascii() and part.isdigit() and int(part) > 0 for part in parts):
             raise UserError(f"row {number}, column documents: must be document lengths > 0 separated by spaces, "
                             f"got {values['documents']!r}", where)
         documents = tuple(int(part) for part in parts)

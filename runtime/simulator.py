@@ -502,10 +502,7 @@ def _replay_blocking(hint: HintOrder, graph: TaskGraph, orders: list[list[int]],
         for earlier, later in zip(order, order[1:]):
             before[later] = earlier
     consumers = graph.remote_consumers  # per task id: the cross-rank consumers of its output (messages)
-    inputs: list[list[int]] = [[] for _ in range(n)]  # per task id: the producers of its cross-rank inputs
-    for producer, targets in enumerate(consumers):
-        for consumer in targets:
-            inputs[consumer].append(producer)
+    inputs = graph.remote_producers  # per task id: the producers of its cross-rank inputs
     # What each task waits for (the wait-for graph of the note): its previous task, its inputs' producers
     # (local ones too: an order that runs a consumer before its local producer cannot complete), and for
     # each consumer of the previous task's outputs, the task before that consumer.

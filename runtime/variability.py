@@ -120,6 +120,8 @@ class VariabilityModel:
         if self.cost_table is not None and self.preset is None:
             raise UserError(f"a cost table is costed with a preset's cost model; choose one of "
                             f"{', '.join(PRESETS)}, not {self.workload!r}", "--workload")
+        if self.cost_table is not None:
+            self.cost_table.means(self.preset)  # a table the preset cannot weigh is refused here, not mid-run
         nonneg = ("forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter",
                   "seq_len_sigma", "attention", "images_mean")
         for name in nonneg:
@@ -158,7 +160,7 @@ class VariabilityModel:
         preset = self.preset
         if self.cost_table is None:
             return preset.reference_means()
-        return _table_means(self.cost_table, preset)
+        return self.cost_table.means(preset)
 
     def vision_stage_count(self, stages: int) -> int:
         preset = self.preset
@@ -241,18 +243,6 @@ def _preset_microbatches(model: VariabilityModel, microbatches: int, rng: random
         specs.append(MicrobatchSpec(mb, max(c.tokens for c in contents), model.samples,
                                     tuple(c.encoder_units for c in contents), contents))
     return specs
-
-
-_TABLE_MEANS: dict = {}
-
-
-def _table_means(table: CostTable, preset) -> tuple[float, float]:
-    key = (table, preset.name)
-    if key not in _TABLE_MEANS:
-        contents = table.contents(preset)
-        _TABLE_MEANS[key] = (sum(map(preset.lm_cost, contents)) / len(contents),
-                             sum(c.encoder_units for c in contents) / len(contents))
-    return _TABLE_MEANS[key]
 
 
 def stage_cost(model: VariabilityModel, spec: MicrobatchSpec, stage: int, stages: int) -> float:

@@ -22,6 +22,8 @@ def test_line_chart_svg_is_xml_with_lines_markers_whiskers_and_legend(tmp_path):
         Series("ready-1f1b", [(3, 1.0), (4, 1.2), (5, 1.4)], [(0.9, 1.1), (1.1, 1.3), (1.3, 1.5)]),
         Series("fixed zb", [(3, 1.1), (4, 1.1), (5, 1.2)], dashed=True)], [(3, "8"), (4, "16"), (5, "32")], 1.0)
     svg, png = save_chart(chart, tmp_path / "c")
+    assert (svg.name, png.name) == ("c.svg", "c.png")
+    assert [p.name for p in save_chart(chart, tmp_path / "s-1.5x")] == ["s-1.5x.svg", "s-1.5x.png"]  # not s-1
     root = ET.parse(svg).getroot()
     rects = root.findall(f"{SVG}rect")
     lines = root.findall(f"{SVG}line")
@@ -106,6 +108,8 @@ def test_section_quotes_the_command_machine_and_paper_rows(tmp_path):
     (["--ranks", "8,x"], "--ranks"),
     (["--ranks", "1"], "--ranks"),
     (["--budgets", "0.5x"], "--memory-budget"),
+    (["--budgets", ","], "--budgets"),
+    (["--budgets", "1"], "slot"),  # one slot cannot hold the interleaved row's two chunks
 ])
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, where):
     result = rrfp("bench", "--out", str(tmp_path / "b"), "--no-real", "--no-external", *args)

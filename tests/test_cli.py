@@ -235,6 +235,10 @@ def test_simulate_recorded_durations(tmp_path):
     (tmp_path / "d.csv").write_text("\n".join(rows) + "\n")
     data = ok_json(tmp_path, "simulate", "-p", "2", "-m", "4", "--durations", "d.csv")
     assert abs(data["makespan"] - (4 + 2 - 1) * 0.03) < 1e-9
+    # a recorded table keeps the split it recorded: a price for it would be silently ignored
+    line = user_error(tmp_path, "simulate", "-p", "2", "-m", "4", "--durations", "d.csv", "--hint", "zb",
+                      "--split-overhead", "3")
+    assert "--split-overhead" in line and "recorded" in line
 
 
 def test_simulate_v_placement(tmp_path):

@@ -105,12 +105,39 @@ def test_cost_table_round_trip(tmp_path):
     ("text_tokens,documents\n10,4 5\n", "row 2, column documents: the lengths add up to 9, not text_tokens 10"),
     ("text_tokens\n", "has no samples"),
     ("text_tokens,tiles\n5\n", "row 2: 1 cells but the header names 2 columns"),
+    ("text_tokens\n5\u00b2\n", "row 2, column text_tokens: must be a whole number >= 0, got '5\u00b2'"),
+    ("text_tokens,documents\n3,\u00b3\n", "row 2, column documents"),
 ])
 def test_bad_cost_tables_name_row_and_column(tmp_path, text, message):
     path = write(tmp_path / "bad.csv", text)
     with pytest.raises(UserError) as caught:
         load_cost_table(path)
     assert str(caught.value) == f"{path}: {message}" or str(caught.value).startswith(f"{path}: {message}")
+
+
+def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
+    path = tmp_path / "excel.csv"
+    path.write_bytes("text_tokens,images\n5,1\n".encode("utf-8-sig"))  # Excel's "CSV UTF-8"
+    assert load_cost_table(path).rows[0][:2] == (5, 1)
+
+
+def test_a_table_without_language_tokens_is_refused_when_the_model_is_built(tmp_path):
+    table = load_cost_table(write(tmp_path / "t.csv", "text_tokens,tiles,visual_tokens\n0,3,0\n0,2,0\n"))
+    with pytest.raises(UserError, match="no language-model tokens"):
+        VariabilityModel(workload="vlm-mixed", cost_table=table)
+
+
+def test_a_tables_hash_and_means_are_computed_once(tmp_path):
+    """Sampling hashes the model (caches) and costs every microbatch against the table's means."""
+    rows = "\n".join(f"{10 + i},1,{1 + i % 13}" for i in range(2000))
+    table = load_cost_table(write(tmp_path / "t.csv", f"text_tokens,images,tiles\n{rows}\n"))
+    assert hash(table) == hash(load_cost_table(tmp_path / "t.csv")) and table == load_cost_table(tmp_path / "t.csv")
+    model = VariabilityModel(workload="vlm-mixed", cost_table=table)
+    assert set(table._means) == {"vlm-mixed"}
+    preset = PRESETS["vlm-mixed"]
+    contents = table.contents(preset)
+    assert model.preset_means() == pytest.approx((sum(map(preset.lm_cost, contents)) / 2000,
+                                                  sum(c.encoder_units for c in contents) / 2000))
 
 
 def test_cost_table_needs_a_preset(tmp_path):
@@ -231,6 +258,17 @@ def test_emulated_run_with_a_preset(tmp_path):
     assert proc.returncode == 0, proc.stderr
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["emulate"] == "vlm-mixed"
+    assert config["samples"] == PRESETS["vlm-mixed"].samples  # the simulated preset's microbatches
+
+
+def test_an_emulated_preset_draws_as_many_samples_as_its_simulation():
+    from runtime.config import RunConfig
+
+    for name, preset in PRESETS.items():
+        assert RunConfig(workload="emulated", emulate=name).samples == preset.samples
+    assert RunConfig(workload="emulated", emulate="multimodal").samples == 2  # legacy models: as before
+    assert RunConfig(workload="gpt").samples == 2
+    assert RunConfig(workload="emulated", emulate="vlm-mixed", samples=3).samples == 3  # a flag or TOML wins
 
 
 # -- the split backward's price per workload ([Note: split backward cost by preset]) ----------------

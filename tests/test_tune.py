@@ -329,6 +329,7 @@ def test_tune_hint_on_a_workload_model(tmp_path):
     data = json.loads(result.stdout)
     toml = (tmp_path / "m" / "job.toml").read_text()
     assert 'workload = "emulated"' in toml and 'emulate = "multimodal"' in toml and 'memory-budget = "2x"' in toml
+    assert "samples = 4" in toml  # the tuned model's microbatches, not rrfp run's default of 2
     assert data["memory_budget"] == "2x"
     chosen = data["rows"][0]
     assert chosen["row"] == "written out" and chosen["holdout"]["mean"] > 0
