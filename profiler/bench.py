@@ -633,7 +633,8 @@ def run_suite(settings: Settings, out: Path, command: str, progress_factory) -> 
     from profiler import bench_runs
     from profiler.bench_report import write_plots
 
-    suite = Suite(settings, out, command, {"started": time.strftime("%Y-%m-%d %H:%M:%S")})
+    # The tree's commit as the run starts: a commit made while it runs must not be credited with its figures.
+    suite = Suite(settings, out, command, {"started": time.strftime("%Y-%m-%d %H:%M:%S"), "versions": versions()})
     for row in MATRIX_ROWS:
         why = row_unavailable(row, settings)
         if why is not None and row.hint != TUNED:

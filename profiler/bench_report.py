@@ -249,7 +249,10 @@ def paper_ranks(data: dict, row: PaperRow) -> int | None:
 
 
 def paper_table(data: dict) -> list[str]:
-    workloads = [w for w in data["settings"]["workloads"] if any(c["workload"] == w for c in _cells(data))]
+    """The paper's rows against every simulated preset that stands for one of its settings (PAPER_KIND); a
+    preset of the other kind is `-` in a row, as in the gap sentences."""
+    workloads = [w for w in data["settings"]["workloads"] if PAPER_KIND.get(w) is not None
+                 and any(c["workload"] == w for c in _cells(data))]
     budgets = data["settings"]["budgets"]
     lines = ["### The paper's headline settings (RRFP, arXiv 2605.18750) and ours", "",
              "The paper's figures are citations, not measured here; ours are measured by this run. Each of our "
@@ -271,6 +274,9 @@ def paper_table(data: dict) -> list[str]:
         ranks = paper_ranks(data, paper)
         cells = []
         for w in workloads:
+            if PAPER_KIND[w] != paper.kind:
+                cells.append("-")
+                continue
             parts = []
             for b in budgets:
                 e = _row(_cell(data, w, ranks, b), paper.row) if ranks else None

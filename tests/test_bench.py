@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -100,7 +101,28 @@ def test_section_quotes_the_command_machine_and_paper_rows(tmp_path):
     assert f"Command: `{data['command']}`" in section
     assert f"{data['machine']['cores']} cores" in section
     assert "1.77x" in section and "2.77x" in section and "1.84x" in section
+    # each paper row is read only from presets of its kind: the language rows have no multimodal cell
+    table = [line for line in section.splitlines() if line.startswith("| language-only, 128 stages, BF hint")]
+    header = next(line for line in section.splitlines() if line.startswith("| setting | paper (cited)"))
+    columns = [c.strip() for c in header.strip("|").split("|")]
+    cells = dict(zip(columns, (c.strip() for c in table[0].strip("|").split("|"))))
+    assert cells["ours: multimodal"] == "-" and cells["ours: language"].endswith("@2x")
+    assert all(" | multimodal | " not in line for line in section.splitlines() if line.startswith("| language-only"))
     assert "not measured in this run" in section  # the external row, with --no-external
+
+
+def test_the_commit_is_the_one_the_run_started_on(tmp_path, monkeypatch):
+    commits = iter(f"{n:040x}" for n in range(1, 10**6))
+    monkeypatch.setattr(bench, "versions", lambda: {"python": "3", "torch": None, "rrfp_commit": next(commits)})
+    settings = bench.Settings(workloads=("uniform",), ranks=(2,), seeds=1, iterations=1, tune_seconds=0,
+                              real=False, external=False, variability_ranks=2, bubble_ranks=2)
+
+    @contextlib.contextmanager
+    def progress(total):
+        yield lambda done, status: None
+
+    data = bench.run_suite(settings, tmp_path / "b", "rrfp bench", progress)
+    assert data["versions"]["rrfp_commit"] == f"{1:040x}"  # later saves (several here) keep it
 
 
 @pytest.mark.parametrize("args, where", [
