@@ -206,11 +206,9 @@ def split_gap(a: float, b: float, next_ready: float, free_ready: float, held_rea
     post ended (``--p2p blocking``; None: no wait).
     """
     rendezvous = 0 if rendezvous_until is None else max(0, min(b, rendezvous_until) - a)
-    if rendezvous:
-        rest = split_gap(a + rendezvous, b, next_ready, free_ready, held_ready, dispatch) if a + rendezvous < b \
-            else {"dependency_ns": 0, "budget_held_ns": 0, "dispatch_ns": 0, "misalignment_ns": 0,
-                  "misaligned_from_ns": b}
-        return {**rest, "rendezvous_ns": rendezvous}
+    if rendezvous:  # the rest of the gap as any gap (all zero when the wait filled it)
+        return {**split_gap(a + rendezvous, b, next_ready, free_ready, held_ready, dispatch),
+                "rendezvous_ns": rendezvous}
     anything = max(a, min(next_ready, free_ready, held_ready))
     if anything >= b:
         return {"rendezvous_ns": 0, "dependency_ns": b - a, "budget_held_ns": 0, "dispatch_ns": 0,

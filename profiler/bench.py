@@ -385,11 +385,9 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
 def _cost_spread(table) -> float:
     """The cost spread: per model stage, the coefficient of variation of its forward time across microbatches,
     averaged over the stages (what the workload's contents and the jitter make a task vary by)."""
-    spreads = []
-    for row in table.forward:
-        mean = statistics.fmean(row)
-        spreads.append(statistics.pstdev(row) / mean if mean > 0 else 0.0)
-    return statistics.fmean(spreads)
+    from runtime.variability import coefficient_of_variation
+
+    return statistics.fmean(coefficient_of_variation(row) for row in table.forward)
 
 
 def summarize_cell(workload: str, ranks: int, budget: str, per_table: Sequence[dict], rows: Sequence[MatrixRow],

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from hints.errors import Interrupted, UserError
 from runtime.config import RunConfig, build_config, load_toml
-from rrfp_cli.options import SPLIT_OVERHEAD_HELP, LookaheadChoice, P2POpt, lookahead_flag, p2p_value
+from rrfp_cli.options import SPLIT_OVERHEAD_HELP, WORKLOAD_HELP, LookaheadChoice, P2POpt, lookahead_flag, p2p_value
 from rrfp_cli.output import Column, Output, print_table
 
 RUN = "Run"
@@ -53,7 +53,7 @@ def run(
     vocab: Annotated[Optional[int], _opt("--vocab", help=f"Vocabulary size [default {D.vocab}]", panel=MODEL)] = None,
     samples: Annotated[Optional[int], _opt("--samples", help="Samples per microbatch [default: an emulated preset's own, else 2]", panel=MODEL)] = None,
     seq_len: Annotated[Optional[int], _opt("--seq-len", help="gpt: fixed sequence length [default variable]", panel=MODEL)] = None,
-    emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: uniform, a preset (pretrain-packed, sft-chat, vlm-mixed, vlm-video; docs/workloads.md) or legacy-language/legacy-multimodal (aliases language, multimodal) [default {D.emulate}]", panel=VAR)] = None,
+    emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: {WORKLOAD_HELP} [default {D.emulate}]", panel=VAR)] = None,
     forward_time: Annotated[Optional[float], _opt("--forward-time", help=f"Emulated forward seconds per rank [default {D.forward_time}]", panel=VAR)] = None,
     backward_ratio: Annotated[Optional[float], _opt("--backward-ratio", help="Emulated backward / forward [default 2]", panel=VAR)] = None,
     split_overhead: Annotated[Optional[float], _opt("--split-overhead", help=f"Emulated workloads only. {SPLIT_OVERHEAD_HELP}", panel=VAR)] = None,

@@ -163,7 +163,7 @@ DESCRIBE_MICROBATCHES = 1000
 
 def _describe(out: Output, workload, microbatches, seed: int, cost_table, durations) -> None:
     """``--describe``: :func:`runtime.variability.describe_workload` of one workload, or of every preset."""
-    from runtime.presets import PRESET_NAMES
+    from runtime.presets import CANONICAL_WORKLOADS
     from runtime.variability import describe_workload
 
     if durations is not None:
@@ -175,8 +175,7 @@ def _describe(out: Output, workload, microbatches, seed: int, cost_table, durati
     if count < 2:
         raise UserError(f"--describe needs at least 2 microbatches to measure a spread, got {count}",
                         "--microbatches")
-    names = [workload.value] if workload is not None else ["uniform", "legacy-language", "legacy-multimodal",
-                                                          *PRESET_NAMES]
+    names = [workload.value] if workload is not None else CANONICAL_WORKLOADS
     rows = []
     for name in names:
         model = variability_model(WorkloadChoice(name), 0.010, 2.0, 0.0, 0.0, 4.0, 0.0, 0.0, cost_table)

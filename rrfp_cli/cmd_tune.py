@@ -37,9 +37,10 @@ from rrfp_cli.options import (
     PolicyChoice,
     PolicyOpt,
     Stages,
-    StragglerProb,
     SplitOverhead,
+    StragglerProb,
     StragglerSlowdown,
+    WORKLOAD_HELP,
     WorkloadChoice,
     placement_value,
     variability_model,
@@ -62,8 +63,7 @@ def tune_hint(
         "--durations", help="Duration tables (rrfp trace export --durations) instead of traces (repeatable).",
         rich_help_panel=SOURCE)] = None,
     workload: Annotated[Optional[WorkloadChoice], typer.Option(
-        "--workload", help="Tune on a duration model instead: uniform, a preset (pretrain-packed, sft-chat, vlm-mixed, "
-        "vlm-video) or legacy-language/legacy-multimodal (aliases language, multimodal).",
+        "--workload", help=f"Tune on a duration model instead: {WORKLOAD_HELP}.",
         rich_help_panel=SOURCE)] = None,
     stages: Stages = None,
     chunks: Chunks = None,

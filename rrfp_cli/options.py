@@ -16,7 +16,7 @@ import typer
 
 from hints.tasks import PLACEMENTS
 from runtime.arbiter import P2P_MODES, Policy
-from runtime.presets import MEASURED_SPLIT_OVERHEAD, SPLIT_OVERHEAD, WORKLOAD_NAMES
+from runtime.presets import LEGACY_ALIASES, MEASURED_SPLIT_OVERHEAD, PRESET_NAMES, SPLIT_OVERHEAD, WORKLOAD_NAMES
 
 SHAPE = "Pipeline shape"
 VARIABILITY = "Variability model"
@@ -40,8 +40,8 @@ class LookaheadChoice(str, Enum):
 
 # Workload names come from runtime.presets (presets, legacy models and their aliases language/multimodal).
 WorkloadChoice = Enum("WorkloadChoice", {name: name for name in WORKLOAD_NAMES}, type=str)
-WORKLOAD_HELP = ("uniform; presets pretrain-packed, sft-chat, vlm-mixed, vlm-video (docs/workloads.md); "
-                 "legacy-language, legacy-multimodal (aliases language, multimodal)")
+WORKLOAD_HELP = (f"uniform; presets {', '.join(PRESET_NAMES)} (docs/workloads.md); "
+                 f"{', '.join(LEGACY_ALIASES.values())} (aliases {', '.join(LEGACY_ALIASES)})")
 
 
 Stages = Annotated[

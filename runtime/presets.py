@@ -260,7 +260,8 @@ PRESETS: dict[str, Preset] = {p.name: p for p in (
 )}
 
 PRESET_NAMES = tuple(PRESETS)
-WORKLOAD_NAMES = ("uniform", "legacy-language", "legacy-multimodal", *PRESET_NAMES, *LEGACY_ALIASES)
+CANONICAL_WORKLOADS = ("uniform", "legacy-language", "legacy-multimodal", *PRESET_NAMES)  # each model once
+WORKLOAD_NAMES = (*CANONICAL_WORKLOADS, *LEGACY_ALIASES)
 
 
 def canonical(workload: str) -> str:
@@ -389,5 +390,6 @@ def _cost_row(header: list[str], cells: list[str], number: int, where: str):
     return text, images, tiles, frames, visual, documents
 
 
-__all__ = ["CostTable", "Lengths", "MEASURED_SPLIT_OVERHEAD", "PRESETS", "PRESET_NAMES", "Preset", "SPLIT_OVERHEAD",
-           "SampleContent", "WORKLOAD_NAMES", "canonical", "default_split_overhead", "load_cost_table"]
+__all__ = ["CANONICAL_WORKLOADS", "CostTable", "Lengths", "MEASURED_SPLIT_OVERHEAD", "PRESETS", "PRESET_NAMES", "Preset",
+           "SPLIT_OVERHEAD", "SampleContent", "WORKLOAD_NAMES", "canonical", "default_split_overhead",
+           "load_cost_table", "mean_costs"]

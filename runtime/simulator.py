@@ -479,12 +479,17 @@ def _replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Comp
                 add_runnable(after)
     if done < n:
         return None
-    # In flight: +1 when a forward starts, -1 when the last backward of its (stage, microbatch) ends.
-    change = [forward - frees for forward, frees in zip(graph.is_forward, graph.frees)]
-    peak_in_flight = [max(0, max(accumulate(map(change.__getitem__, order)), default=0)) for order in orders]
+    peak_in_flight = _order_peaks(graph, orders)
     # A task's inputs_ready is final once it runs: start = inputs_ready + overhead, as in the loop.
     began = [array("d", [inputs_ready[tid] + overhead for tid in order]) for order in orders]
     return makespan, orders, began, _busy(orders, compute), peak_in_flight
+
+
+def _order_peaks(graph: TaskGraph, orders: list[list[int]]) -> list[int]:
+    """Per rank, the most microbatch-chunks in flight over its order: +1 when a forward starts, -1 when the
+    last backward of its (stage, microbatch) ends (an order's own, whatever the timing)."""
+    change = [forward - frees for forward, frees in zip(graph.is_forward, graph.frees)]
+    return [max(0, max(accumulate(map(change.__getitem__, order)), default=0)) for order in orders]
 
 
 def _replay_blocking(hint: HintOrder, graph: TaskGraph, orders: list[list[int]], compute: Compute,
@@ -546,8 +551,7 @@ def _replay_blocking(hint: HintOrder, graph: TaskGraph, orders: list[list[int]],
     if count < n:
         raise _blocking_deadlock(hint, graph, orders, done, before, inputs, consumers)
     makespan = max(end, default=0.0)
-    change = [forward - frees for forward, frees in zip(graph.is_forward, graph.frees)]
-    peak_in_flight = [max(0, max(accumulate(map(change.__getitem__, order)), default=0)) for order in orders]
+    peak_in_flight = _order_peaks(graph, orders)
     began = [array("d", [end[tid] - compute[tid] for tid in order]) for order in orders]
     return makespan, orders, began, _busy(orders, compute), peak_in_flight
 

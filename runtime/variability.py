@@ -61,9 +61,10 @@ from __future__ import annotations
 
 import math
 import random
+import statistics
 from dataclasses import dataclass, field, fields
 from itertools import chain
-from typing import Callable
+from typing import Callable, Sequence
 
 from hints.errors import UserError
 from hints.tasks import B, F, I, PipelineShape
@@ -526,6 +527,12 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
                                                             f"expectation of the {model.workload} model, seed {seed}"))
 
 
+def coefficient_of_variation(values: Sequence[float]) -> float:
+    """Population standard deviation over the mean (0 for a mean of 0): how much a cost varies."""
+    mean = statistics.fmean(values)
+    return statistics.pstdev(values) / mean if mean > 0 else 0.0
+
+
 def describe_workload(model: VariabilityModel, microbatches: int, seed: int) -> dict[str, float | int | str | None]:
     """What ``rrfp simulate --describe`` prints: statistics of ``microbatches`` microbatches sampled at ``seed``.
 
@@ -539,20 +546,16 @@ def describe_workload(model: VariabilityModel, microbatches: int, seed: int) -> 
     language = [stage_cost(model, spec, stages - 1, stages) for spec in specs]
     encoder = [stage_cost(model, spec, 0, stages) for spec in specs] if vision else None
 
-    def cv(values):
-        mean = sum(values) / len(values)
-        return math.sqrt(sum((v - mean) ** 2 for v in values) / len(values)) / mean if mean > 0 else 0.0
-
     mean_language = sum(language) / len(language)
     contents = [c for spec in specs for c in spec.contents]
     images = sum(c.images for c in contents)
     videos = [c for c in contents if c.frames]
     spans = [span for c in contents for span in c.spans]
-    tokens = [sum(c.tokens for c in spec.contents) if spec.contents else spec.features()["tokens"] for spec in specs]
+    tokens = [spec.features()["tokens"] for spec in specs]
     return {
         "workload": model.workload, "microbatches": microbatches, "seed": seed, "samples": model.samples,
-        "cost_cv": cv(language), "heaviest_over_mean": max(language) / mean_language if mean_language else 1.0,
-        "encoder_cv": cv(encoder) if encoder else None,
+        "cost_cv": coefficient_of_variation(language), "heaviest_over_mean": max(language) / mean_language if mean_language else 1.0,
+        "encoder_cv": coefficient_of_variation(encoder) if encoder else None,
         "tokens_per_microbatch": sum(tokens) / len(tokens),
         "text_only_share": (sum(1 for c in contents if c.kind == "text") / len(contents)
                             if contents and model.preset.encoder else None),

@@ -87,6 +87,15 @@ def chunks_for(placement: str, v: int) -> int:
     return 2 if placement == V else v
 
 
+def random_case(p: int, v: int, m: int, split: bool, seed: int, latency: float, placement: str):
+    """A random structurally valid order of that shape (chunks as the placement allows), its compiled graph
+    and random durations: ``(hint, graph, compute, transfer)``."""
+    shape = PipelineShape(p, chunks_for(placement, v), m, split, placement)
+    hint = random_order_hint(shape, seed)
+    graph = TaskGraph.build(shape)
+    return (hint, graph, *random_durations(graph, seed, latency))
+
+
 @st.composite
 def scenarios(draw):
     p = draw(st.integers(1, 5))
@@ -121,11 +130,8 @@ def test_builtin_hints_under_both_policies(case):
 def test_random_orders_ready_never_deadlocks_fixed_reports(p, v, m, split, seed, latency, placement):
     # [Note: memory budget and chunk deadlock]: any structurally valid order, any budget that holds one
     # microbatch, either placement: the ready policy completes within the budget.
-    v = chunks_for(placement, v)
-    shape = PipelineShape(p, v, m, split, placement)
-    hint = random_order_hint(shape, seed)
-    graph = TaskGraph.build(shape)
-    compute, transfer = random_durations(graph, seed, latency)
+    hint, graph, compute, transfer = random_case(p, v, m, split, seed, latency, placement)
+    v = hint.shape.chunks
     budget = [v + seed % (v * m)] * p  # anything from one microbatch (v slots) upwards
     ready = simulate(hint, (compute, transfer), "ready", budget, graph=graph)
     check_run(ready, hint, compute, transfer, budget)
@@ -245,11 +251,7 @@ def test_blocking_1f1b_is_never_faster_than_async(p, m, seed, latency, overhead,
 def test_blocking_random_orders_complete_or_report(p, v, m, split, seed, latency, placement):
     # Any structurally valid order either completes under the rule or is reported (never hangs); one that
     # completes under blocking p2p completes async too (the rule only adds waits).
-    v = chunks_for(placement, v)
-    shape = PipelineShape(p, v, m, split, placement)
-    hint = random_order_hint(shape, seed)
-    graph = TaskGraph.build(shape)
-    compute, transfer = random_durations(graph, seed, latency)
+    hint, graph, compute, transfer = random_case(p, v, m, split, seed, latency, placement)
     try:
         result = simulate(hint, (compute, transfer), "fixed", graph=graph, p2p="blocking")
     except ScheduleDeadlock as err:
