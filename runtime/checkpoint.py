@@ -156,8 +156,9 @@ def _check_parameters(config, path: Path, flag: str) -> None:
     expected = {}
     with torch.device("meta"):
         for stage in range(run_shape(config).stages):
-            whole = {name: tensor.shape for name, tensor in workload.build_stage(stage).state_dict().items()}
-            layouts = _layouts(workload.build_stage(stage), config.tp)
+            module = workload.build_stage(stage)
+            whole = {name: tensor.shape for name, tensor in module.state_dict().items()}
+            layouts = _layouts(module, config.tp)  # shards the module in place: after `whole` was read
             for name, size in whole.items():
                 shape = checkpoint_shape(size, layouts[name]) if name in layouts else size
                 expected[f"{stage_key(stage)}.{name}"] = tuple(shape)
