@@ -33,11 +33,13 @@ each; medians after the first 10% of messages.
 
 from __future__ import annotations
 
-import argparse
 import statistics
 import time
 import warnings
 
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: no numpy here
+
+from _cli import Parser  # benchmarks/_cli.py: this script's folder is on sys.path
 from runtime.launch import free_port
 
 TARGETS = {2048: 1.5, 1 << 20: 1.1}  # ratio to plain gloo (issue 9)
@@ -239,13 +241,21 @@ def _size(nbytes: int) -> str:
 def main() -> None:
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", default="2048,1048576", help="payload sizes in bytes, comma-separated")
     parser.add_argument("--round-trips", type=int, default=1000, help="per path and size")
     parser.add_argument("--rounds", type=int, default=20, help="blocks the round trips are split into")
     parser.add_argument("--breakdown", action="store_true", help="where a transport message's time goes, per step")
     args = parser.parse_args()
-    sizes = [int(s) for s in args.sizes.split(",")]
+    try:
+        sizes = [int(s) for s in args.sizes.split(",")]
+    except ValueError:
+        parser.error(f"--sizes: {args.sizes!r} is not a comma-separated list of byte counts, e.g. 2048,1048576")
+    if any(size < 4 or size % 4 for size in sizes):  # payloads are float32 tensors of size / 4 elements
+        parser.error(f"--sizes: every size must be a positive multiple of 4 bytes, got {args.sizes}")
+    for flag, value in (("--round-trips", args.round_trips), ("--rounds", args.rounds)):
+        if value < 1:
+            parser.error(f"{flag} must be >= 1, got {value}")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, run_id="latency")
     if args.breakdown:
