@@ -5,30 +5,32 @@
 
 Two ranks on this machine ping-pong messages of each payload size (bytes of
 float32), once with ``dist.send``/``dist.recv`` on the main threads and once
-through :class:`runtime.transport.Transport` (post, frame on the wire,
-receiver thread, inbox, dispatcher wakes up). The two paths take turns in
-``--rounds`` blocks, so load on a shared machine falls on both alike (turns
-of one round trip would charge each path with what the other left running
-in the background). Prints
-the median one-way time (half the round trip) of each path and their ratio,
-against the targets of issue 9 (1.5x at 2 KiB, 1.1x at 1 MiB).
+through :class:`runtime.transport.Transport` (post, frame on the link's socket,
+the dispatcher reads it in ``Inbox.wait``/``drain``; a payload over
+``INLINE_BYTES`` goes on gloo first, into a pre-posted receive). The paths
+take turns in ``--rounds`` blocks, so load on a shared machine falls on all
+alike (turns of one round trip would charge each path with what the other
+left running in the background). Prints the median one-way time (half the
+round trip) of each path and their ratio, against the targets of issue 9
+(1.5x at 2 KiB, 1.1x at 1 MiB).
 
-A third path measures the floor of any transport that learns of arrivals
-without polling (gloo's ``irecv(...).is_completed()`` stays False until
-``wait()``): a bare receiver thread that does blocking receives on a group of
-its own into a ready buffer and wakes the main thread through a
-``queue.SimpleQueue``, no framing, no bookkeeping. What the transport costs
-beyond that thread is its own overhead (framing, sequence checks, tracing
-bookkeeping); the rest is the hand-off between threads.
+A third path measures the floor of a transport that would learn of gloo
+arrivals without polling (gloo's ``irecv(...).is_completed()`` stays False
+until ``wait()``): a bare receiver thread that does blocking receives on a
+group of its own into a ready buffer and wakes the main thread through a
+``queue.SimpleQueue``, no framing, no bookkeeping. The transport reads its
+frames on the dispatcher instead ([Note: dispatcher reads the sockets] in
+``runtime/transport.py``), so it does not pay that hand-off.
 
 ``--breakdown`` runs the transport path alone, rank 0 sending to rank 1, and
 times each step of a one-way message on the clock both ranks share
 (``time.monotonic_ns``, one host): the send call on the sender, in it the
-frame's encoding and gloo's ``isend``, the wire (the send call's end to the
-receiver thread's receive returning), the receiver thread's decoding up to
-its ``Inbox.put``, and the hand-off to the main thread. The steps are timed
-by thin wrappers around those functions, which add about a microsecond
-each; medians after the first 10% of messages.
+framing and writing (``_Wire.isend``) and the framing alone, the wire (the
+send call's end to the receiver's read returning bytes), the reading (the
+frame parsed and its message listed for the dispatcher), and the rest of
+the dispatcher's ``wait``/``drain``. The steps are timed by thin wrappers
+around those functions, which add about a microsecond each; medians after
+the first 10% of messages.
 """
 
 from __future__ import annotations
@@ -134,8 +136,9 @@ def worker(sizes: list[int], round_trips: int, rounds: int) -> dict[int, tuple[f
     return {size: tuple(statistics.median(times[size, name]) / 2 for name in PATHS) for size in sizes}
 
 
-STEPS = ("send call", "  of it: encode_frame", "  of it: gloo isend", "wire (send returned -> frame received)",
-         "receiver: decode, tensors in, Inbox.put", "hand-off (put -> main thread awake)", "one way, in all")
+STEPS = ("send call", "  of it: framing and writing (_Wire.isend)", "  of it: framing (_frame)",
+         "wire (send returned -> bytes read by the receiver)", "reading: frame parsed, tensors in, message listed",
+         "dispatcher: listed -> drain returned", "one way, in all")
 
 
 def breakdown_worker(size: int, messages: int) -> list[float]:
@@ -150,8 +153,8 @@ def breakdown_worker(size: int, messages: int) -> list[float]:
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    marks: dict[str, list[int]] = {name: [] for name in ("send_in", "send_out", "encode", "isend", "received",
-                                                         "put", "awake")}
+    marks: dict[str, list[int]] = {name: [] for name in ("send_in", "send_out", "isend", "frame", "read",
+                                                         "listed", "awake")}
     clock, measuring = time.monotonic_ns, [False]
 
     def timed(function, name):
@@ -163,25 +166,20 @@ def breakdown_worker(size: int, messages: int) -> list[float]:
             return result
         return wrapper
 
-    def frame_received(function):  # a frame comes on tag 0; a tensor that follows it on another
-        def wrapper(link, tensor, tag=0):
-            result = function(link, tensor, tag)
-            if measuring[0] and tag == 0:
-                marks["received"].append(clock())
+    def parsed(function):  # called as soon as a read returned bytes; returns once their messages are listed
+        def wrapper(reader, out, frame_ns):
+            began = clock()
+            count = len(out)
+            result = function(reader, out, frame_ns)
+            if measuring[0] and len(out) > count:
+                marks["read"].append(began)
+                marks["listed"].append(clock())
             return result
         return wrapper
 
-    def before(function, name):
-        def wrapper(*args, **kwargs):
-            if measuring[0]:
-                marks[name].append(clock())
-            return function(*args, **kwargs)
-        return wrapper
-
-    tr.encode_frame = timed(tr.encode_frame, "encode")
-    tr.Link.isend = timed(tr.Link.isend, "isend")
-    tr.Link.recv = frame_received(tr.Link.recv)
-    tr.Inbox.put = before(tr.Inbox.put, "put")
+    tr._frame = timed(tr._frame, "frame")
+    tr._Wire.isend = timed(tr._Wire.isend, "isend")
+    tr._SocketReader._parse = parsed(tr._SocketReader._parse)
     transport = tr.Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30)
     transport.start(timeout=30)
     payload, inbox = torch.zeros(size // 4), transport.inbox
@@ -200,7 +198,7 @@ def breakdown_worker(size: int, messages: int) -> list[float]:
             transport.send(0, 0, Task(1, F, 0), (payload,))
     measuring[0] = False
     if rank == 1:  # its marks to rank 0, which computes the spans
-        dist.send(torch.tensor(marks["received"] + marks["put"] + marks["awake"], dtype=torch.int64), 0)
+        dist.send(torch.tensor(marks["read"] + marks["listed"] + marks["awake"], dtype=torch.int64), 0)
     else:
         theirs = torch.empty(3 * messages, dtype=torch.int64)
         dist.recv(theirs, 1)
@@ -209,13 +207,13 @@ def breakdown_worker(size: int, messages: int) -> list[float]:
     dist.destroy_process_group()
     if rank != 0:
         return []
-    received, put, awake = (theirs[i * messages:(i + 1) * messages].tolist() for i in range(3))
+    read, listed, awake = (theirs[i * messages:(i + 1) * messages].tolist() for i in range(3))
     spans = {
         STEPS[0]: [b - a for a, b in zip(marks["send_in"], marks["send_out"])],
-        STEPS[1]: marks["encode"], STEPS[2]: marks["isend"],
-        STEPS[3]: [b - a for a, b in zip(marks["send_out"], received)],
-        STEPS[4]: [b - a for a, b in zip(received, put)],
-        STEPS[5]: [b - a for a, b in zip(put, awake)],
+        STEPS[1]: marks["isend"], STEPS[2]: marks["frame"],
+        STEPS[3]: [b - a for a, b in zip(marks["send_out"], read)],
+        STEPS[4]: [b - a for a, b in zip(read, listed)],
+        STEPS[5]: [b - a for a, b in zip(listed, awake)],
         STEPS[6]: [b - a for a, b in zip(marks["send_in"], awake)],
     }
     skip = messages // 10
@@ -269,9 +267,8 @@ def main() -> None:
         from runtime.transport import INLINE_BYTES
 
         if any(size > INLINE_BYTES for size in sizes):
-            print(f"\nA payload over {INLINE_BYTES} bytes follows its frame: the frame can arrive while the send "
-                  f"call still posts the payload, so for those sizes the wire and receiver steps overlap the send "
-                  f"call (the wire step can be negative) and only the one-way total reads as a latency.")
+            print(f"\nA payload over {INLINE_BYTES} bytes goes on gloo before its frame goes on the socket: the "
+                  f"send call includes writing it, and the reading step includes waiting for it to be received.")
         return
     results = elastic_launch(config, worker)(sizes, args.round_trips, args.rounds)[0]
     print(table(results, args.round_trips, args.rounds))

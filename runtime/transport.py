@@ -6,14 +6,15 @@ All communication of the pipeline goes through this module, under one rule:
     Every *directed link* ``src -> dst`` between two ranks that exchange
     pipeline data is a FIFO with its own process group (so a send and a
     receive on the same pair of ranks never block each other, and NCCL,
-    which ignores tags, still sees one ordered stream per communicator).
-    Messages of a link go on the wire in the order they were posted, each
-    with an asynchronous send under the link's lock ([Note: sending without
-    a hand-off] says by which thread); one receiver thread per incoming link
-    receives them in that order. Each message carries a sequence number,
-    checked on arrival. That is the only ordering there is: the receiver
-    never needs to know in advance which message comes next, because every
-    message says what it is.
+    which ignores tags, still sees one ordered stream per communicator) and,
+    under gloo, its own TCP connection for the frames. Messages of a link go
+    on the wire in the order they were posted, by one sender at a time
+    ([Note: sending without a hand-off] says which); the receiving rank reads
+    them in that order (under gloo the dispatcher itself, [Note: dispatcher
+    reads the sockets]; under NCCL a receiver thread per incoming link).
+    Each message carries a sequence number, checked on arrival. That is the
+    only ordering there is: the receiver never needs to know in advance
+    which message comes next, because every message says what it is.
 
 Wire format of one message: a byte *frame*, an int64 header of
 ``HEADER_WORDS`` words, followed under gloo by up to ``INLINE_BYTES`` of
@@ -28,21 +29,22 @@ version is a :class:`TransportError` naming both versions, never a silent
 misreading of a layout or a message type one side does not know.
 
 Payloads that fit travel inside the frame, so a typical message costs one
-send and one receive; larger ones (``inline == 0``) follow the frame as one
-send per tensor (zero-size tensors are never sent; the header has their
-shape), under gloo into receives posted before they were sent ([Note:
-pre-posted receives]). Frames are built and read on the host with ``struct`` and
-``memmove``: a handful of microseconds, no per-word tensor operations.
+write and one read; larger ones (``inline == 0``) take the link's process
+group as one send per tensor (zero-size tensors are never sent; the header
+has their shape), under gloo into receives posted before they were sent
+([Note: pre-posted receives]). Frames are built and read on the host with
+``struct`` and ``memmove``: a handful of microseconds, no per-word tensor
+operations.
 
 [Note: trimmed frames]
-    Under gloo the receiver always posts a receive of ``FRAME_BYTES`` and the
-    sender sends only the header and the inline payload, because gloo
-    receives a shorter message into a larger buffer (tested in
-    tests/test_transport.py) and the header says how much of it is meant. A
-    NOTICE is then a few hundred bytes, and a small activation costs what it
-    weighs. NCCL needs matching sizes, so under NCCL every frame is exactly
-    the header (``HEADER_BYTES``) and every tensor follows it: no payload is
-    copied on the device to build a frame.
+    Under gloo a frame is the header and the inline payload, nothing more,
+    written to the link's socket back to back with the frames before it;
+    the reader learns each frame's length from its header (the inline
+    payload is the tensors it describes). A NOTICE is then a few hundred
+    bytes, and a small activation costs what it weighs. NCCL needs matching
+    sizes, so under NCCL every frame is exactly the header
+    (``HEADER_BYTES``) and every tensor follows it: no payload is copied on
+    the device to build a frame.
 
 [Note: pre-posted receives]
     gloo moves a message only once its receive is posted: a tensor posted
@@ -59,7 +61,9 @@ pre-posted receives]). Frames are built and read on the host with ``struct`` and
     tensor that filled its buffer is handed over as it is and a new buffer
     posted; a shorter one is copied out and the buffer posted again. CLOSE
     sends one byte into each pre-posted receive, so no receive is left
-    pending when the link ends. NCCL ignores tags: there every tensor
+    pending when the link ends. The sender puts a message's tensors on gloo
+    *before* its frame on the socket, so a reader that finds the frame finds
+    the tensors there or on their way. NCCL ignores tags: there every tensor
     follows its frame on the one ordered stream, posted after the frame.
 
 ``type`` is HELLO (sent once per link at start, so every link is set up and
@@ -90,12 +94,16 @@ message the producer fields name ([Note: blocking p2p in the runtime] in
 :mod:`runtime.executor`). It travels on the link opposite to the data's.
 
 [Note: sending without a hand-off]
-    gloo's ``isend`` is asynchronous (gloo writes in place when the peer has
-    posted its receive, else its own thread writes later), so a message that
-    can go on the wire as it is (host tensors on a host wire, no injected
-    latency) is sent by the thread that posts it, the executor: no queue and
-    no thread wakes up between a task's end and its output leaving. Each
-    outgoing link still has one thread, for two jobs. It *collects* sends:
+    A message that can go on the wire as it is (host tensors on a host wire,
+    no injected latency) is sent by the thread that posts it, the executor:
+    no queue and no thread wakes up between a task's end and its output
+    leaving. Its frame is written to the socket without waiting
+    (``MSG_DONTWAIT``); if the socket is full (the peer has not read for a
+    while), the bytes left over go to the link's thread, and the link has a
+    backlog (below) until it wrote them. gloo's ``isend`` for the tensors
+    that follow is asynchronous (gloo writes in place when the peer has
+    posted its receive, else its own thread writes later). Each outgoing
+    link has one thread, for two jobs. It *collects* sends:
     waits for each to complete, in order (gloo's ``is_completed()`` stays
     False until ``wait()``, so someone must wait), which frees their tensors,
     records them for traces and reports a broken link; it is woken for that
@@ -105,16 +113,35 @@ message the producer fields name ([Note: blocking p2p in the runtime] in
     copy from CUDA to the host for gloo, any NCCL message: [Note: CUDA
     streams]). While such a message waits, the link has a *backlog* and
     every later message of the link goes through the thread too, so the FIFO
-    holds: the poster sends itself only when the backlog is zero, and the
-    thread takes a message off the backlog only after handing it to the
-    wire, both under the link's lock. Compute never waits for a send.
+    holds: the poster sends itself only when the backlog is zero (under the
+    link's lock), and while it is not, only the thread sends, taking a
+    message off the backlog once it is on the wire. The thread may wait for
+    a full socket without holding the lock, so a poster never waits for the
+    wire: compute never waits for a send.
 
-Arrival is learned without polling: gloo's ``irecv(...).is_completed()``
-stays False until ``wait()`` is called (torch 2.13), so receiver threads do
-blocking receives, which release the GIL, and hand arrivals to the
-dispatcher through an :class:`Inbox` (a C-level ``queue.SimpleQueue``, the
-cheapest wake-up between Python threads); the dispatcher sleeps on it while
-nothing is ready. That hand-off is the one left on a message's path.
+[Note: dispatcher reads the sockets]
+    Under gloo nothing can learn of an arrival without blocking in gloo
+    (``irecv(...).is_completed()`` stays False until ``wait()``, torch
+    2.13), and a thread that blocks there must then wake the dispatcher: a
+    hand-off that alone cost 1.4-1.5x plain gloo's one-way latency for a
+    small message (BENCHMARKS.md section 7). So frames travel over a TCP
+    connection per link (set up at construction: each rank listens on its
+    address on the route to ``MASTER_ADDR``, or on ``RRFP_SOCKET_ADDR``, and
+    the addresses are all-gathered) and the dispatcher reads them itself:
+    :meth:`Inbox.drain` reads what the sockets hold without waiting, and
+    :meth:`Inbox.wait` sleeps in ``select`` on them. No thread, no hand-off:
+    a small message costs about what plain gloo does. What the sockets hold
+    while the dispatcher computes stays in the kernel; each read takes the
+    kernel's receive time of its bytes (``SO_TIMESTAMPNS``), so an
+    arrival's times in traces are when it arrived, not when it was read. A
+    tensor that follows its frame is waited for by the dispatcher when it
+    reads the frame (the sender put it on gloo first); its arrival time is
+    the end of that wait if the wait was not instant, else the frame's.
+    Anything that blocks the dispatcher at the end of an iteration
+    (:meth:`Transport.wait_sent`, :meth:`Transport.close`) reads the sockets
+    meanwhile, because a peer's send may be waiting for this rank to read
+    (a full socket, or a tensor whose receive is posted once its frame is
+    read). Under NCCL, a receiver thread per link fills the inbox's queue.
 
 [Note: CUDA streams]
     A thread's current CUDA stream is its own; a new thread starts on the
@@ -151,7 +178,10 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import math
+import os
 import queue
+import selectors
+import socket
 import struct
 import threading
 import time
@@ -177,12 +207,15 @@ PREPOSTED_TAG = 1  # + the tensor's slot in its message: a receive posted before
 LATE_TAG = PREPOSTED_TAG + MAX_TENSORS  # a tensor whose receive is posted after its frame was read
 MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
 HELLO, DATA, CLOSE, NOTICE, DECISION, POSTED = 1, 2, 3, 4, 5, 6
+_ABOUT_A_TASK = frozenset((DATA, NOTICE, DECISION, POSTED))  # the types whose producer fields name a task
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
           torch.uint8)
 _DTYPE_CODE = {dtype: code for code, dtype in enumerate(DTYPES)}
 _FIXED = struct.Struct(f"={FIXED_WORDS}q")  # native order: frames never leave one kind of machine
 _SPEC = struct.Struct(f"={2 + MAX_DIMS}q")  # dtype, ndim, d0..d5
-_HEADER_VIEW = ctypes.c_char * HEADER_BYTES  # the header of a frame in place, for struct's pack_into/unpack_from
+_MAGIC_WORD = MAGIC | WIRE_VERSION << 32
+_KIND_CODE = {kind: ord(kind.value) for kind in Kind}  # a task's kind on the wire
+_CODE_KIND = {code: kind for kind, code in _KIND_CODE.items()}
 _ONE_BYTE = torch.zeros(1, dtype=torch.uint8)  # what CLOSE sends into each pre-posted receive
 _NO_DIMS = [(0,) * (MAX_DIMS - n) for n in range(MAX_DIMS + 1)]
 
@@ -258,23 +291,65 @@ class Sent(NamedTuple):
 
 
 class Inbox:
-    """Arrivals from all receiver threads, drained by the dispatcher (one thread); the dispatcher sleeps on it."""
+    """Arrivals for the dispatcher (one thread), which sleeps on it while nothing is ready.
+
+    Two kinds of source fill it ([Note: dispatcher reads the sockets]): under gloo the links' sockets, which
+    the dispatcher reads itself whenever it drains or waits (no thread, no hand-off); under NCCL the
+    receiver threads, through a C-level ``queue.SimpleQueue`` (the cheapest wake-up between Python
+    threads). Failures of other threads come through the queue in both cases and wake a waiting dispatcher.
+    """
 
     def __init__(self) -> None:
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()  # C-level: the cheapest wake-up between threads
-        self._taken: list = []  # what wait() took off the queue, for the next drain()
+        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        self._taken: list = []  # what wait() or pump() read, for the next drain()
         self._failure: BaseException | None = None
+        self._selector: selectors.BaseSelector | None = None
+        self._wake_in: socket.socket | None = None  # a byte written here wakes a dispatcher in select()
+        self._wake_out: socket.socket | None = None
+        self._fresh = False  # wait() just read the sockets and found something
+
+    def attach(self, readers: Sequence[Any]) -> None:
+        """Read ``readers`` (each with ``sock``, ``closed`` and ``read(out)``) on the dispatcher's calls."""
+        self._selector = selectors.DefaultSelector()
+        self._wake_out, self._wake_in = socket.socketpair()
+        for end in (self._wake_out, self._wake_in):
+            end.setblocking(False)
+        self._selector.register(self._wake_out, selectors.EVENT_READ, None)
+        for reader in readers:
+            self._selector.register(reader.sock, selectors.EVENT_READ, reader)
+
+    def detach(self) -> None:
+        """Stop reading the sockets (closing the transport); closes the wake-up pair."""
+        if self._selector is not None:
+            self._selector.close()
+            self._wake_out.close()
+            self._wake_in.close()
+            self._selector = self._wake_in = self._wake_out = None
 
     def put(self, item) -> None:
         self._queue.put(item)
+        self.wake()
 
     def fail(self, error: BaseException) -> None:
         if self._failure is None:
             self._failure = error
         self._queue.put(None)  # wake the dispatcher
+        self.wake()
+
+    def wake(self) -> None:
+        """Wake the dispatcher if it sleeps in select() (another thread finished something it waits for)."""
+        wake = self._wake_in
+        if wake is not None:
+            try:
+                wake.send(b"\0")
+            except OSError:  # full (it is awake anyway) or closed (the transport is closing)
+                pass
 
     def drain(self) -> list:
         self._raise_failure()
+        if self._selector is not None and not self._fresh:
+            self.pump(0.0)
+        self._fresh = False
         items, self._taken = self._taken, []
         while not self._queue.empty():
             items.append(self._queue.get())
@@ -284,10 +359,48 @@ class Inbox:
         """Sleep until something arrives (or ``timeout`` seconds pass)."""
         self._raise_failure()
         if not self._taken:
+            if self._selector is not None:
+                if self._queue.empty():
+                    self.pump(timeout)
+                    self._fresh = bool(self._taken)  # the drain that follows need not read the sockets again
+            else:
+                try:
+                    self._taken.append(self._queue.get(timeout=max(0.0, timeout)))
+                except queue.Empty:
+                    pass
+        self._raise_failure()
+
+    def pump(self, timeout: float, quiet: bool = False) -> None:
+        """Read every socket that has bytes, waiting up to ``timeout`` s for one (or a wake-up).
+
+        What arrives waits for the next :meth:`drain`. A link that fails is the inbox's failure, or with
+        ``quiet`` (closing) only that link's end.
+        """
+        selector = self._selector
+        if selector is None:
+            return
+        for key, _ in selector.select(max(0.0, timeout)):
+            reader = key.data
+            if reader is None:
+                try:
+                    while self._wake_out.recv(4096):
+                        pass
+                except BlockingIOError:
+                    pass
+                continue
             try:
-                self._taken.append(self._queue.get(timeout=max(0.0, timeout)))
-            except queue.Empty:
-                pass
+                reader.read(self._taken)
+            except TransportError as err:
+                reader.closed = True
+                if not quiet:
+                    self.fail(err)
+            if reader.closed:
+                selector.unregister(reader.sock)
+        if not quiet:
+            self._raise_failure()
+
+    def check(self) -> None:
+        """Raise the failure a link reported, if any."""
         self._raise_failure()
 
     def _raise_failure(self) -> None:
@@ -305,26 +418,37 @@ def encode_frame(kind_of_message: int, sequence: int, iteration: int = 0, produc
     ends right after it ([Note: trimmed frames]); otherwise the frame is the header and every tensor
     follows it (NCCL, or a large payload).
     """
-    if len(tensors) > MAX_TENSORS:
-        raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {len(tensors)}")
-    tensors = [t.contiguous() for t in tensors]
-    payload = sum(t.nbytes for t in tensors)
-    inline = inline and payload <= INLINE_BYTES and all(t.device.type == "cpu" for t in tensors)
-    frame = torch.empty(HEADER_BYTES + (payload if inline else 0), dtype=torch.uint8)
-    address = frame.data_ptr()
-    header = _HEADER_VIEW.from_address(address)
+    frame, follow = _frame(kind_of_message, sequence, iteration, producer, tensors, notice, inline)
+    return torch.frombuffer(frame, dtype=torch.uint8), follow
+
+
+def _frame(kind_of_message: int, sequence: int, iteration: int, producer: Task | None,
+           tensors: Sequence[torch.Tensor], notice: tuple[int, bool], inline: bool) -> tuple[bytearray, list]:
+    """:func:`encode_frame`'s frame as the bytes a socket sends."""
+    count = len(tensors)
+    if count > MAX_TENSORS:
+        raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {count}")
+    payload = 0
+    if count:
+        tensors = [t.contiguous() for t in tensors]
+        payload = sum(t.nbytes for t in tensors)
+        inline = inline and payload <= INLINE_BYTES and all(t.is_cpu for t in tensors)
+    frame = bytearray(HEADER_BYTES + (payload if inline else 0))
     stage, kind, microbatch = (-1, 0, -1) if producer is None else \
-        (producer.stage, ord(producer.kind.value), producer.microbatch)
-    _FIXED.pack_into(header, 0, MAGIC | WIRE_VERSION << 32, sequence, kind_of_message, iteration, stage, kind, microbatch, len(tensors),
+        (producer.stage, _KIND_CODE[producer.kind], producer.microbatch)
+    _FIXED.pack_into(frame, 0, _MAGIC_WORD, sequence, kind_of_message, iteration, stage, kind, microbatch, count,
                      inline, notice[0], notice[1])
+    if not count:
+        return frame, []
     for i, tensor in enumerate(tensors):
-        _SPEC.pack_into(header, _FIXED.size + i * _SPEC.size, *_spec(tensor))
+        _SPEC.pack_into(frame, _FIXED.size + i * _SPEC.size, *_spec(tensor))
     if not inline:
         return frame, tensors
-    address += HEADER_BYTES
+    view, offset = memoryview(frame), HEADER_BYTES
     for tensor in tensors:
-        ctypes.memmove(address, tensor.data_ptr(), tensor.nbytes)
-        address += tensor.nbytes
+        if tensor.nbytes:
+            view[offset:offset + tensor.nbytes] = _host_bytes(tensor)
+            offset += tensor.nbytes
     return frame, []
 
 
@@ -356,19 +480,31 @@ def decode_frame(frame: torch.Tensor) -> FrameHeader:
         raise TransportError(f"a frame is at least {HEADER_BYTES} bytes, got {frame.numel()} of {frame.dtype}")
     if frame.device.type != "cpu":
         frame = frame[:HEADER_BYTES].cpu()
-    header = _HEADER_VIEW.from_address(frame.data_ptr())
+    return _decode(_host_bytes(frame), 0)
+
+
+def _decode(buffer, offset: int) -> FrameHeader:
+    """The header of the frame that starts at ``offset`` of ``buffer`` (bytes on the host)."""
     magic, sequence, kind_of_message, iteration, stage, kind, microbatch, count, inline, remaining, firm = \
-        _FIXED.unpack_from(header)
-    if magic & 0xFFFFFFFF != MAGIC:
-        raise TransportError(f"bad message header (magic {magic:#x})")
-    if magic >> 32 != WIRE_VERSION:
+        _FIXED.unpack_from(buffer, offset)
+    if magic != _MAGIC_WORD:
+        if magic & 0xFFFFFFFF != MAGIC:
+            raise TransportError(f"bad message header (magic {magic:#x})")
         raise TransportError(f"the peer speaks wire version {magic >> 32}, this rank {WIRE_VERSION}: run one rrfp "
                              f"version on every rank")
-    producer = (Task(stage, Kind(chr(kind)), microbatch) if kind_of_message in (DATA, NOTICE, DECISION, POSTED)
-                else None)
+    producer = None
+    if kind_of_message in _ABOUT_A_TASK:
+        if kind not in _CODE_KIND:
+            raise TransportError(f"bad message header (task kind {kind})")
+        producer = Task(stage, _CODE_KIND[kind], microbatch)
+    if not 0 <= count <= MAX_TENSORS:
+        raise TransportError(f"bad message header ({count} tensors)")
     specs = []
+    offset += _FIXED.size
     for i in range(count):
-        dtype, ndim, *dims = _SPEC.unpack_from(header, _FIXED.size + i * _SPEC.size)
+        dtype, ndim, *dims = _SPEC.unpack_from(buffer, offset + i * _SPEC.size)
+        if not (0 <= dtype < len(DTYPES) and 0 <= ndim <= MAX_DIMS and min(dims) >= 0):
+            raise TransportError(f"bad message header (tensor {i}: dtype {dtype}, {ndim} dims)")
         specs.append((DTYPES[dtype], tuple(dims[:ndim])))
     return FrameHeader(kind_of_message, sequence, iteration, producer, specs, bool(inline), remaining, bool(firm),
                        firm)
@@ -376,13 +512,23 @@ def decode_frame(frame: torch.Tensor) -> FrameHeader:
 
 def inline_tensors(frame: torch.Tensor, specs) -> list[torch.Tensor]:
     """The payload tensors packed into a host ``frame`` (each copied out to its own storage)."""
-    tensors, address = [], frame.data_ptr() + HEADER_BYTES
+    return _inline_at(frame.data_ptr() + HEADER_BYTES, specs)
+
+
+def _inline_at(address: int, specs) -> list[torch.Tensor]:
+    """The tensors ``specs`` describe, packed back to back from ``address`` on the host (copied out)."""
+    tensors = []
     for dtype, shape in specs:
         tensor = torch.empty(shape, dtype=dtype)
         ctypes.memmove(tensor.data_ptr(), address, tensor.nbytes)
         tensors.append(tensor)
         address += tensor.nbytes
     return tensors
+
+
+def payload_bytes(specs) -> int:
+    """The bytes of the tensors ``specs`` describe."""
+    return sum(math.prod(shape) * dtype.itemsize for dtype, shape in specs)
 
 
 def follow_tag(posted: list[int], slot: int, nbytes: int) -> int:
@@ -405,10 +551,14 @@ def _nbytes(tensors: Sequence[torch.Tensor]) -> int:
 
 # -- links ----------------------------------------------------------------------------------------------------------
 class Link:
-    """One directed link ``src -> dst`` with its own process group (``peer``: the other end's rank in it)."""
+    """One directed link ``src -> dst`` with its own process group (``peer``: the other end's rank in it).
 
-    def __init__(self, src: int, dst: int, group, peer: int) -> None:
-        self.src, self.dst, self.group, self.peer = src, dst, group, peer
+    Under gloo, ``sock`` is the link's TCP connection, which carries its frames ([Note: dispatcher reads the
+    sockets]); tensors that follow a frame take the group.
+    """
+
+    def __init__(self, src: int, dst: int, group, peer: int, sock: socket.socket | None = None) -> None:
+        self.src, self.dst, self.group, self.peer, self.sock = src, dst, group, peer, sock
         self.posted = [0] * MAX_TENSORS  # bytes pre-posted per tensor slot, as both ends know it (follow_tag)
 
     def isend(self, tensor: torch.Tensor, tag: int = 0):
@@ -437,6 +587,17 @@ class _Message(NamedTuple):
     queued_ns: int = 0
 
 
+class _Rest(NamedTuple):
+    """The bytes of a frame the poster could not write without waiting: the link's thread writes them."""
+
+    data: bytes
+
+
+def _host_bytes(tensor: torch.Tensor) -> memoryview:
+    """The bytes of a contiguous host tensor, in place (valid while the tensor lives)."""
+    return memoryview((ctypes.c_char * tensor.nbytes).from_address(tensor.data_ptr())).cast("B")
+
+
 class _Wire:
     """What this backend moves and how: gloo moves host tensors with inline payloads, NCCL device tensors."""
 
@@ -444,6 +605,7 @@ class _Wire:
         nccl = dist.get_backend() == "nccl"
         self.device = device if nccl else torch.device("cpu")  # CUDA tensors under gloo are staged through the host
         self.inline = not nccl  # [Note: trimmed frames]
+        self.sockets = not nccl  # [Note: dispatcher reads the sockets]
         self.frame_bytes = FRAME_BYTES if self.inline else HEADER_BYTES
         self.cuda = device if device.type == "cuda" else None  # the compute device, when it is a GPU
         self.host = self.device.type == "cpu"
@@ -470,18 +632,31 @@ class _Wire:
             torch.cuda.current_stream().wait_event(message.ready)
         return message._replace(tensors=tuple(t.to(self.device) for t in message.tensors))
 
-    def isend(self, link: Link, sequence: int, message: _Message) -> list:
-        frame, follow = encode_frame(message.kind_of_message, sequence, message.iteration, message.producer,
-                                     message.tensors, message.notice, self.inline)
-        if not self.host:
-            frame = frame.to(self.device)
-        works = [link.isend(frame)]
-        for slot, tensor in enumerate(follow):
-            if tensor.numel():
-                works.append(link.isend(tensor, follow_tag(link.posted, slot, tensor.nbytes) if self.inline else 0))
-        if message.kind_of_message == CLOSE and self.inline:  # release the peer's pre-posted receives
+    def isend(self, link: Link, sequence: int, message: _Message, wait: bool = True) -> tuple[list, bytes | None]:
+        """Put ``message`` on the wire: the works of its asynchronous sends, and the bytes of its frame left
+        to write (only without ``wait``, when the link's socket is full: the caller's thread must not block)."""
+        frame, follow = _frame(message.kind_of_message, sequence, message.iteration, message.producer,
+                               message.tensors, message.notice, self.inline)
+        if not self.sockets:  # NCCL: the frame, then each tensor, on the link's one ordered stream
+            works = [link.isend(torch.frombuffer(frame, dtype=torch.uint8).to(self.device))]
+            return works + [link.isend(tensor) for tensor in follow if tensor.numel()], None
+        # gloo: the tensors that follow the frame go first, so that when the frame is read they are there or
+        # on their way, and the dispatcher sleeps once, not once for the frame and once for the tensors
+        works = [link.isend(tensor, follow_tag(link.posted, slot, tensor.nbytes))
+                 for slot, tensor in enumerate(follow) if tensor.numel()]
+        if message.kind_of_message == CLOSE:  # release the peer's pre-posted receives
             works += [link.isend(_ONE_BYTE, PREPOSTED_TAG + slot) for slot, size in enumerate(link.posted) if size]
-        return works
+        rest = None
+        if wait:
+            link.sock.sendall(frame)
+        else:
+            try:
+                written = link.sock.send(frame, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                written = 0
+            if written < len(frame):
+                rest = bytes(memoryview(frame)[written:])
+        return works, rest
 
     def buffer(self, shape, dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.device)
@@ -517,14 +692,14 @@ class _Sender:
     """One outgoing link: its FIFO, its backlog and its thread ([Note: sending without a hand-off])."""
 
     def __init__(self, link: Link, wire: _Wire, done: Callable[[int, _Message, int, int, int], None],
-                 fail: Callable[[TransportError], None]) -> None:
+                 fail: Callable[[TransportError], None], collected: Callable[[], None] = lambda: None) -> None:
         self.link, self.wire = link, wire
         self.stream = wire.stream()
-        self._done, self._fail = done, fail
+        self._done, self._fail, self._collected = done, fail, collected
         self._lock = threading.Lock()
-        self._requests: queue.SimpleQueue = queue.SimpleQueue()  # _Message (the thread sends it) or _Collect
+        self._requests: queue.SimpleQueue = queue.SimpleQueue()  # _Message or _Rest (the thread sends it), _Collect
         self._in_flight: deque = deque()  # (message, sequence, started_ns, handed_ns, works), in posting order
-        self._backlog = 0  # messages the thread has yet to send
+        self._backlog = 0  # messages the thread has yet to send (or finish writing)
         self._collect_asked = False
         self._sequence = 0
         self.failure: TransportError | None = None
@@ -538,7 +713,10 @@ class _Sender:
                 self._backlog += 1
                 self._requests.put(message)
                 return
-            self._isend(message)
+            rest = self._isend(message, wait=False)
+            if rest is not None:  # the socket is full: the thread writes the rest, later messages queue behind it
+                self._backlog += 1
+                self._requests.put(_Rest(rest))
             if len(self._in_flight) >= MAX_UNCOLLECTED and not self._collect_asked:
                 self._collect_asked = True
                 self._requests.put(_Collect(threading.Event()))
@@ -569,27 +747,38 @@ class _Sender:
                     request = self._requests.get()
                     if isinstance(request, _Message):
                         self._send_waiting(request)
+                    elif isinstance(request, _Rest):
+                        self.link.sock.sendall(request.data)
+                        with self._lock:
+                            self._backlog -= 1
                     self._collect()
                     if isinstance(request, _Collect):
                         request.done.set()
+                        self._collected()
                         if request.stop:
                             return
         except Exception as err:  # a peer died or the group broke: the dispatcher reports it
             self._broken(err)
 
     def _send_waiting(self, message: _Message) -> None:
+        """Send a message of the backlog. While the backlog is not empty only this thread sends, so it may
+        wait for the wire without the lock: posters queue behind it meanwhile, never wait for it."""
         if message.delay > 0:
             time.sleep(message.delay)
-        message = self.wire.prepare(message)  # outside the lock: posters queue behind the backlog meanwhile
+        message = self.wire.prepare(message)
+        self._isend(message, wait=True)
         with self._lock:
-            self._isend(message)
             self._backlog -= 1
 
-    def _isend(self, message: _Message) -> None:
-        """Hand ``message`` to the wire; the link's lock is held, so the FIFO order is the posting order."""
+    def _isend(self, message: _Message, wait: bool) -> bytes | None:
+        """Hand ``message`` to the wire; the bytes of its frame left for the thread to write, if any.
+
+        One sender at a time, so the FIFO order is the posting order: a poster under the link's lock while the
+        backlog is empty, else the link's thread.
+        """
         sequence, started = self._sequence, time.monotonic_ns()
         try:
-            works = self.wire.isend(self.link, sequence, message)
+            works, rest = self.wire.isend(self.link, sequence, message, wait)
         except TransportError:  # a message that cannot be framed: the caller's error, the link is fine
             raise
         except Exception as err:
@@ -598,6 +787,7 @@ class _Sender:
             raise self.failure from err
         self._sequence += 1
         self._in_flight.append((message, sequence, started, time.monotonic_ns(), works))
+        return rest
 
     def _collect(self) -> None:
         with self._lock:
@@ -620,13 +810,32 @@ class _Sender:
         self._fail(failure)
 
 
+def _item(link: Link, header: FrameHeader, frame_ns: int) -> Notice | Posted | Decided:
+    """What a received NOTICE, POSTED or DECISION frame tells the dispatcher."""
+    kind = header.kind_of_message
+    if kind == NOTICE:
+        return Notice(link.src, header.iteration, header.producer, header.remaining_ns * 1e-9, header.firm, frame_ns)
+    if kind == POSTED:
+        return Posted(link.src, header.iteration, header.producer, frame_ns)
+    if kind == DECISION:
+        return Decided(link.src, header.iteration, header.remaining_ns, header.producer, header.decided_ns, frame_ns)
+    raise TransportError(f"{link}: message {header.sequence} has unknown type {kind}")
+
+
+def _check_sequence(link: Link, header: FrameHeader, expected: int) -> None:
+    if header.sequence != expected:
+        raise TransportError(f"{link}: message {header.sequence} arrived, expected {expected} (FIFO order broken)")
+
+
 class _Receiver:
-    """One incoming link's thread: receives in FIFO order, checks sequence numbers, fills the inbox."""
+    """One incoming link's thread under NCCL: receives in FIFO order, checks sequence numbers, fills the inbox.
+
+    Every frame is the header and every tensor follows it on the same ordered stream ([Note: trimmed frames]).
+    """
 
     def __init__(self, link: Link, wire: _Wire, inbox: Inbox, hello: Callable[[int], None]) -> None:
         self.link, self.wire, self.inbox, self.hello = link, wire, inbox, hello
-        self.stream = wire.stream() if wire.device.type == "cuda" else None  # staged tensors arrive on the host
-        self._early: list[tuple[torch.Tensor, Any] | None] = [None] * MAX_TENSORS  # pre-posted (buffer, work)
+        self.stream = wire.stream()
 
     def run(self) -> None:
         try:
@@ -637,51 +846,147 @@ class _Receiver:
 
     def _loop(self) -> None:
         link, expected = self.link, 0
-        frame = self.wire.buffer((self.wire.frame_bytes,), torch.uint8)  # reused: inline tensors are copied out
+        frame = self.wire.buffer((self.wire.frame_bytes,), torch.uint8)
         while True:
             link.recv(frame)
             frame_ns = time.monotonic_ns()
             header = decode_frame(frame)
-            if header.sequence != expected:
-                raise TransportError(f"{link}: message {header.sequence} arrived, expected {expected} "
-                                     f"(FIFO order broken)")
+            _check_sequence(link, header, expected)
             expected += 1
             if header.kind_of_message == CLOSE:
-                for early in self._early:  # the sender's CLOSE filled each with one byte
-                    if early is not None:
-                        early[1].wait()
                 return
             if header.kind_of_message == HELLO:
                 self.hello(link.src)
-            elif header.kind_of_message == NOTICE:
-                self.inbox.put(Notice(link.src, header.iteration, header.producer, header.remaining_ns * 1e-9,
-                                      header.firm, frame_ns))
-            elif header.kind_of_message == POSTED:
-                self.inbox.put(Posted(link.src, header.iteration, header.producer, frame_ns))
-            elif header.kind_of_message == DECISION:
-                self.inbox.put(Decided(link.src, header.iteration, header.remaining_ns, header.producer,
-                                       header.decided_ns, frame_ns))
+            elif header.kind_of_message != DATA:
+                self.inbox.put(_item(link, header, frame_ns))
             else:
-                tensors = inline_tensors(frame, header.specs) if header.inline else self._follow(header.specs)
+                tensors = []
+                for dtype, shape in header.specs:
+                    buffer = self.wire.buffer(shape, dtype)
+                    if buffer.numel():
+                        link.recv(buffer)
+                    tensors.append(buffer)
                 self.inbox.put(Arrival(link.src, header.sequence, header.iteration, header.producer,
                                        tuple(tensors), frame_ns, time.monotonic_ns(), self.wire.arrived(self.stream)))
 
-    def _follow(self, specs) -> list[torch.Tensor]:
-        tensors = []
+
+_SO_TIMESTAMPNS = 35  # Linux: the kernel's receive time of the bytes a recvmsg returns (CLOCK_REALTIME)
+_TIMESPEC = struct.Struct("=qq")
+
+
+class _SocketReader:
+    """One incoming link under gloo, read by the dispatcher ([Note: dispatcher reads the sockets]).
+
+    Frames come over the link's socket, back to back; a tensor that follows its frame comes on the link's
+    gloo group, into a receive posted before it was sent where it can ([Note: pre-posted receives]).
+    """
+
+    def __init__(self, link: Link, hello: Callable[[int], None]) -> None:
+        self.link, self.sock, self.hello = link, link.sock, hello
+        self.closed = False  # CLOSE read (or, closing, the link failed)
+        self._expected = 0
+        self._buffer = torch.empty(4 * FRAME_BYTES, dtype=torch.uint8)  # several frames: one read can take them all
+        self._base = self._buffer.data_ptr()
+        self._view = _host_bytes(self._buffer)
+        self._start = self._end = 0  # unread bytes: [start, end)
+        self._early: list[tuple[torch.Tensor, Any] | None] = [None] * MAX_TENSORS  # pre-posted (buffer, work)
+        try:
+            self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+            self._stamped = True
+        except OSError:
+            self._stamped = False
+
+    def read(self, out: list) -> None:
+        """Read what the socket holds; append what each complete message tells the dispatcher to ``out``."""
+        link, sock, view = self.link, self.sock, self._view
+        while not self.closed:
+            if len(view) - self._end < FRAME_BYTES:  # keep room for a whole frame after the unread bytes
+                self._compact()
+            room = len(view) - self._end
+            try:
+                if self._stamped:
+                    count, ancillary, _, _ = sock.recvmsg_into([view[self._end:]], 64, socket.MSG_DONTWAIT)
+                else:
+                    count, ancillary = sock.recv_into(view[self._end:], 0, socket.MSG_DONTWAIT), ()
+            except BlockingIOError:
+                return
+            except OSError as err:
+                raise TransportError(f"{link}: receive failed: {err}") from err
+            if count == 0:
+                raise TransportError(f"{link}: receive failed: rank {link.src} closed the connection")
+            now = time.monotonic_ns()
+            frame_ns = now
+            for level, kind, data in ancillary:  # the kernel's receive time, on the monotonic clock
+                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                    seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+                    frame_ns = min(now, seconds * 1_000_000_000 + nanoseconds - (time.time_ns() - now))
+            self._end += count
+            self._parse(out, frame_ns)
+            if count < room:  # the socket held no more: what comes next wakes the selector again
+                return
+
+    def _compact(self) -> None:
+        unread = self._end - self._start
+        if self._start:
+            ctypes.memmove(self._base, self._base + self._start, unread)
+        self._start, self._end = 0, unread
+
+    def _parse(self, out: list, frame_ns: int) -> None:
+        link = self.link
+        while self._end - self._start >= HEADER_BYTES:
+            address = self._base + self._start
+            header = _decode(self._view, self._start)
+            size = HEADER_BYTES + (payload_bytes(header.specs) if header.inline else 0)
+            if size > FRAME_BYTES:
+                raise TransportError(f"{link}: message {header.sequence} claims a frame of {size} bytes")
+            if self._end - self._start < size:
+                return
+            _check_sequence(link, header, self._expected)
+            self._expected += 1
+            self._start += size
+            kind = header.kind_of_message
+            if kind == DATA:
+                if header.inline:
+                    tensors, arrived = _inline_at(address + HEADER_BYTES, header.specs), frame_ns
+                else:
+                    tensors, arrived = self._follow(header.specs, frame_ns)
+                out.append(Arrival(link.src, header.sequence, header.iteration, header.producer, tuple(tensors),
+                                   frame_ns, arrived))
+            elif kind == HELLO:
+                self.hello(link.src)
+            elif kind == CLOSE:
+                for early in self._early:  # the sender's CLOSE filled each with one byte
+                    if early is not None:
+                        early[1].wait()
+                self.closed = True
+                return
+            else:
+                out.append(_item(link, header, frame_ns))
+        if self._start == self._end:
+            self._start = self._end = 0
+
+    def _follow(self, specs, frame_ns: int) -> tuple[list[torch.Tensor], int]:
+        """The tensors that follow a frame on the group, and when the last was there: when the wait for it
+        returned, or the frame's time when they were there already (the dispatcher read the frame late)."""
+        tensors, waited = [], False
         for slot, (dtype, shape) in enumerate(specs):
             nbytes = math.prod(shape) * dtype.itemsize
-            tag = follow_tag(self.link.posted, slot, nbytes) if nbytes and self.wire.inline else 0
-            if tag >= PREPOSTED_TAG and tag != LATE_TAG:
-                tensors.append(self._take_early(slot, dtype, shape, nbytes))
+            if not nbytes:
+                tensors.append(torch.empty(shape, dtype=dtype))
                 continue
-            buffer = self.wire.buffer(shape, dtype)
-            if nbytes:
+            began = time.monotonic_ns()
+            tag = follow_tag(self.link.posted, slot, nbytes)
+            if tag != LATE_TAG:
+                tensors.append(self._take_early(slot, dtype, shape, nbytes))
+            else:
+                buffer = torch.empty(shape, dtype=dtype)
                 self.link.recv(buffer, tag)
-            tensors.append(buffer)
+                tensors.append(buffer)
+            waited = waited or time.monotonic_ns() - began > _WAITED_NS
         for slot, size in enumerate(self.link.posted):  # a slot follow_tag just sized: post its first receive
             if size and self._early[slot] is None:
                 self._post_early(slot, torch.empty(size, dtype=torch.uint8))
-        return tensors
+        return tensors, time.monotonic_ns() if waited else frame_ns
 
     def _post_early(self, slot: int, buffer: torch.Tensor) -> None:
         self._early[slot] = (buffer, self.link.irecv(buffer, PREPOSTED_TAG + slot))
@@ -700,8 +1005,92 @@ class _Receiver:
         return tensor
 
 
+_WAITED_NS = 20_000  # a wait for a tensor shorter than this found it there already
+
+
+def _local_address() -> tuple[int, str]:
+    """The address family and the address other ranks reach this one at: ``RRFP_SOCKET_ADDR`` if set (a host
+    with several networks), else this host's address on the route to ``MASTER_ADDR``."""
+    chosen = os.environ.get("RRFP_SOCKET_ADDR")
+    try:
+        family, _, _, _, where = socket.getaddrinfo(chosen or os.environ.get("MASTER_ADDR", "127.0.0.1"), 1,
+                                                    type=socket.SOCK_DGRAM)[0]
+        if chosen:
+            return family, where[0]
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect(where)  # no packet leaves: it only picks the route
+            return family, probe.getsockname()[0]
+    except OSError as err:
+        if chosen:
+            raise TransportError(f"RRFP_SOCKET_ADDR={chosen!r}: {err}") from err
+        return socket.AF_INET, "127.0.0.1"
+
+
+def _connect_links(rank: int, out_links: dict[int, Link], in_links: dict[int, Link], timeout: float) -> None:
+    """Give every link a TCP connection, src connecting to dst (collective: every rank calls it)."""
+    family, host = _local_address()
+    listener = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        listener.bind((host, 0))
+        listener.listen(max(8, len(in_links)))
+        addresses = _gather_addresses(host, listener.getsockname()[1])
+        for dst, link in out_links.items():
+            try:
+                sock = socket.create_connection(addresses[dst][:2], timeout=timeout)
+            except OSError as err:
+                raise TransportError(f"{link}: cannot connect to rank {dst} at {addresses[dst][0]}:"
+                                     f"{addresses[dst][1]}: {err}") from err
+            sock.sendall(struct.pack("=q", rank))
+            link.sock = sock
+        listener.settimeout(timeout)
+        for _ in in_links:
+            try:
+                sock, _ = listener.accept()
+                sock.settimeout(timeout)
+                src = struct.unpack("=q", _receive_exactly(sock, 8))[0]
+            except OSError as err:
+                missing = sorted(src for src, link in in_links.items() if link.sock is None)
+                raise TransportError(f"rank {rank}: no connection from rank(s) {missing} within {timeout:.0f} s "
+                                     f"({err})") from err
+            if src not in in_links or in_links[src].sock is not None:
+                raise TransportError(f"rank {rank}: unexpected connection from rank {src}")
+            in_links[src].sock = sock
+    finally:
+        listener.close()
+    for link in (*out_links.values(), *in_links.values()):
+        link.sock.settimeout(None)  # blocking: the dispatcher reads with MSG_DONTWAIT, the link threads wait
+        link.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
+_ADDRESS_BYTES = 64  # an IPv4 or IPv6 address, as text
+
+
+def _gather_addresses(host: str, port: int) -> list[tuple[str, int]]:
+    """Every rank's ``(host, port)``: a collective over the default group (host tensors, no pickling)."""
+    text = host.encode()
+    if len(text) > _ADDRESS_BYTES:
+        raise TransportError(f"address {host!r} is longer than {_ADDRESS_BYTES} bytes")
+    mine = torch.zeros(_ADDRESS_BYTES + 2, dtype=torch.int64)
+    mine[:len(text)] = torch.tensor(list(text), dtype=torch.int64)
+    mine[-2:] = torch.tensor([len(text), port])
+    everyone = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(everyone, mine)
+    return [(bytes(row[:int(row[-2])].tolist()).decode(), int(row[-1])) for row in everyone]
+
+
+def _receive_exactly(sock: socket.socket, count: int) -> bytes:
+    data = b""
+    while len(data) < count:
+        chunk = sock.recv(count - len(data))
+        if not chunk:
+            raise ConnectionError("the peer closed the connection")
+        data += chunk
+    return data
+
+
 class Transport:
-    """The links of one rank: a sender per outgoing link, a receiver thread per incoming one.
+    """The links of one rank: a sender per outgoing link; under gloo a socket per incoming link that the
+    dispatcher reads, under NCCL a receiver thread per incoming link.
 
     Build it collectively (every rank constructs it with the same ``links``),
     then :meth:`start`; :meth:`send` posts a message; arrivals land in
@@ -733,7 +1122,12 @@ class Transport:
             if dst == rank:
                 self.in_links[src] = Link(src, dst, group, dist.get_group_rank(group, src))
         self._wire = _Wire(device)
-        self._senders = {dst: _Sender(link, self._wire, self._on_sent, self._on_send_failure)
+        self._readers: list[_SocketReader] = []
+        if self._wire.sockets:
+            _connect_links(rank, self.out_links, self.in_links, group_timeout.total_seconds())
+            self._readers = [_SocketReader(link, self._hello) for link in self.in_links.values()]
+            self.inbox.attach(self._readers)
+        self._senders = {dst: _Sender(link, self._wire, self._on_sent, self._on_send_failure, self.inbox.wake)
                          for dst, link in self.out_links.items()}
         self._threads: list[threading.Thread] = []
         self._hellos = threading.Semaphore(0)  # released once per HELLO received
@@ -744,17 +1138,21 @@ class Transport:
     # -- lifecycle -------------------------------------------------------
     def start(self, timeout: float) -> None:
         """Start the threads and exchange one HELLO per link; returns when every incoming link spoke."""
-        for src, link in self.in_links.items():
-            self._spawn(f"rrfp-recv-{src}->{self.rank}", _Receiver(link, self._wire, self.inbox, self._hello).run)
+        if not self._wire.sockets:
+            for src, link in self.in_links.items():
+                self._spawn(f"rrfp-recv-{src}->{self.rank}", _Receiver(link, self._wire, self.inbox, self._hello).run)
         for dst, sender in self._senders.items():
             self._spawn(f"rrfp-send-{self.rank}->{dst}", sender.run)
             sender.post(_Message(HELLO))
         deadline = time.monotonic() + timeout
         for _ in self.in_links:
-            if not self._hellos.acquire(timeout=max(0.0, deadline - time.monotonic())):
-                silent = sorted(set(self.in_links) - set(self._hello_from))
-                raise TransportError(f"rank {self.rank}: no HELLO from rank(s) {silent} within {timeout:.0f} s")
-        self.inbox.drain()  # raises if a link already failed
+            while not self._hellos.acquire(blocking=not self._readers,
+                                           timeout=None if self._readers else max(0.0, deadline - time.monotonic())):
+                if not self._readers or time.monotonic() >= deadline:
+                    silent = sorted(set(self.in_links) - set(self._hello_from))
+                    raise TransportError(f"rank {self.rank}: no HELLO from rank(s) {silent} within {timeout:.0f} s")
+                self.inbox.pump(min(0.1, max(0.0, deadline - time.monotonic())))  # what comes after waits in it
+        self.inbox.check()  # raises if a link already failed (what arrived stays for the dispatcher)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
         thread = threading.Thread(target=target, name=name, daemon=True)
@@ -766,18 +1164,27 @@ class Transport:
         self._hellos.release()
 
     def close(self, timeout: float = 30.0) -> None:
-        """Send CLOSE on every outgoing link, wait for every thread to end."""
+        """Send CLOSE on every outgoing link, wait for every link's CLOSE and for every thread to end."""
         if self._closed:
             return
         self._closed = True
         for sender in self._senders.values():
             sender.close()
         deadline = time.monotonic() + timeout
+        while any(not reader.closed for reader in self._readers) and time.monotonic() < deadline:
+            self.inbox.pump(min(0.1, max(0.0, deadline - time.monotonic())), quiet=True)
         for thread in self._threads:
             thread.join(max(0.0, deadline - time.monotonic()))
+        silent = sorted(reader.link.src for reader in self._readers if not reader.closed)
+        self.inbox.detach()
+        for link in (*self.out_links.values(), *self.in_links.values()):
+            if link.sock is not None:
+                link.sock.close()
         alive = [t.name for t in self._threads if t.is_alive()]
         if alive:
             raise TransportError(f"rank {self.rank}: transport threads did not stop: {', '.join(alive)}")
+        if silent:
+            raise TransportError(f"rank {self.rank}: no CLOSE from rank(s) {silent} within {timeout:.0f} s")
 
     # -- sending ---------------------------------------------------------
     def send(self, dst: int, iteration: int, producer: Task, tensors: Sequence[torch.Tensor]) -> None:
@@ -802,11 +1209,20 @@ class Transport:
         self._senders[dst].post(_Message(POSTED, iteration, producer, queued_ns=time.monotonic_ns()))
 
     def wait_sent(self, timeout: float) -> None:
-        """Block until every posted message was sent and received (the end of an iteration; peers wait for them)."""
+        """Block until every posted message was sent and received (the end of an iteration; peers wait for them).
+
+        Under gloo the incoming sockets are read meanwhile: a peer's sends may wait for this rank to read.
+        """
         deadline = time.monotonic() + timeout
         for dst, done in [(dst, sender.collect()) for dst, sender in self._senders.items()]:
-            if not done.wait(max(0.0, deadline - time.monotonic())):
-                raise TransportError(f"rank {self.rank}: messages to rank {dst} not sent within {timeout:.0f} s")
+            while not done.is_set():
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TransportError(f"rank {self.rank}: messages to rank {dst} not sent within {timeout:.0f} s")
+                if self._readers:
+                    self.inbox.pump(remaining)  # woken by the sender's thread when it is done
+                else:
+                    done.wait(remaining)
         if self._send_failure is not None:
             raise self._send_failure
 
