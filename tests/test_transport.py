@@ -501,3 +501,56 @@ def _late_tensors_at_iteration_end(rank: int, port: int, out) -> None:
 
 def test_waiting_for_sends_reads_the_peers_frames_so_late_receives_get_posted():
     assert [value for _, value in _two_ranks(_late_tensors_at_iteration_end, timeout=60)] == [1.0, 0.0]
+
+
+def test_a_spare_buffer_is_reused_only_once_nobody_else_holds_it():
+    from runtime.transport import _Spares
+
+    spares = _Spares()
+    held = torch.full((64,), 1.0)
+    spares.keep(held.untyped_storage())
+    dropped = torch.full((64,), 2.0)
+    spares.keep(dropped.untyped_storage())
+    address = dropped.data_ptr()
+    del dropped
+    buffer = spares.take(256)
+    assert buffer.data_ptr() == address and buffer.numel() == 256  # the free one, not the held one
+    assert spares.take(256).data_ptr() not in (address, held.data_ptr())  # the held one stays the consumer's
+    assert torch.equal(held, torch.full((64,), 1.0))
+
+
+RECYCLED = 16
+
+
+def _recycled(rank: int, port: int, out) -> None:
+    import torch.distributed as dist
+
+    from runtime.transport import Transport
+
+    _init(rank, port)
+    transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30)
+    transport.start(timeout=30)
+    if rank == 0:
+        for microbatch in range(RECYCLED):  # one slot, filled each time: each arrival is a handed-over buffer
+            transport.send(1, 0, Task(0, F, microbatch), (torch.full((BIG,), float(microbatch)),))
+            time.sleep(0.01)  # let the receiver drop what it drops before the next one lands
+        transport.wait_sent(timeout=30)
+        result = None
+    else:
+        kept, right_on_arrival = [], True
+        while len(kept) < RECYCLED // 2:
+            transport.inbox.wait(5.0)
+            for arrival in transport.inbox.drain():
+                value = float(arrival.producer.microbatch)
+                right_on_arrival &= bool((arrival.tensors[0] == value).all())
+                if arrival.producer.microbatch % 2 == 0:
+                    kept.append((value, arrival.tensors[0]))  # held: its buffer must never be received into
+        result = right_on_arrival and all(bool((tensor == value).all()) for value, tensor in kept)
+    dist.barrier()
+    transport.close()
+    out.put((rank, result))
+    dist.destroy_process_group()
+
+
+def test_buffers_the_executor_still_holds_are_never_received_into_again():
+    assert _two_ranks(_recycled)[1][1] is True
