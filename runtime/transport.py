@@ -50,23 +50,30 @@ operations.
     gloo moves a message only once its receive is posted: a tensor posted
     after its frame was read waits one more round of notifications, and on
     a round trip of 1 MiB that cost 1.5x plain gloo. So under gloo each
-    incoming link keeps a receive *pre-posted* for each tensor slot of a
-    message (tag ``PREPOSTED_TAG + slot``), sized by the first tensor that
-    followed a frame in that slot, and the sender sends a tensor there when
-    it fits (gloo receives a shorter message into a larger buffer); one
-    that does not fit, or the first of its slot, goes on ``LATE_TAG`` into
-    a receive posted after the frame, as before. Both ends apply the same
-    rule (:func:`follow_tag`) to the same sequence of messages, so the
-    sender always knows what the receiver has posted, without asking. A
-    tensor that filled its buffer is handed over as it is and another
-    buffer posted: one the slot handed over before whose consumer has let go
-    of it (:class:`_Spares`: fresh pages cost more than the transfer), else a
-    new one; a shorter one is copied out and the buffer posted again. CLOSE
-    sends one byte into each pre-posted receive, so no receive is left
-    pending when the link ends. The sender puts a message's tensors on gloo
-    *before* its frame on the socket, so a reader that finds the frame finds
-    the tensors there or on their way. NCCL ignores tags: there every tensor
-    follows its frame on the one ordered stream, posted after the frame.
+    incoming link keeps ``PREPOSTED_DEPTH`` receives *pre-posted* for each
+    tensor slot of a message (tag ``PREPOSTED_TAG + slot``, matched in
+    posting order), sized by the first tensor that followed a frame in that
+    slot, and the sender sends a tensor there when it fits (gloo receives a
+    shorter message into a larger buffer); one that does not fit, or the
+    first of its slot, goes on ``LATE_TAG`` into a receive posted after the
+    frame. Both ends apply the same rule (:func:`follow_tag`) to the same
+    sequence of messages, so the sender always knows what the receiver has
+    posted, without asking. A tensor that filled its buffer is handed over
+    as it is; the receive that replaces it is posted at the reader's next
+    :meth:`_SocketReader.settle` (the inbox's next drain or wait, after the
+    message was handed over: posting costs about 30 us), into a buffer the
+    slot handed over before whose consumer has let go of it
+    (:class:`_Spares`: fresh pages cost more than the transfer), else a new
+    one; meanwhile the slot's other receive is posted. A shorter tensor is
+    copied out and its buffer posted again. CLOSE sends one byte into each
+    pre-posted receive (the reader settles first, so both ends count
+    ``PREPOSTED_DEPTH`` per sized slot), so no receive is left pending when
+    the link ends. The sender puts a message's tensors on gloo *before* its
+    frame on the socket, so a reader that finds the frame finds the tensors
+    there or nearly (it waits for them then), and the dispatcher never
+    blocks on a transfer that has only begun. NCCL ignores tags: there every
+    tensor follows its frame on the one ordered stream, posted after the
+    frame.
 
 ``type`` is HELLO (sent once per link at start, so every link is set up and
 exercised before training), DATA, NOTICE, DECISION, POSTED or CLOSE (end of run). ``kind`` is
@@ -207,6 +214,7 @@ INLINE_BYTES = 32 * 1024
 FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
 PREPOSTED_TAG = 1  # + the tensor's slot in its message: a receive posted before the message ([Note: pre-posted receives])
 LATE_TAG = PREPOSTED_TAG + MAX_TENSORS  # a tensor whose receive is posted after its frame was read
+PREPOSTED_DEPTH = 2  # receives a sized slot keeps posted ([Note: pre-posted receives])
 MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
 HELLO, DATA, CLOSE, NOTICE, DECISION, POSTED = 1, 2, 3, 4, 5, 6
 _ABOUT_A_TASK = frozenset((DATA, NOTICE, DECISION, POSTED))  # the types whose producer fields name a task
@@ -309,6 +317,7 @@ class Inbox:
         self._wake_in: socket.socket | None = None  # a byte written here wakes a dispatcher in select()
         self._wake_out: socket.socket | None = None
         self._fresh = False  # wait() just read the sockets and found something
+        self._readers: list = []
 
     def attach(self, readers: Sequence[Any]) -> None:
         """Read ``readers`` (each with ``sock``, ``closed`` and ``read(out)``) on the dispatcher's calls."""
@@ -317,6 +326,7 @@ class Inbox:
         for end in (self._wake_out, self._wake_in):
             end.setblocking(False)
         self._selector.register(self._wake_out, selectors.EVENT_READ, None)
+        self._readers = list(readers)
         for reader in readers:
             self._selector.register(reader.sock, selectors.EVENT_READ, reader)
 
@@ -381,6 +391,14 @@ class Inbox:
         selector = self._selector
         if selector is None:
             return
+        for reader in self._readers:
+            if reader.unsettled and not reader.closed:  # the receives it owes since it last listed a message
+                try:
+                    reader.settle()
+                except TransportError as err:
+                    reader.closed = True
+                    if not quiet:
+                        self.fail(err)
         for key, _ in selector.select(max(0.0, timeout)):
             reader = key.data
             if reader is None:
@@ -647,7 +665,8 @@ class _Wire:
         works = [link.isend(tensor, follow_tag(link.posted, slot, tensor.nbytes))
                  for slot, tensor in enumerate(follow) if tensor.numel()]
         if message.kind_of_message == CLOSE:  # release the peer's pre-posted receives
-            works += [link.isend(_ONE_BYTE, PREPOSTED_TAG + slot) for slot, size in enumerate(link.posted) if size]
+            works += [link.isend(_ONE_BYTE, PREPOSTED_TAG + slot) for slot, size in enumerate(link.posted) if size
+                      for _ in range(PREPOSTED_DEPTH)]
         rest = None
         if wait:
             link.sock.sendall(frame)
@@ -891,7 +910,10 @@ class _SocketReader:
         self._base = self._buffer.data_ptr()
         self._view = _host_bytes(self._buffer)
         self._start = self._end = 0  # unread bytes: [start, end)
-        self._early: list[tuple[torch.Tensor, Any] | None] = [None] * MAX_TENSORS  # pre-posted (buffer, work)
+        self._early: list[deque] = [deque() for _ in range(MAX_TENSORS)]  # per slot: pre-posted (buffer, work)
+        self._owed: list[list] = [[] for _ in range(MAX_TENSORS)]  # per slot: buffers to post when settled
+        self.unsettled = False  # a receive is owed: settle() posts it, off the message's path
+        self._sized = [False] * MAX_TENSORS  # the slot's receives were posted (it keeps PREPOSTED_DEPTH)
         self._spares = [_Spares() for _ in range(MAX_TENSORS)]  # buffers handed over, reused once free
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
@@ -924,7 +946,12 @@ class _SocketReader:
                     seconds, nanoseconds = _TIMESPEC.unpack_from(data)
                     frame_ns = min(now, seconds * 1_000_000_000 + nanoseconds - (time.time_ns() - now))
             self._end += count
-            self._parse(out, frame_ns)
+            try:
+                self._parse(out, frame_ns)
+            except TransportError:
+                raise
+            except Exception as err:  # gloo, receiving a tensor that follows a frame
+                raise TransportError(f"{link}: receive failed: {err}") from err
             if count < room:  # the socket held no more: what comes next wakes the selector again
                 return
 
@@ -958,9 +985,10 @@ class _SocketReader:
             elif kind == HELLO:
                 self.hello(link.src)
             elif kind == CLOSE:
+                self.settle()
                 for early in self._early:  # the sender's CLOSE filled each with one byte
-                    if early is not None:
-                        early[1].wait()
+                    for _, work in early:
+                        work.wait()
                 self.closed = True
                 return
             else:
@@ -987,21 +1015,37 @@ class _SocketReader:
                 tensors.append(buffer)
             waited = waited or time.monotonic_ns() - began > _WAITED_NS
         for slot, size in enumerate(self.link.posted):  # a slot follow_tag just sized: post its first receive
-            if size and self._early[slot] is None:
-                self._post_early(slot, torch.empty(size, dtype=torch.uint8))
+            if size and not self._sized[slot]:
+                self._sized[slot] = True
+                for _ in range(PREPOSTED_DEPTH):
+                    self._post_early(slot, torch.empty(size, dtype=torch.uint8))
         return tensors, time.monotonic_ns() if waited else frame_ns
 
     def _post_early(self, slot: int, buffer: torch.Tensor) -> None:
-        self._early[slot] = (buffer, self.link.irecv(buffer, PREPOSTED_TAG + slot))
+        self._early[slot].append((buffer, self.link.irecv(buffer, PREPOSTED_TAG + slot)))
+
+    def settle(self) -> None:
+        """Post the receives owed since the last call (each sized slot keeps ``PREPOSTED_DEPTH`` posted)."""
+        self.unsettled = False
+        for slot, owed in enumerate(self._owed):
+            while owed:
+                try:
+                    self._post_early(slot, self._spares[slot].take(owed[0]))
+                except Exception as err:
+                    raise TransportError(f"{self.link}: receive failed: {err}") from err
+                owed.pop(0)
 
     def _take_early(self, slot: int, dtype: torch.dtype, shape, nbytes: int) -> torch.Tensor:
         """The tensor that arrived in ``slot``'s pre-posted receive; that receive is posted again."""
-        buffer, work = self._early[slot]
+        if not self._early[slot]:  # every receive of the slot used since the last settle()
+            self.settle()
+        buffer, work = self._early[slot].popleft()
         work.wait()
         if nbytes == buffer.numel():  # filled: hand the buffer over, post another
             storage = buffer.untyped_storage()
             tensor = torch.empty(0, dtype=dtype).set_(storage, 0, shape)
-            self._post_early(slot, self._spares[slot].take(nbytes))
+            self._owed[slot].append(nbytes)  # posted by settle(), from the spares, once the message is out
+            self.unsettled = True
             self._spares[slot].keep(storage)
         else:  # shorter: copy it out, post the buffer again
             tensor = torch.empty(shape, dtype=dtype)

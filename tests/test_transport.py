@@ -533,10 +533,12 @@ def _recycled(rank: int, port: int, out) -> None:
     if rank == 0:
         for microbatch in range(RECYCLED):  # one slot, filled each time: each arrival is a handed-over buffer
             transport.send(1, 0, Task(0, F, microbatch), (torch.full((BIG,), float(microbatch)),))
-            time.sleep(0.01)  # let the receiver drop what it drops before the next one lands
+            if microbatch >= RECYCLED // 2:  # the first half lands at once, more than the slot keeps posted
+                time.sleep(0.01)  # the rest: the receiver drops what it drops before the next one lands
         transport.wait_sent(timeout=30)
         result = None
     else:
+        time.sleep(0.5)  # the first half waits in the socket and in gloo: one read takes all their frames
         kept, right_on_arrival = [], True
         while len(kept) < RECYCLED // 2:
             transport.inbox.wait(5.0)
@@ -545,7 +547,9 @@ def _recycled(rank: int, port: int, out) -> None:
                 right_on_arrival &= bool((arrival.tensors[0] == value).all())
                 if arrival.producer.microbatch % 2 == 0:
                     kept.append((value, arrival.tensors[0]))  # held: its buffer must never be received into
-        result = right_on_arrival and all(bool((tensor == value).all()) for value, tensor in kept)
+        reader = transport._readers[0]
+        posted = len(reader._early[0]) + len(reader._owed[0])  # posted, or owed until the next settle()
+        result = (right_on_arrival, all(bool((tensor == value).all()) for value, tensor in kept), posted)
     dist.barrier()
     transport.close()
     out.put((rank, result))
@@ -553,4 +557,8 @@ def _recycled(rank: int, port: int, out) -> None:
 
 
 def test_buffers_the_executor_still_holds_are_never_received_into_again():
-    assert _two_ranks(_recycled)[1][1] is True
+    from runtime.transport import PREPOSTED_DEPTH
+
+    # and however many messages a read takes at once, the slot keeps PREPOSTED_DEPTH receives, as the sender
+    # counts them (CLOSE fills each with one byte)
+    assert _two_ranks(_recycled)[1][1] == (True, True, PREPOSTED_DEPTH)
