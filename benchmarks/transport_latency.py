@@ -50,10 +50,12 @@ TARGETS = {2048: 1.5, 1 << 20: 1.1}  # ratio to plain gloo (issue 9)
 PATHS = ("plain", "thread", "transport")
 
 
-def worker(sizes: list[int], round_trips: int, rounds: int) -> dict[int, tuple[float, float, float]]:
-    """``{size: one-way seconds of each of PATHS}``, medians over every round trip."""
+def worker(sizes: list[int], round_trips: int, rounds: int) -> dict[int, tuple[tuple[float, ...], tuple[float, ...]]]:
+    """``{size: (one-way seconds of each of PATHS, minor page faults per round trip of each)}``; the times are
+    medians over every round trip, the faults this rank's."""
     warnings.filterwarnings("ignore", message="Failed to initialize NumPy")
     import queue
+    import resource
     import threading
 
     import torch
@@ -115,6 +117,7 @@ def worker(sizes: list[int], round_trips: int, rounds: int) -> dict[int, tuple[f
     thread = threading.Thread(target=receiver, daemon=True)
     thread.start()
     times: dict[tuple[int, str], list[float]] = {}
+    faults: dict[tuple[int, str], int] = {}
     for _ in range(rounds):  # the paths take turns in blocks, so load on a shared machine falls on both alike
         for size in sizes:
             payload = torch.zeros(size // 4)
@@ -122,10 +125,13 @@ def worker(sizes: list[int], round_trips: int, rounds: int) -> dict[int, tuple[f
             for name, exchange in paths.items():
                 dist.barrier()
                 exchange(payload)  # a first exchange settles what the other path left running
+                faulted = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
                 for _ in range(max(1, round_trips // rounds)):
                     began = time.perf_counter()
                     exchange(payload)
                     times.setdefault((size, name), []).append(time.perf_counter() - began)
+                faults[size, name] = (faults.get((size, name), 0) + resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                                      - faulted)
     for work in sends:
         work.wait()
     posted.put(None)
@@ -133,7 +139,8 @@ def worker(sizes: list[int], round_trips: int, rounds: int) -> dict[int, tuple[f
     transport.close()
     dist.barrier()
     dist.destroy_process_group()
-    return {size: tuple(statistics.median(times[size, name]) / 2 for name in PATHS) for size in sizes}
+    return {size: (tuple(statistics.median(times[size, name]) / 2 for name in PATHS),
+                   tuple(faults[size, name] / len(times[size, name]) for name in PATHS)) for size in sizes}
 
 
 STEPS = ("send call", "  of it: framing and writing (_Wire.isend)", "  of it: framing (_frame)",
@@ -220,15 +227,18 @@ def breakdown_worker(size: int, messages: int) -> list[float]:
     return [statistics.median(spans[step][skip:]) / 1000 for step in STEPS]
 
 
-def table(results: dict[int, tuple[float, float, float]], round_trips: int, rounds: int) -> str:
+def table(results: dict[int, tuple[tuple[float, ...], tuple[float, ...]]], round_trips: int, rounds: int) -> str:
     lines = [f"median one-way latency (half the round trip), {round_trips} round trips per path and size, "
              f"the three paths taking turns in {rounds} blocks",
              "", "| payload | gloo dist.send / dist.recv | gloo + receiver thread (floor) | rrfp Transport | "
              "floor / gloo | Transport / gloo | target |", "|---|---|---|---|---|---|---|"]
-    for size, (plain, floor, ours) in results.items():
+    for size, ((plain, floor, ours), _) in results.items():
         target = TARGETS.get(size)
         lines.append(f"| {_size(size)} | {plain * 1e6:.0f} us | {floor * 1e6:.0f} us | {ours * 1e6:.0f} us | "
                      f"{floor / plain:.2f}x | {ours / plain:.2f}x | " + (f"{target}x |" if target else "- |"))
+    lines += ["", "minor page faults per round trip on rank 0 (a receive into fresh pages faults each one in): " +
+              "; ".join(f"{_size(size)}: " + ", ".join(f"{name} {count:.1f}" for name, count in zip(PATHS, counts))
+                        for size, (_, counts) in results.items())]
     return "\n".join(lines)
 
 
