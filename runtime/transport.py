@@ -29,10 +29,26 @@ version is a :class:`TransportError` naming both versions, never a silent
 misreading of a layout or a message type one side does not know.
 
 Payloads that fit travel inside the frame, so a typical message costs one
-write and one read; larger ones (``inline == 0``) take the link's process
-group as one send per tensor (zero-size tensors are never sent; the header
-has their shape), under gloo into receives posted before they were sent
-([Note: pre-posted receives]). Frames are built and read on the host with
+write and one read; under gloo larger ones up to ``BODY_BYTES`` follow the
+frame on the socket as its body ([Note: bodies]), and larger still
+(``inline == 0``, and every tensor under NCCL) take the link's process group
+as one send per tensor (zero-size tensors are never sent; the header has
+their shape), under gloo into receives posted before they were sent ([Note:
+pre-posted receives]).
+
+[Note: bodies]
+    A payload over ``INLINE_BYTES`` and at most ``BODY_BYTES`` (the header's
+    ``inline`` word is 2) is written right after its frame, the tensors'
+    own bytes with one ``sendmsg`` (no copy into the frame). The reader
+    takes what it read with the frame, then reads the rest straight into
+    the tensors it hands over (allocated from :class:`_Spares`, so their
+    pages are not faulted in anew each time), without waiting: a body still
+    arriving is finished by later reads, and its message is listed only
+    once complete. Its arrival time is the kernel's receive time of its last
+    bytes. A 1 MiB message then costs less than gloo's own send and receive
+    (BENCHMARKS.md section 7). Up to ``BODY_BYTES`` the kernel's socket
+    buffers hold a body while the receiving rank computes; beyond it a
+    message goes on gloo, whose own thread receives it meanwhile. Frames are built and read on the host with
 ``struct`` and ``memmove``: a handful of microseconds, no per-word tensor
 operations.
 
@@ -204,19 +220,21 @@ import torch.distributed as dist
 from hints.tasks import Kind, Task
 
 MAGIC = 0x52524650  # "RRFP": the low half of a frame's first word
-WIRE_VERSION = 1  # its high half; 1 added POSTED (0: the frames before versions existed)
+WIRE_VERSION = 2  # its high half; 1 added POSTED, 2 bodies (0: the frames before versions existed)
 MAX_TENSORS = 4
 MAX_DIMS = 6
 FIXED_WORDS = 11
 HEADER_WORDS = FIXED_WORDS + MAX_TENSORS * (2 + MAX_DIMS)
 HEADER_BYTES = HEADER_WORDS * 8
 INLINE_BYTES = 32 * 1024
+BODY_BYTES = 4 << 20  # under gloo, a larger payload follows its frame on the socket up to this ([Note: bodies])
 FRAME_BYTES = HEADER_BYTES + INLINE_BYTES
 PREPOSTED_TAG = 1  # + the tensor's slot in its message: a receive posted before the message ([Note: pre-posted receives])
 LATE_TAG = PREPOSTED_TAG + MAX_TENSORS  # a tensor whose receive is posted after its frame was read
 PREPOSTED_DEPTH = 2  # receives a sized slot keeps posted ([Note: pre-posted receives])
 MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
 HELLO, DATA, CLOSE, NOTICE, DECISION, POSTED = 1, 2, 3, 4, 5, 6
+_BODY = 2  # the header's inline word: the payload follows the frame on the socket ([Note: bodies])
 _ABOUT_A_TASK = frozenset((DATA, NOTICE, DECISION, POSTED))  # the types whose producer fields name a task
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
           torch.uint8)
@@ -431,20 +449,23 @@ class Inbox:
 # -- frames ---------------------------------------------------------------------------------------------------------
 def encode_frame(kind_of_message: int, sequence: int, iteration: int = 0, producer: Task | None = None,
                  tensors: Sequence[torch.Tensor] = (), notice: tuple[int, bool] = (0, False),
-                 inline: bool = True) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                 inline: bool = True, body: int = 0) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """The frame of one message (a host byte tensor), and the tensors that must follow it.
 
     With ``inline`` a payload of at most ``INLINE_BYTES`` of host tensors travels in the frame, which
-    ends right after it ([Note: trimmed frames]); otherwise the frame is the header and every tensor
-    follows it (NCCL, or a large payload).
+    ends right after it ([Note: trimmed frames]); a larger one of at most ``body`` bytes follows the frame
+    as its *body* ([Note: bodies]); otherwise the frame is the header and every tensor follows it (NCCL,
+    or a large payload).
     """
-    frame, follow = _frame(kind_of_message, sequence, iteration, producer, tensors, notice, inline)
+    frame, follow, _ = _frame(kind_of_message, sequence, iteration, producer, tensors, notice, inline, body)
     return torch.frombuffer(frame, dtype=torch.uint8), follow
 
 
 def _frame(kind_of_message: int, sequence: int, iteration: int, producer: Task | None,
-           tensors: Sequence[torch.Tensor], notice: tuple[int, bool], inline: bool) -> tuple[bytearray, list]:
-    """:func:`encode_frame`'s frame as the bytes a socket sends."""
+           tensors: Sequence[torch.Tensor], notice: tuple[int, bool], inline: bool,
+           body: int = 0) -> tuple[bytearray, list, int]:
+    """:func:`encode_frame`'s frame as the bytes a socket sends, the tensors that follow it, and where the
+    payload goes (the header's ``inline`` word: 1 in the frame, ``_BODY`` in a body, 0 on the link's group)."""
     count = len(tensors)
     if count > MAX_TENSORS:
         raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {count}")
@@ -452,24 +473,28 @@ def _frame(kind_of_message: int, sequence: int, iteration: int, producer: Task |
     if count:
         tensors = [t.contiguous() for t in tensors]
         payload = sum(t.nbytes for t in tensors)
-        inline = inline and payload <= INLINE_BYTES and all(t.is_cpu for t in tensors)
-    frame = bytearray(HEADER_BYTES + (payload if inline else 0))
+        host = all(t.is_cpu for t in tensors)
+        inline = inline and payload <= INLINE_BYTES and host
+        if not inline and payload <= body and host:
+            inline = _BODY
+    frame = bytearray(HEADER_BYTES + (payload if inline == 1 else 0))
     stage, kind, microbatch = (-1, 0, -1) if producer is None else \
         (producer.stage, _KIND_CODE[producer.kind], producer.microbatch)
+    inline = int(inline)
     _FIXED.pack_into(frame, 0, _MAGIC_WORD, sequence, kind_of_message, iteration, stage, kind, microbatch, count,
                      inline, notice[0], notice[1])
     if not count:
-        return frame, []
+        return frame, [], inline
     for i, tensor in enumerate(tensors):
         _SPEC.pack_into(frame, _FIXED.size + i * _SPEC.size, *_spec(tensor))
-    if not inline:
-        return frame, tensors
+    if inline != 1:
+        return frame, tensors, inline
     view, offset = memoryview(frame), HEADER_BYTES
     for tensor in tensors:
         if tensor.nbytes:
             view[offset:offset + tensor.nbytes] = _host_bytes(tensor)
             offset += tensor.nbytes
-    return frame, []
+    return frame, [], inline
 
 
 def _spec(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -492,6 +517,7 @@ class FrameHeader(NamedTuple):
     remaining_ns: int = 0  # NOTICE only (DECISION: the decision's index)
     firm: bool = False  # NOTICE only
     decided_ns: int = 0  # DECISION only: the leader's clock at the decision (the word NOTICE uses for firm)
+    body: bool = False  # the payload follows the frame on the socket ([Note: bodies])
 
 
 def decode_frame(frame: torch.Tensor) -> FrameHeader:
@@ -526,8 +552,10 @@ def _decode(buffer, offset: int) -> FrameHeader:
         if not (0 <= dtype < len(DTYPES) and 0 <= ndim <= MAX_DIMS and min(dims) >= 0):
             raise TransportError(f"bad message header (tensor {i}: dtype {dtype}, {ndim} dims)")
         specs.append((DTYPES[dtype], tuple(dims[:ndim])))
-    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, bool(inline), remaining, bool(firm),
-                       firm)
+    if inline not in (0, 1, _BODY):
+        raise TransportError(f"bad message header (inline word {inline})")
+    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, inline == 1, remaining, bool(firm),
+                       firm, inline == _BODY)
 
 
 def inline_tensors(frame: torch.Tensor, specs) -> list[torch.Tensor]:
@@ -608,9 +636,32 @@ class _Message(NamedTuple):
 
 
 class _Rest(NamedTuple):
-    """The bytes of a frame the poster could not write without waiting: the link's thread writes them."""
+    """What of a frame and its body the poster could not write without waiting: the link's thread writes it."""
 
-    data: bytes
+    data: list  # memoryviews, in order
+    keep: tuple = ()  # the tensors some of them view: alive until written
+
+
+def _write(sock: socket.socket, buffers: list, wait: bool) -> list | None:
+    """Write ``buffers`` to ``sock`` in order; without ``wait``, only what it takes now, and return the rest."""
+    if wait:
+        for buffer in buffers:
+            sock.sendall(buffer)
+        return None
+    try:
+        written = sock.sendmsg(buffers, (), socket.MSG_DONTWAIT) if len(buffers) > 1 else \
+            sock.send(buffers[0], socket.MSG_DONTWAIT)
+    except BlockingIOError:
+        written = 0
+    rest = []
+    for buffer in buffers:
+        size = len(buffer)
+        if written >= size:
+            written -= size
+            continue
+        rest.append(memoryview(buffer)[written:])
+        written = 0
+    return rest or None
 
 
 def _host_bytes(tensor: torch.Tensor) -> memoryview:
@@ -621,11 +672,12 @@ def _host_bytes(tensor: torch.Tensor) -> memoryview:
 class _Wire:
     """What this backend moves and how: gloo moves host tensors with inline payloads, NCCL device tensors."""
 
-    def __init__(self, device: torch.device) -> None:
+    def __init__(self, device: torch.device, body_bytes: int = BODY_BYTES) -> None:
         nccl = dist.get_backend() == "nccl"
         self.device = device if nccl else torch.device("cpu")  # CUDA tensors under gloo are staged through the host
         self.inline = not nccl  # [Note: trimmed frames]
         self.sockets = not nccl  # [Note: dispatcher reads the sockets]
+        self.body_bytes = body_bytes if self.sockets else 0  # [Note: bodies]
         self.frame_bytes = FRAME_BYTES if self.inline else HEADER_BYTES
         self.cuda = device if device.type == "cuda" else None  # the compute device, when it is a GPU
         self.host = self.device.type == "cpu"
@@ -652,14 +704,17 @@ class _Wire:
             torch.cuda.current_stream().wait_event(message.ready)
         return message._replace(tensors=tuple(t.to(self.device) for t in message.tensors))
 
-    def isend(self, link: Link, sequence: int, message: _Message, wait: bool = True) -> tuple[list, bytes | None]:
-        """Put ``message`` on the wire: the works of its asynchronous sends, and the bytes of its frame left
-        to write (only without ``wait``, when the link's socket is full: the caller's thread must not block)."""
-        frame, follow = _frame(message.kind_of_message, sequence, message.iteration, message.producer,
-                               message.tensors, message.notice, self.inline)
+    def isend(self, link: Link, sequence: int, message: _Message, wait: bool = True) -> tuple[list, _Rest | None]:
+        """Put ``message`` on the wire: the works of its asynchronous sends, and what of its frame and body is
+        left to write (only without ``wait``, when the link's socket is full: the caller must not block)."""
+        frame, follow, where = _frame(message.kind_of_message, sequence, message.iteration, message.producer,
+                                      message.tensors, message.notice, self.inline, self.body_bytes)
         if not self.sockets:  # NCCL: the frame, then each tensor, on the link's one ordered stream
             works = [link.isend(torch.frombuffer(frame, dtype=torch.uint8).to(self.device))]
             return works + [link.isend(tensor) for tensor in follow if tensor.numel()], None
+        if where == _BODY:  # [Note: bodies]
+            rest = _write(link.sock, [frame] + [_host_bytes(t) for t in follow if t.nbytes], wait)
+            return [], None if rest is None else _Rest(rest, tuple(follow))
         # gloo: the tensors that follow the frame go first, so that when the frame is read they are there or
         # on their way, and the dispatcher sleeps once, not once for the frame and once for the tensors
         works = [link.isend(tensor, follow_tag(link.posted, slot, tensor.nbytes))
@@ -667,17 +722,8 @@ class _Wire:
         if message.kind_of_message == CLOSE:  # release the peer's pre-posted receives
             works += [link.isend(_ONE_BYTE, PREPOSTED_TAG + slot) for slot, size in enumerate(link.posted) if size
                       for _ in range(PREPOSTED_DEPTH)]
-        rest = None
-        if wait:
-            link.sock.sendall(frame)
-        else:
-            try:
-                written = link.sock.send(frame, socket.MSG_DONTWAIT)
-            except BlockingIOError:
-                written = 0
-            if written < len(frame):
-                rest = bytes(memoryview(frame)[written:])
-        return works, rest
+        rest = _write(link.sock, [frame], wait)
+        return works, None if rest is None else _Rest(rest)
 
     def buffer(self, shape, dtype) -> torch.Tensor:
         return torch.empty(shape, dtype=dtype, device=self.device)
@@ -737,7 +783,7 @@ class _Sender:
             rest = self._isend(message, wait=False)
             if rest is not None:  # the socket is full: the thread writes the rest, later messages queue behind it
                 self._backlog += 1
-                self._requests.put(_Rest(rest))
+                self._requests.put(rest)
             if len(self._in_flight) >= MAX_UNCOLLECTED and not self._collect_asked:
                 self._collect_asked = True
                 self._requests.put(_Collect(threading.Event()))
@@ -769,7 +815,7 @@ class _Sender:
                     if isinstance(request, _Message):
                         self._send_waiting(request)
                     elif isinstance(request, _Rest):
-                        self.link.sock.sendall(request.data)
+                        _write(self.link.sock, request.data, wait=True)
                         with self._lock:
                             self._backlog -= 1
                     self._collect()
@@ -791,7 +837,7 @@ class _Sender:
         with self._lock:
             self._backlog -= 1
 
-    def _isend(self, message: _Message, wait: bool) -> bytes | None:
+    def _isend(self, message: _Message, wait: bool) -> _Rest | None:
         """Hand ``message`` to the wire; the bytes of its frame left for the thread to write, if any.
 
         One sender at a time, so the FIFO order is the posting order: a poster under the link's lock while the
@@ -895,6 +941,14 @@ _SO_TIMESTAMPNS = 35  # Linux: the kernel's receive time of the bytes a recvmsg 
 _TIMESPEC = struct.Struct("=qq")
 
 
+class _Body:
+    """A body being read: its message's header, the tensors it fills, and the views of them still empty."""
+
+    def __init__(self, header: FrameHeader, frame_ns: int, tensors: list, views: list) -> None:
+        self.header, self.frame_ns, self.tensors, self.views = header, frame_ns, tensors, views
+        self.received_ns = frame_ns  # the kernel's receive time of the last bytes read into it
+
+
 class _SocketReader:
     """One incoming link under gloo, read by the dispatcher ([Note: dispatcher reads the sockets]).
 
@@ -915,6 +969,7 @@ class _SocketReader:
         self.unsettled = False  # a receive is owed: settle() posts it, off the message's path
         self._sized = [False] * MAX_TENSORS  # the slot's receives were posted (it keeps PREPOSTED_DEPTH)
         self._spares = [_Spares() for _ in range(MAX_TENSORS)]  # buffers handed over, reused once free
+        self._body: _Body | None = None  # the body being read ([Note: bodies])
         try:
             self.sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
             self._stamped = True
@@ -923,37 +978,92 @@ class _SocketReader:
 
     def read(self, out: list) -> None:
         """Read what the socket holds; append what each complete message tells the dispatcher to ``out``."""
-        link, sock, view = self.link, self.sock, self._view
+        link, view = self.link, self._view
         while not self.closed:
+            if self._body is not None:  # the rest of a body goes straight into its tensors ([Note: bodies])
+                if not self._read_body(out):
+                    return
+                continue
             if len(view) - self._end < FRAME_BYTES:  # keep room for a whole frame after the unread bytes
                 self._compact()
             room = len(view) - self._end
-            try:
-                if self._stamped:
-                    count, ancillary, _, _ = sock.recvmsg_into([view[self._end:]], 64, socket.MSG_DONTWAIT)
-                else:
-                    count, ancillary = sock.recv_into(view[self._end:], 0, socket.MSG_DONTWAIT), ()
-            except BlockingIOError:
+            count, received_ns = self._receive(view[self._end:])
+            if count is None:
                 return
-            except OSError as err:
-                raise TransportError(f"{link}: receive failed: {err}") from err
-            if count == 0:
-                raise TransportError(f"{link}: receive failed: rank {link.src} closed the connection")
-            now = time.monotonic_ns()
-            frame_ns = now
-            for level, kind, data in ancillary:  # the kernel's receive time, on the monotonic clock
-                if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
-                    seconds, nanoseconds = _TIMESPEC.unpack_from(data)
-                    frame_ns = min(now, seconds * 1_000_000_000 + nanoseconds - (time.time_ns() - now))
             self._end += count
             try:
-                self._parse(out, frame_ns)
+                self._parse(out, received_ns)
             except TransportError:
                 raise
             except Exception as err:  # gloo, receiving a tensor that follows a frame
                 raise TransportError(f"{link}: receive failed: {err}") from err
-            if count < room:  # the socket held no more: what comes next wakes the selector again
+            if count < room and self._body is None:  # the socket held no more: more wakes the selector again
                 return
+
+    def _receive(self, into) -> tuple[int | None, int]:
+        """Read what the socket holds into ``into`` without waiting: the byte count (None: nothing there) and
+        the kernel's receive time of those bytes on the monotonic clock (the read's time without it)."""
+        link, sock = self.link, self.sock
+        try:
+            if self._stamped:
+                count, ancillary, _, _ = sock.recvmsg_into([into], 64, socket.MSG_DONTWAIT)
+            else:
+                count, ancillary = sock.recv_into(into, 0, socket.MSG_DONTWAIT), ()
+        except BlockingIOError:
+            return None, 0
+        except OSError as err:
+            raise TransportError(f"{link}: receive failed: {err}") from err
+        if count == 0:
+            raise TransportError(f"{link}: receive failed: rank {link.src} closed the connection")
+        now = received_ns = time.monotonic_ns()
+        for level, kind, data in ancillary:
+            if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(data) >= _TIMESPEC.size:
+                seconds, nanoseconds = _TIMESPEC.unpack_from(data)
+                received_ns = min(now, seconds * 1_000_000_000 + nanoseconds - (time.time_ns() - now))
+        return count, received_ns
+
+    def _start_body(self, header: FrameHeader, frame_ns: int) -> None:
+        """Receive the body of ``header``'s message into tensors of their own: first what was read with the
+        frame, the rest as it comes (:meth:`_read_body`)."""
+        tensors, views = [], []
+        for slot, (dtype, shape) in enumerate(header.specs):
+            nbytes = math.prod(shape) * dtype.itemsize
+            if not nbytes:
+                tensors.append(torch.empty(shape, dtype=dtype))
+                continue
+            storage = self._spares[slot].take(nbytes).untyped_storage()
+            tensors.append(torch.empty(0, dtype=dtype).set_(storage, 0, shape))
+            self._spares[slot].keep(storage)
+            views.append(memoryview(_host_bytes(tensors[-1])))
+        self._body = _Body(header, frame_ns, tensors, views)
+        for i, view in enumerate(views):  # the bytes read with the frame
+            taken = min(len(view), self._end - self._start)
+            view[:taken] = self._view[self._start:self._start + taken]
+            self._start += taken
+            if taken < len(view):
+                self._body.views[:i + 1] = [view[taken:]]
+                return
+        self._body.views.clear()
+
+    def _read_body(self, out: list) -> bool:
+        """Read the open body on; list its message once complete (True), or return False if the socket is dry."""
+        body = self._body
+        while body.views:
+            count, received_ns = self._receive(body.views[0])
+            if count is None:
+                return False
+            body.received_ns = received_ns
+            body.views[0] = body.views[0][count:]
+            if not len(body.views[0]):
+                body.views.pop(0)
+        self._finish_body(out)
+        return True
+
+    def _finish_body(self, out: list) -> None:
+        body, self._body = self._body, None
+        header = body.header
+        out.append(Arrival(self.link.src, header.sequence, header.iteration, header.producer, tuple(body.tensors),
+                           body.frame_ns, max(body.frame_ns, body.received_ns)))
 
     def _compact(self) -> None:
         unread = self._end - self._start
@@ -966,7 +1076,7 @@ class _SocketReader:
         while self._end - self._start >= HEADER_BYTES:
             address = self._base + self._start
             header = _decode(self._view, self._start)
-            size = HEADER_BYTES + (payload_bytes(header.specs) if header.inline else 0)
+            size = HEADER_BYTES + (payload_bytes(header.specs) if header.inline else 0)  # a body is not counted
             if size > FRAME_BYTES:
                 raise TransportError(f"{link}: message {header.sequence} claims a frame of {size} bytes")
             if self._end - self._start < size:
@@ -975,7 +1085,12 @@ class _SocketReader:
             self._expected += 1
             self._start += size
             kind = header.kind_of_message
-            if kind == DATA:
+            if kind == DATA and header.body:
+                self._start_body(header, frame_ns)
+                if self._body.views:
+                    return  # every byte read is in the body: the rest comes with the next reads
+                self._finish_body(out)
+            elif kind == DATA:
                 if header.inline:
                     tensors, arrived = _inline_at(address + HEADER_BYTES, header.specs), frame_ns
                 else:
@@ -1182,6 +1297,7 @@ class Transport:
         device: torch.device,
         timeout: float,
         latency: Callable[[int, Task], float] | None = None,
+        body_bytes: int = BODY_BYTES,
     ) -> None:
         self.rank = rank
         self.device = device
@@ -1199,7 +1315,7 @@ class Transport:
                 self.out_links[dst] = Link(src, dst, group, dist.get_group_rank(group, dst))
             if dst == rank:
                 self.in_links[src] = Link(src, dst, group, dist.get_group_rank(group, src))
-        self._wire = _Wire(device)
+        self._wire = _Wire(device, body_bytes)
         self._readers: list[_SocketReader] = []
         if self._wire.sockets:
             _connect_links(rank, self.out_links, self.in_links, group_timeout.total_seconds())

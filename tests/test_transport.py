@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import socket
 import threading
@@ -291,7 +292,7 @@ def _payload(microbatch: int) -> tuple[torch.Tensor, ...]:
     return (torch.full((2, 8), float(microbatch)), torch.tensor([microbatch]))
 
 
-def _ordered_exchange(rank: int, port: int, out) -> None:
+def _ordered_exchange(rank: int, port: int, out, body_bytes: int) -> None:
     import torch.distributed as dist
 
     from runtime.transport import Transport
@@ -299,7 +300,8 @@ def _ordered_exchange(rank: int, port: int, out) -> None:
     _init(rank, port)
     # Every third message waits 20 ms on the link's thread: direct and deferred sends mix on one link.
     transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30,
-                          latency=lambda dst, producer: 0.02 if producer.microbatch % 3 == 1 else 0.0)
+                          latency=lambda dst, producer: 0.02 if producer.microbatch % 3 == 1 else 0.0,
+                          body_bytes=body_bytes)
     transport.start(timeout=30)
     if rank == 0:
         for microbatch in range(MESSAGES):
@@ -323,8 +325,10 @@ def _ordered_exchange(rank: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
-def test_two_ranks_keep_each_link_in_order_with_notices_first_and_close_cleanly():
-    sender, receiver = _two_ranks(_ordered_exchange)
+@pytest.mark.parametrize("body_bytes", [0, 1 << 20], ids=["large-on-gloo", "large-in-bodies"])
+def test_two_ranks_keep_each_link_in_order_with_notices_first_and_close_cleanly(body_bytes):
+    # [Note: bodies]: with bodies the large payloads follow their frames on the socket, without on gloo
+    sender, receiver = _two_ranks(functools.partial(_ordered_exchange, body_bytes=body_bytes))
     # HELLO is sequence 0; then a notice and a data message per microbatch.
     assert sender[1] == [(2 + 2 * mb, mb, True) for mb in range(MESSAGES)]
     assert receiver[1] == [(kind, mb, True) for mb in range(MESSAGES) for kind in "ND"]
@@ -361,9 +365,15 @@ def test_a_dead_peer_is_a_transport_error_naming_the_link():
 
 
 # -- the socket reader ([Note: dispatcher reads the sockets]) ---------------------------------------------------------
-def _frames(messages) -> bytes:
-    return b"".join(bytes(encode_frame(kind, sequence, 0, producer, tensors)[0].tolist())
-                    for sequence, (kind, producer, tensors) in enumerate(messages))
+def _frames(messages, body: int = 0) -> bytes:
+    """The bytes a socket carries for ``messages``: each frame, and its body when it has one."""
+    data = b""
+    for sequence, (kind, producer, tensors) in enumerate(messages):
+        frame, follow = encode_frame(kind, sequence, 0, producer, tensors, body=body)
+        assert body or not follow
+        data += bytes(frame.tolist()) + b"".join(bytes(t.contiguous().view(torch.uint8).flatten().tolist())
+                                                 for t in follow)
+    return data
 
 
 def test_the_socket_reader_rebuilds_frames_whatever_the_reads_cut_them_into():
@@ -375,7 +385,10 @@ def test_the_socket_reader_rebuilds_frames_whatever_the_reads_cut_them_into():
     messages = [(HELLO, None, ())] + [
         (DATA, Task(0, F, mb), (torch.full((mb % 5, 3), float(mb)), torch.tensor([mb]))) if mb % 3 else
         (NOTICE, Task(0, F, mb), ()) for mb in range(40)] + [(DATA, Task(0, F, 99), (torch.randn(INLINE_BYTES // 4),))]
-    data = _frames(messages)
+    # [Note: bodies]: payloads over INLINE_BYTES follow their frames, and a read can end anywhere in them
+    messages += [(DATA, Task(0, F, 100 + mb), (torch.randn(INLINE_BYTES // 4 + mb + 1), torch.zeros(0),
+                                               torch.arange(mb + 3))) for mb in range(3)]
+    data = _frames(messages, body=1 << 20)
     mine, theirs = socket.socketpair()
     hellos, got = [], []
     reader = _SocketReader(Link(0, 1, None, 0, theirs), hellos.append)
@@ -483,7 +496,7 @@ def _late_tensors_at_iteration_end(rank: int, port: int, out) -> None:
     from runtime.transport import Transport
 
     _init(rank, port)
-    transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30)
+    transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30, body_bytes=0)
     transport.start(timeout=30)
     # The first tensor of a slot follows its frame into a receive posted only once the frame is read, and both
     # ranks go straight to wait_sent: it must read the sockets meanwhile, or each waits for the other.
@@ -522,13 +535,13 @@ def test_a_spare_buffer_is_reused_only_once_nobody_else_holds_it():
 RECYCLED = 16
 
 
-def _recycled(rank: int, port: int, out) -> None:
+def _recycled(rank: int, port: int, out, body_bytes: int) -> None:
     import torch.distributed as dist
 
     from runtime.transport import Transport
 
     _init(rank, port)
-    transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30)
+    transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30, body_bytes=body_bytes)
     transport.start(timeout=30)
     if rank == 0:
         for microbatch in range(RECYCLED):  # one slot, filled each time: each arrival is a handed-over buffer
@@ -549,6 +562,7 @@ def _recycled(rank: int, port: int, out) -> None:
                     kept.append((value, arrival.tensors[0]))  # held: its buffer must never be received into
         reader = transport._readers[0]
         posted = len(reader._early[0]) + len(reader._owed[0])  # posted, or owed until the next settle()
+        posted = posted if body_bytes == 0 else None  # bodies post nothing on gloo
         result = (right_on_arrival, all(bool((tensor == value).all()) for value, tensor in kept), posted)
     dist.barrier()
     transport.close()
@@ -556,9 +570,11 @@ def _recycled(rank: int, port: int, out) -> None:
     dist.destroy_process_group()
 
 
-def test_buffers_the_executor_still_holds_are_never_received_into_again():
+@pytest.mark.parametrize("body_bytes", [0, 1 << 20], ids=["pre-posted", "bodies"])
+def test_buffers_the_executor_still_holds_are_never_received_into_again(body_bytes):
     from runtime.transport import PREPOSTED_DEPTH
 
     # and however many messages a read takes at once, the slot keeps PREPOSTED_DEPTH receives, as the sender
     # counts them (CLOSE fills each with one byte)
-    assert _two_ranks(_recycled)[1][1] == (True, True, PREPOSTED_DEPTH)
+    expected = (True, True, PREPOSTED_DEPTH if body_bytes == 0 else None)
+    assert _two_ranks(functools.partial(_recycled, body_bytes=body_bytes))[1][1] == expected
