@@ -233,6 +233,16 @@ def _two_ranks(target, timeout: float = 90.0) -> list:
     return sorted(results, key=lambda r: r[0])
 
 
+def _finish(transport, rank: int, out, result) -> None:
+    """A rank's end: wait for the peer, close the transport (reading its CLOSE), report ``result``."""
+    import torch.distributed as dist
+
+    dist.barrier()
+    transport.close()
+    out.put((rank, result))
+    dist.destroy_process_group()
+
+
 def _init(rank: int, port: int) -> None:
     import torch.distributed as dist
 
@@ -293,8 +303,6 @@ def _payload(microbatch: int) -> tuple[torch.Tensor, ...]:
 
 
 def _ordered_exchange(rank: int, port: int, out, body_bytes: int) -> None:
-    import torch.distributed as dist
-
     from runtime.transport import Transport
 
     _init(rank, port)
@@ -319,10 +327,7 @@ def _ordered_exchange(rank: int, port: int, out, body_bytes: int) -> None:
         result = [("N" if isinstance(m, Notice) else "D", m.producer.microbatch,
                    isinstance(m, Notice) or all(torch.equal(a, b) for a, b in zip(m.take(), _payload(m.producer.microbatch))))
                   for m in got]
-    dist.barrier()
-    transport.close()
-    out.put((rank, result))
-    dist.destroy_process_group()
+    _finish(transport, rank, out, result)
 
 
 @pytest.mark.parametrize("body_bytes", [0, 1 << 20], ids=["large-on-gloo", "large-in-bodies"])
@@ -449,8 +454,6 @@ FLOOD = 400  # messages of a full inline payload: 13 MB, more than the kernel ho
 
 
 def _flood(rank: int, port: int, out) -> None:
-    import torch.distributed as dist
-
     from runtime.transport import Transport
 
     _init(rank, port)
@@ -474,10 +477,7 @@ def _flood(rank: int, port: int, out) -> None:
         result = ([m.producer.microbatch for m in got] == list(range(FLOOD))
                   and all(float(m.tensors[0][0]) == m.producer.microbatch for m in got),
                   (drained - first.frame_ns) * 1e-9)
-    dist.barrier()
-    transport.close()
-    out.put((rank, result))
-    dist.destroy_process_group()
+    _finish(transport, rank, out, result)
 
 
 def test_a_full_socket_never_blocks_the_poster_and_arrivals_keep_the_kernels_receive_time():
@@ -491,8 +491,6 @@ def test_a_full_socket_never_blocks_the_poster_and_arrivals_keep_the_kernels_rec
 
 
 def _late_tensors_at_iteration_end(rank: int, port: int, out) -> None:
-    import torch.distributed as dist
-
     from runtime.transport import Transport
 
     _init(rank, port)
@@ -506,10 +504,7 @@ def _late_tensors_at_iteration_end(rank: int, port: int, out) -> None:
     while not got:
         transport.inbox.wait(5.0)
         got += transport.inbox.drain()
-    dist.barrier()
-    transport.close()
-    out.put((rank, float(got[0].tensors[0][0])))
-    dist.destroy_process_group()
+    _finish(transport, rank, out, float(got[0].tensors[0][0]))
 
 
 def test_waiting_for_sends_reads_the_peers_frames_so_late_receives_get_posted():
@@ -536,8 +531,6 @@ RECYCLED = 16
 
 
 def _recycled(rank: int, port: int, out, body_bytes: int) -> None:
-    import torch.distributed as dist
-
     from runtime.transport import Transport
 
     _init(rank, port)
@@ -564,10 +557,7 @@ def _recycled(rank: int, port: int, out, body_bytes: int) -> None:
         posted = len(reader._early[0]) + len(reader._owed[0])  # posted, or owed until the next settle()
         posted = posted if body_bytes == 0 else None  # bodies post nothing on gloo
         result = (right_on_arrival, all(bool((tensor == value).all()) for value, tensor in kept), posted)
-    dist.barrier()
-    transport.close()
-    out.put((rank, result))
-    dist.destroy_process_group()
+    _finish(transport, rank, out, result)
 
 
 @pytest.mark.parametrize("body_bytes", [0, 1 << 20], ids=["pre-posted", "bodies"])
