@@ -237,13 +237,22 @@ def _device_and_backend(config, local_rank: int, world: int):
     return device, backend
 
 
+def _link_wire(backend: str) -> str:
+    """What a pipeline link runs over ([Note: dispatcher reads the sockets] in runtime.transport)."""
+    if backend != "gloo":
+        return backend
+    from runtime.transport import BODY_BYTES
+
+    return f"a TCP connection each (frames, payloads up to {BODY_BYTES >> 20} MiB) and gloo (larger payloads)"
+
+
 def _log_links(ctx: RankContext, backend: str, links) -> None:
     """One line per rank in ``logs/run.log``: its device and what each of its links runs over."""
     peers = sorted({peer for pair in links for peer in pair if ctx.rank in pair and peer != ctx.rank})
     control = "gloo" if ctx.control_group is not None else backend
     where = f" ({ctx.grid.describe()})" if ctx.grid.world > ctx.grid.pp else ""
     line = (f"rank {ctx.rank}{where} (local {ctx.local_rank}): device {ctx.device}; links to "
-            f"{', '.join(f'rank {p}' for p in peers) or 'no rank'} over {backend}; control collectives over "
+            f"{', '.join(f'rank {p}' for p in peers) or 'no rank'} over {_link_wire(backend)}; control collectives over "
             f"{control}\n")
     logs = ctx.out_root / "logs"
     logs.mkdir(parents=True, exist_ok=True)
