@@ -1235,19 +1235,27 @@ def _connect_links(rank: int, out_links: dict[int, Link], in_links: dict[int, Li
                                      f"{addresses[dst][1]}: {err}") from err
             sock.sendall(struct.pack("=q", rank))
             link.sock = sock
-        listener.settimeout(timeout)
-        for _ in in_links:
+        deadline = time.monotonic() + timeout
+        while missing := sorted(src for src, link in in_links.items() if link.sock is None):
             try:
+                listener.settimeout(max(0.001, deadline - time.monotonic()))
                 sock, _ = listener.accept()
-                sock.settimeout(timeout)
-                src = struct.unpack("=q", _receive_exactly(sock, 8))[0]
             except OSError as err:
-                missing = sorted(src for src, link in in_links.items() if link.sock is None)
                 raise TransportError(f"rank {rank}: no connection from rank(s) {missing} within {timeout:.0f} s "
                                      f"({err})") from err
-            if src not in in_links or in_links[src].sock is not None:
-                raise TransportError(f"rank {rank}: unexpected connection from rank {src}")
-            in_links[src].sock = sock
+            try:
+                sock.settimeout(min(5.0, max(0.001, deadline - time.monotonic())))  # a rank says who it is at once
+                src = struct.unpack("=q", _receive_exactly(sock, 8))[0]
+            except OSError as err:
+                sock.close()
+                if time.monotonic() < deadline:  # a stranger that connected and went or said nothing: not ours
+                    continue
+                raise TransportError(f"rank {rank}: no connection from rank(s) {missing} within {timeout:.0f} s "
+                                     f"({err})") from err
+            if src in missing:
+                in_links[src].sock = sock
+            else:  # not a rank this one expects (a port scan, a stray process): not ours to fail on
+                sock.close()
     finally:
         listener.close()
     for link in (*out_links.values(), *in_links.values()):
