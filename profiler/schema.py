@@ -24,8 +24,9 @@ track                  events
                        ``in_flight``, ``iteration``
 ``iterations``         one slice per iteration; ``iteration``, ``hint``
                        (this rank's hint order)
-``send -> <d>``        one slice per message sent to rank ``d`` (on the
-                       sender thread); ``sequence``, ``bytes``,
+``send -> <d>``        one slice per message sent to rank ``d`` (framing
+                       to handed to the wire, by whichever thread sent
+                       it); ``sequence``, ``bytes``,
                        ``queued_ns``, ``iteration``; starts a flow
 ``recv <- <s>``        one slice per message from rank ``s`` (frame received
                        to message handed over); ends that flow
