@@ -34,7 +34,8 @@ frame on the socket as its body ([Note: bodies]), and larger still
 (``inline == 0``, and every tensor under NCCL) take the link's process group
 as one send per tensor (zero-size tensors are never sent; the header has
 their shape), under gloo into receives posted before they were sent ([Note:
-pre-posted receives]).
+pre-posted receives]). Frames are built and read on the host with ``struct``
+and ``memmove``: a handful of microseconds, no per-word tensor operations.
 
 [Note: bodies]
     A payload over ``INLINE_BYTES`` and at most ``BODY_BYTES`` (the header's
@@ -48,9 +49,7 @@ pre-posted receives]).
     bytes. A 1 MiB message then costs less than gloo's own send and receive
     (BENCHMARKS.md section 7). Up to ``BODY_BYTES`` the kernel's socket
     buffers hold a body while the receiving rank computes; beyond it a
-    message goes on gloo, whose own thread receives it meanwhile. Frames are built and read on the host with
-``struct`` and ``memmove``: a handful of microseconds, no per-word tensor
-operations.
+    message goes on gloo, whose own thread receives it meanwhile.
 
 [Note: trimmed frames]
     Under gloo a frame is the header and the inline payload, nothing more,
@@ -234,7 +233,7 @@ LATE_TAG = PREPOSTED_TAG + MAX_TENSORS  # a tensor whose receive is posted after
 PREPOSTED_DEPTH = 2  # receives a sized slot keeps posted ([Note: pre-posted receives])
 MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
 HELLO, DATA, CLOSE, NOTICE, DECISION, POSTED = 1, 2, 3, 4, 5, 6
-_BODY = 2  # the header's inline word: the payload follows the frame on the socket ([Note: bodies])
+_IN_FRAME, _BODY = 1, 2  # the header's inline word: the payload in the frame, or after it on the socket
 _ABOUT_A_TASK = frozenset((DATA, NOTICE, DECISION, POSTED))  # the types whose producer fields name a task
 DTYPES = (torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32, torch.bool,
           torch.uint8)
@@ -357,8 +356,8 @@ class Inbox:
             self._selector = self._wake_in = self._wake_out = None
 
     def put(self, item) -> None:
+        """From a receiver thread (NCCL; under gloo the dispatcher reads the sockets itself)."""
         self._queue.put(item)
-        self.wake()
 
     def fail(self, error: BaseException) -> None:
         if self._failure is None:
@@ -469,32 +468,30 @@ def _frame(kind_of_message: int, sequence: int, iteration: int, producer: Task |
     count = len(tensors)
     if count > MAX_TENSORS:
         raise TransportError(f"a message carries at most {MAX_TENSORS} tensors, got {count}")
-    payload = 0
+    where, payload = _IN_FRAME if inline else 0, 0
     if count:
         tensors = [t.contiguous() for t in tensors]
         payload = sum(t.nbytes for t in tensors)
         host = all(t.is_cpu for t in tensors)
-        inline = inline and payload <= INLINE_BYTES and host
-        if not inline and payload <= body and host:
-            inline = _BODY
-    frame = bytearray(HEADER_BYTES + (payload if inline == 1 else 0))
+        if not (inline and payload <= INLINE_BYTES and host):
+            where = _BODY if payload <= body and host else 0
+    frame = bytearray(HEADER_BYTES + (payload if where == _IN_FRAME else 0))
     stage, kind, microbatch = (-1, 0, -1) if producer is None else \
         (producer.stage, _KIND_CODE[producer.kind], producer.microbatch)
-    inline = int(inline)
     _FIXED.pack_into(frame, 0, _MAGIC_WORD, sequence, kind_of_message, iteration, stage, kind, microbatch, count,
-                     inline, notice[0], notice[1])
+                     where, notice[0], notice[1])
     if not count:
-        return frame, [], inline
+        return frame, [], where
     for i, tensor in enumerate(tensors):
         _SPEC.pack_into(frame, _FIXED.size + i * _SPEC.size, *_spec(tensor))
-    if inline != 1:
-        return frame, tensors, inline
+    if where != _IN_FRAME:
+        return frame, tensors, where
     view, offset = memoryview(frame), HEADER_BYTES
     for tensor in tensors:
         if tensor.nbytes:
             view[offset:offset + tensor.nbytes] = _host_bytes(tensor)
             offset += tensor.nbytes
-    return frame, [], inline
+    return frame, [], where
 
 
 def _spec(tensor: torch.Tensor) -> tuple[int, ...]:
@@ -552,10 +549,10 @@ def _decode(buffer, offset: int) -> FrameHeader:
         if not (0 <= dtype < len(DTYPES) and 0 <= ndim <= MAX_DIMS and min(dims) >= 0):
             raise TransportError(f"bad message header (tensor {i}: dtype {dtype}, {ndim} dims)")
         specs.append((DTYPES[dtype], tuple(dims[:ndim])))
-    if inline not in (0, 1, _BODY):
+    if inline not in (0, _IN_FRAME, _BODY):
         raise TransportError(f"bad message header (inline word {inline})")
-    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, inline == 1, remaining, bool(firm),
-                       firm, inline == _BODY)
+    return FrameHeader(kind_of_message, sequence, iteration, producer, specs, inline == _IN_FRAME, remaining,
+                       bool(firm), firm, inline == _BODY)
 
 
 def inline_tensors(frame: torch.Tensor, specs) -> list[torch.Tensor]:
@@ -576,7 +573,12 @@ def _inline_at(address: int, specs) -> list[torch.Tensor]:
 
 def payload_bytes(specs) -> int:
     """The bytes of the tensors ``specs`` describe."""
-    return sum(math.prod(shape) * dtype.itemsize for dtype, shape in specs)
+    return sum(_spec_bytes(dtype, shape) for dtype, shape in specs)
+
+
+def _spec_bytes(dtype: torch.dtype, shape) -> int:
+    """The bytes of one tensor a header describes."""
+    return math.prod(shape) * dtype.itemsize
 
 
 def follow_tag(posted: list[int], slot: int, nbytes: int) -> int:
@@ -675,10 +677,8 @@ class _Wire:
     def __init__(self, device: torch.device, body_bytes: int = BODY_BYTES) -> None:
         nccl = dist.get_backend() == "nccl"
         self.device = device if nccl else torch.device("cpu")  # CUDA tensors under gloo are staged through the host
-        self.inline = not nccl  # [Note: trimmed frames]
-        self.sockets = not nccl  # [Note: dispatcher reads the sockets]
+        self.sockets = not nccl  # frames (with inline payloads) on sockets: [Note: dispatcher reads the sockets]
         self.body_bytes = body_bytes if self.sockets else 0  # [Note: bodies]
-        self.frame_bytes = FRAME_BYTES if self.inline else HEADER_BYTES
         self.cuda = device if device.type == "cuda" else None  # the compute device, when it is a GPU
         self.host = self.device.type == "cpu"
 
@@ -708,7 +708,7 @@ class _Wire:
         """Put ``message`` on the wire: the works of its asynchronous sends, and what of its frame and body is
         left to write (only without ``wait``, when the link's socket is full: the caller must not block)."""
         frame, follow, where = _frame(message.kind_of_message, sequence, message.iteration, message.producer,
-                                      message.tensors, message.notice, self.inline, self.body_bytes)
+                                      message.tensors, message.notice, self.sockets, self.body_bytes)
         if not self.sockets:  # NCCL: the frame, then each tensor, on the link's one ordered stream
             works = [link.isend(torch.frombuffer(frame, dtype=torch.uint8).to(self.device))]
             return works + [link.isend(tensor) for tensor in follow if tensor.numel()], None
@@ -913,7 +913,7 @@ class _Receiver:
 
     def _loop(self) -> None:
         link, expected = self.link, 0
-        frame = self.wire.buffer((self.wire.frame_bytes,), torch.uint8)
+        frame = self.wire.buffer((HEADER_BYTES,), torch.uint8)
         while True:
             link.recv(frame)
             frame_ns = time.monotonic_ns()
@@ -1027,7 +1027,7 @@ class _SocketReader:
         frame, the rest as it comes (:meth:`_read_body`)."""
         tensors, views = [], []
         for slot, (dtype, shape) in enumerate(header.specs):
-            nbytes = math.prod(shape) * dtype.itemsize
+            nbytes = _spec_bytes(dtype, shape)
             if not nbytes:
                 tensors.append(torch.empty(shape, dtype=dtype))
                 continue
@@ -1116,7 +1116,7 @@ class _SocketReader:
         returned, or the frame's time when they were there already (the dispatcher read the frame late)."""
         tensors, waited = [], False
         for slot, (dtype, shape) in enumerate(specs):
-            nbytes = math.prod(shape) * dtype.itemsize
+            nbytes = _spec_bytes(dtype, shape)
             if not nbytes:
                 tensors.append(torch.empty(shape, dtype=dtype))
                 continue
@@ -1348,12 +1348,15 @@ class Transport:
             sender.post(_Message(HELLO))
         deadline = time.monotonic() + timeout
         for _ in self.in_links:
-            while not self._hellos.acquire(blocking=not self._readers,
-                                           timeout=None if self._readers else max(0.0, deadline - time.monotonic())):
-                if not self._readers or time.monotonic() >= deadline:
+            while not self._hellos.acquire(blocking=False):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
                     silent = sorted(set(self.in_links) - set(self._hello_from))
                     raise TransportError(f"rank {self.rank}: no HELLO from rank(s) {silent} within {timeout:.0f} s")
-                self.inbox.pump(min(0.1, max(0.0, deadline - time.monotonic())))  # what comes after waits in it
+                if self._readers:  # they read the HELLOs; what comes after them waits in the inbox
+                    self.inbox.pump(min(0.1, remaining))
+                elif self._hellos.acquire(timeout=remaining):  # the receiver threads' HELLOs
+                    break
         self.inbox.check()  # raises if a link already failed (what arrived stays for the dispatcher)
 
     def _spawn(self, name: str, target: Callable[[], None]) -> None:
