@@ -152,6 +152,13 @@ def preflight(configs: list) -> None:
 
         check_factory(configs[0])
     _check_device(configs[0])
+    if os.environ.get("RRFP_SOCKET_ADDR"):  # the address every rank on this host would listen on
+        from runtime.transport import TransportError, check_socket_address
+
+        try:
+            check_socket_address()
+        except TransportError as err:
+            raise UserError(str(err).removeprefix("RRFP_SOCKET_ADDR="), "RRFP_SOCKET_ADDR") from None
 
 
 def _check_device(config) -> None:

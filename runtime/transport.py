@@ -1219,12 +1219,30 @@ def _local_address() -> tuple[int, str]:
         return socket.AF_INET, "127.0.0.1"
 
 
-def _connect_links(rank: int, out_links: dict[int, Link], in_links: dict[int, Link], timeout: float) -> None:
-    """Give every link a TCP connection, src connecting to dst (collective: every rank calls it)."""
+def _listener() -> socket.socket:
+    """A socket bound to the address other ranks reach this one at (:func:`_local_address`), on a free port."""
     family, host = _local_address()
     listener = socket.socket(family, socket.SOCK_STREAM)
     try:
         listener.bind((host, 0))
+    except OSError as err:
+        listener.close()
+        chosen = "RRFP_SOCKET_ADDR" if os.environ.get("RRFP_SOCKET_ADDR") else "the route to MASTER_ADDR"
+        raise TransportError(f"cannot listen on {host} (from {chosen}): {err}") from err
+    return listener
+
+
+def check_socket_address() -> None:
+    """What a rank would listen on can be listened on here (``RRFP_SOCKET_ADDR``: an address of this host);
+    raises :class:`TransportError` before any rank starts."""
+    _listener().close()
+
+
+def _connect_links(rank: int, out_links: dict[int, Link], in_links: dict[int, Link], timeout: float) -> None:
+    """Give every link a TCP connection, src connecting to dst (collective: every rank calls it)."""
+    listener = _listener()
+    host = listener.getsockname()[0]
+    try:
         listener.listen(max(8, len(in_links)))
         addresses = _gather_addresses(host, listener.getsockname()[1])
         for dst, link in out_links.items():

@@ -148,6 +148,17 @@ def test_bad_input_fails_before_any_rank_starts(tmp_path, args, message):
     assert not (tmp_path / "x").exists()  # nothing started, nothing written
 
 
+@pytest.mark.parametrize("address, message", [
+    ("not-a-host", "error: RRFP_SOCKET_ADDR: 'not-a-host': "),
+    ("192.0.2.1", "error: RRFP_SOCKET_ADDR: cannot listen on 192.0.2.1 (from RRFP_SOCKET_ADDR): "),  # TEST-NET-1
+])
+def test_a_socket_address_this_host_cannot_listen_on_fails_before_any_rank_starts(tmp_path, monkeypatch, address,
+                                                                                  message):
+    monkeypatch.setenv("RRFP_SOCKET_ADDR", address)
+    assert one_error_line(run_rrfp(tmp_path, "run", "--stages", "2", "--out", "x")).startswith(message)
+    assert not (tmp_path / "x").exists()
+
+
 def test_bad_config_file(tmp_path):
     (tmp_path / "bad.toml").write_text('stages = 2\nmicro-batches = 4\n')
     line = one_error_line(run_rrfp(tmp_path, "run", "--config", "bad.toml"))
