@@ -9,7 +9,7 @@ For each case it runs, on ``--stages`` CPU processes over gloo:
 * each of torch's ``--schedules`` (``PipelineStage``\\ s + ``step()``), all in one launch: by default
   ``Schedule1F1B``, ``ScheduleGPipe``, ``ScheduleInterleaved1F1B``, ``ScheduleInterleavedZeroBubble``,
   ``ScheduleZBVZeroBubble`` and ``ScheduleDualPipeV``;
-* ``rrfp run`` jobs through :func:`runtime.launch.launch`, one launch: for every torch schedule, the
+* ``rrfp run`` jobs through :func:`runtime.run.launch.launch`, one launch: for every torch schedule, the
   rrfp hint of the same structure (:data:`PAIRS`) under ``fixed`` and under ``ready`` at that
   schedule's own peak in flight ([Note: equal memory pairs]); and, on one chunk, each of ``--hints``
   under ``fixed`` and under ``ready`` at each of ``--budgets``.
@@ -22,7 +22,7 @@ in fixed order. A step is timed on rank 0 and includes the optimizer step: for t
 through ``step()`` and the optimizer to a closing barrier; rrfp times itself, from the end of the
 previous iteration's ``all_gather`` through the optimizer to this iteration's ``all_gather``. "peak in
 flight" is the most microbatch-chunks a rank holds activations for: measured for rrfp, by construction
-for torch (from torch's own ``pipeline_order``, :func:`hints.torch_import.import_torch_schedule`).
+for torch (from torch's own ``pipeline_order``, :func:`hints.files.torch_import.import_torch_schedule`).
 
 [Note: equal memory pairs]
     A speedup of readiness over a torch schedule is only readiness's if both run the same structure
@@ -42,7 +42,7 @@ for torch (from torch's own ``pipeline_order``, :func:`hints.torch_import.import
     ready row is marked ``equal_memory: false`` and ``*`` too, since its ready / fixed ratio sets less
     memory against more (:func:`fixed_within`). Multi-chunk schedules run ``--layers-per-rank / chunks`` gpt blocks
     per model stage and the emulated workload splits each rank's ``--forward-time`` over its chunks
-    (:mod:`runtime.variability`), so every structure trains a model of the same per-rank size (the
+    (:mod:`runtime.durations.variability`), so every structure trains a model of the same per-rank size (the
     gpt losses differ between chunk counts: different stage cuts, different initialisation).
 
 Cases (``--cases``):
@@ -116,13 +116,13 @@ from torch.distributed.pipelining import PipelineStage
 from hints.errors import HintError, UserError
 from hints.orders import peak_in_flight
 from hints.tasks import LOOPING, V, B, PipelineShape, W
-from hints.torch_import import import_torch_schedule
-from runtime.arbiter import MemoryBudget, one_f_one_b_bounds
+from hints.files.torch_import import import_torch_schedule
+from runtime.sched.arbiter import MemoryBudget, one_f_one_b_bounds
 from runtime.config import RunConfig
-from runtime.launch import free_port, launch, preflight
-from runtime.plan import run_shape
-from runtime.worker import Job, WorkerOptions
-from runtime.workloads import make_optimizer, make_workload
+from runtime.run.launch import free_port, launch, preflight
+from runtime.run.plan import run_shape
+from runtime.run.worker import Job, WorkerOptions
+from runtime.workloads.make import make_optimizer, make_workload
 from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is on sys.path
 
 
@@ -215,7 +215,7 @@ def torch_peaks(schedule: str, stages: int, microbatches: int) -> list[int]:
 def fixed_within(hint: str, stages: int, microbatches: int, budget: str) -> bool:
     """Does ``hint``'s fixed order (one chunk) stay within ``budget`` on every rank? If not, ready at that budget
     against the same hint fixed is not at equal memory ([Note: equal memory pairs]: ``*`` in the tables)."""
-    from runtime.evaluate import resolve
+    from runtime.sched.evaluate import resolve
 
     order = resolve(hint, stages, 1, microbatches)
     final = W if order.shape.split_backward else B
@@ -299,7 +299,7 @@ def torch_worker(configs: dict[str, RunConfig]) -> dict:
             local = [k for k in range(shape.stages) if shape.rank_of(k) == rank]
             workload = make_workload(config, shape)
             # A zero-bubble schedule's emulated W sleeps the split's price in torch as in rrfp (the worker
-            # sets the same flag; [Note: split backward durations] in runtime.variability).
+            # sets the same flag; [Note: split backward durations] in runtime.durations.variability).
             workload.split_backward = import_torch_schedule(name, config.stages, microbatches,
                                                             shape.chunks).shape.split_backward
             adapters = {k: TorchStageAdapter(workload, k) for k in local}

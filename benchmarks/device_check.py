@@ -13,7 +13,7 @@
 3. NCCL: a one-rank run (two chunks on one GPU) through the NCCL backend, and
    a two-rank NCCL run, which needs one GPU per rank (a failure only where
    there are two GPUs; otherwise reported as what happened).
-4. Link streams ([Note: CUDA streams] in runtime/transport.py): two ranks
+4. Link streams ([Note: CUDA streams] in runtime/comm/transport.py): two ranks
    ping-pong CUDA tensors through the Transport, each reply computed from
    the message before it, while each rank's next receive is already posted.
    Before receives had their own streams this deadlocked under NCCL (the
@@ -48,10 +48,10 @@ def correctness(lines: list[str], work: Path, device: str) -> bool:
     import torch
 
     from runtime.config import RunConfig
-    from runtime.launch import launch
-    from runtime.plan import run_shape
-    from runtime.workloads import reference_train
-    from runtime.worker import Job, WorkerOptions
+    from runtime.run.launch import launch
+    from runtime.run.plan import run_shape
+    from runtime.workloads.make import reference_train
+    from runtime.run.worker import Job, WorkerOptions
 
     jobs = []
     for workload in ("gpt", "multimodal"):
@@ -93,7 +93,7 @@ def correctness(lines: list[str], work: Path, device: str) -> bool:
 def traced_run(lines: list[str], work: Path, out: Path, device: str) -> bool:
     import polars as pl
 
-    from profiler.reader import read_trace
+    from profiler.trace.reader import read_trace
 
     run = work / "traced"
     done = rrfp("run", "--workload", "gpt", "--stages", "2", "--microbatches", "8", "--iters", "4",
@@ -179,7 +179,7 @@ def _pingpong_rank(backend: str, device_type: str) -> dict:
     import torch.distributed as dist
 
     from hints.tasks import B, F, Task
-    from runtime.transport import Transport
+    from runtime.comm.transport import Transport
 
     rank = int(os.environ["RANK"])
     device = torch.device("cpu")
@@ -243,7 +243,7 @@ def _pingpong(backend: str, device_type: str) -> None:
 
     from torch.distributed.launcher.api import LaunchConfig, elastic_launch
 
-    from runtime.launch import free_port
+    from runtime.run.launch import free_port
 
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, run_id="pingpong")

@@ -37,10 +37,10 @@ from pathlib import Path
 
 # Only APIs every revision has: the --against worker imports this file against an older tree.
 from hints.orders import builtin_hint
-from runtime.arbiter import make_arbiter
-from runtime.deps import TaskGraph
-from runtime.simulator import simulate
-from runtime.variability import VariabilityModel, sample_durations
+from runtime.sched.arbiter import make_arbiter
+from hints.deps import TaskGraph
+from runtime.sched.simulator import simulate
+from runtime.durations.variability import VariabilityModel, sample_durations
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,7 +152,7 @@ class _Worker:
 
 def _worker_main() -> None:
     """--e2e-worker: announce the tree, then answer "ranks microbatches rule" lines with the seconds taken."""
-    import runtime.simulator
+    import runtime.sched.simulator
     tiny = builtin_hint("1f1b", 2, 1, 2)
     names = {}  # rule asked for -> rule this revision runs: older ones know only "fixed" and "ready" (greedy)
     for rule in E2E_RULES:
@@ -161,7 +161,7 @@ def _worker_main() -> None:
             names[rule] = rule
         except Exception:
             names[rule] = "ready"
-    print(json.dumps({"simulator": runtime.simulator.__file__, "rules": names}), flush=True)
+    print(json.dumps({"simulator": runtime.sched.simulator.__file__, "rules": names}), flush=True)
     for line in sys.stdin:
         ranks, microbatches, rule = line.split()
         print(json.dumps({"seconds": end_to_end(int(ranks), int(microbatches), names[rule])}), flush=True)

@@ -6,7 +6,7 @@
 For each workload and seed one duration table is sampled for ``p`` ranks x 2
 chunks (durations are per model stage, so the same table serves both
 placements: a stage costs the same wherever it runs). On it, every hint runs
-under fixed, ready (greedy) and ready with lookahead (``runtime.evaluate.compare``,
+under fixed, ready (greedy) and ready with lookahead (``runtime.sched.evaluate.compare``,
 one comparison per placement, so each has its own lower bound):
 
 * ``zbv`` (V placement, ZB-V), whose fixed order is the V baseline;
@@ -32,9 +32,9 @@ import statistics
 import time
 
 from hints.tasks import LOOPING, V, PipelineShape
-from runtime.arbiter import MemoryBudget
-from runtime.evaluate import DEFAULT_RULES, compare, resolve
-from runtime.variability import VariabilityModel, sample_durations
+from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.evaluate import DEFAULT_RULES, compare, resolve
+from runtime.durations.variability import VariabilityModel, sample_durations
 
 HINTS = (("zbv", V), ("zb", LOOPING), ("interleaved-1f1b", LOOPING))
 RULE_LABEL = {"fixed": "fixed", "greedy": "ready", "lookahead": "ready+la"}

@@ -31,17 +31,17 @@ import time
 from pathlib import Path
 
 from hints.orders import BUILTIN_HINTS, applicable_builtins
-from profiler.analysis import sensitivity, trace_hint
-from profiler.reader import read_trace
-from profiler.recorder import merge_run_traces
-from runtime.arbiter import MemoryBudget
+from profiler.analysis.core import sensitivity, trace_hint
+from profiler.trace.reader import read_trace
+from profiler.trace.recorder import merge_run_traces
+from runtime.sched.arbiter import MemoryBudget
 from runtime.config import RunConfig
-from runtime.duration_tables import load_durations
-from runtime.launch import launch
-from runtime.simulator import simulate
-from runtime.worker import Job, WorkerOptions
+from runtime.durations.tables import load_durations
+from runtime.run.launch import launch
+from runtime.sched.simulator import simulate
+from runtime.run.worker import Job, WorkerOptions
 
-RECORDER = "profiler.recorder:TraceRecorder"
+RECORDER = "profiler.trace.recorder:TraceRecorder"
 BUDGETS = ("1f1b", "2x")
 
 

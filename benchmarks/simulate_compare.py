@@ -5,7 +5,7 @@
 
 Part 1 (always): for each workload and stage count, ``m = 4p`` microbatches,
 one sampled table (seed, jitter), the same comparison ``rrfp simulate
---compare`` makes (``runtime.evaluate.compare``) at the 1f1b and 2x budgets:
+--compare`` makes (``runtime.sched.evaluate.compare``) at the 1f1b and 2x budgets:
 every built-in hint (``cp`` included) under fixed, ready (greedy) and ready
 with lookahead; each as speedup over fixed 1F1B, as ready-X over fixed-X
 (what readiness itself adds, marked when fixed-X holds more memory than the
@@ -14,7 +14,7 @@ budget), as makespan over the lower bound, and the memory held.
 Part 2 (``--acceptance``): the 1f1b hint at both budgets on 3 seeds x both
 workloads x 8/16/32 ranks with jitter 0.1, and for every built-in the ratio
 of lookahead to greedy over the same grid (which decides the per-hint
-defaults of ``runtime.arbiter.LOOKAHEAD_OFF_BY_DEFAULT``).
+defaults of ``runtime.sched.arbiter.LOOKAHEAD_OFF_BY_DEFAULT``).
 """
 
 from __future__ import annotations
@@ -26,9 +26,9 @@ import statistics
 import time
 
 from hints.tasks import PipelineShape
-from runtime.arbiter import MemoryBudget
-from runtime.evaluate import builtin_candidates, compare
-from runtime.variability import VariabilityModel, sample_durations
+from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.evaluate import builtin_candidates, compare
+from runtime.durations.variability import VariabilityModel, sample_durations
 
 BUDGETS = ("1f1b", "2x")
 RULE_LABEL = {"fixed": "fixed", "greedy": "ready", "lookahead": "ready+la"}

@@ -3,12 +3,12 @@
     .venv/bin/python benchmarks/split_cost.py [--workloads gpt multimodal] [--stages 2] [--microbatches 8]
         [--iters 6] [--warmup 1] [--rounds 2] [--seq-len 32] [--hidden 64] [--layers-per-stage 1] [--json FILE]
 
-For each workload (the real ``gpt`` and ``multimodal`` models of :mod:`runtime.workloads`, CPU, gloo) it
+For each workload (the real ``gpt`` and ``multimodal`` models of :mod:`runtime.workloads.builtin`, CPU, gloo) it
 runs, in one launch and taking turns (``--rounds`` times: full, split, full, split, ...), two fixed-order
 jobs on the same model and data: ``1f1b`` (every backward a fused ``B``) and ``zb`` (every backward split
 into ``I``, the input gradient sent upstream at once, and ``W``, the weight gradient, later; [Note: split
-backward in the runtime] in :mod:`runtime.executor`). It reads each task's duration from the jobs'
-traces (:func:`profiler.reader.read_trace`, the ``tasks`` frame: the handler's own time, no waiting) and
+backward in the runtime] in :mod:`runtime.exec.executor`). It reads each task's duration from the jobs'
+traces (:func:`profiler.trace.reader.read_trace`, the ``tasks`` frame: the handler's own time, no waiting) and
 pairs the two jobs task by task: for each (round, stage, iteration, microbatch) after the warm-up,
 ``(I + W) / B``, ``I / B`` and ``W / B``, where ``B`` is that microbatch's fused backward on that stage in
 the full job of the same round. Reported per stage, over all stages, and over the stages after the first
@@ -16,7 +16,7 @@ the full job of the same round. Reported per stage, over all stages, and over th
 (quartiles, min - max) of those ratios, the median ``B``, ``I``, ``W`` in ms, and the median step time of
 the split job over the full one (what the split costs end to end, bubbles saved included).
 
-The ratios are what :attr:`runtime.variability.VariabilityModel.split_overhead` models
+The ratios are what :attr:`runtime.durations.variability.VariabilityModel.split_overhead` models
 ([Note: split backward durations] there). Both jobs share the machine the same way (same ranks, same
 threads, taking turns), so the ratio is robust to a uniformly slow or fast machine; it is not robust to a
 neighbour's load that comes and goes, hence the turns and the spread.
@@ -43,14 +43,14 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # befor
 
 import torch
 
-from profiler.reader import read_trace
+from profiler.trace.reader import read_trace
 from runtime.config import RunConfig
-from runtime.launch import launch
-from runtime.worker import Job, WorkerOptions
+from runtime.run.launch import launch
+from runtime.run.worker import Job, WorkerOptions
 from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is on sys.path
 
 FULL, SPLIT = "1f1b", "zb"
-TRACE_RECORDER = "profiler.recorder:TraceRecorder"  # what `rrfp run` records with (rrfp_cli.cmd_run)
+TRACE_RECORDER = "profiler.trace.recorder:TraceRecorder"  # what `rrfp run` records with (rrfp_cli.cmd_run)
 
 
 def jobs_for(workload: str, args: argparse.Namespace, out_root: Path) -> list[Job]:

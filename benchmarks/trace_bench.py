@@ -28,17 +28,17 @@ from pathlib import Path
 import torch
 
 from hints.tasks import Task
-from profiler.reader import read_trace
-from profiler.recorder import TraceRecorder, merge_run_traces
-from runtime.arbiter import Decision
+from profiler.trace.reader import read_trace
+from profiler.trace.recorder import TraceRecorder, merge_run_traces
+from runtime.sched.arbiter import Decision
 from runtime.config import RunConfig
-from runtime.launch import launch
-from runtime.recording import RecorderSetup, TaskSpan
-from runtime.transport import Arrival, Sent
-from runtime.worker import Job, WorkerOptions
+from runtime.run.launch import launch
+from runtime.exec.recording import RecorderSetup, TaskSpan
+from runtime.comm.transport import Arrival, Sent
+from runtime.run.worker import Job, WorkerOptions
 
 ROOT = Path(__file__).resolve().parent.parent
-TRACER = "profiler.recorder:TraceRecorder"
+TRACER = "profiler.trace.recorder:TraceRecorder"
 
 
 def overhead(args, out: Path) -> dict[str, str]:

@@ -5,7 +5,7 @@
 
 Two ranks on this machine ping-pong messages of each payload size (bytes of
 float32), once with ``dist.send``/``dist.recv`` on the main threads and once
-through :class:`runtime.transport.Transport` (post, frame on the link's socket,
+through :class:`runtime.comm.transport.Transport` (post, frame on the link's socket,
 the dispatcher reads it in ``Inbox.wait``/``drain``; a payload over
 ``INLINE_BYTES`` goes on gloo first, into a pre-posted receive). The paths
 take turns in ``--rounds`` blocks, so load on a shared machine falls on all
@@ -20,7 +20,7 @@ until ``wait()``): a bare receiver thread that does blocking receives on a
 group of its own into a ready buffer and wakes the main thread through a
 ``queue.SimpleQueue``, no framing, no bookkeeping. The transport reads its
 frames on the dispatcher instead ([Note: dispatcher reads the sockets] in
-``runtime/transport.py``), so it does not pay that hand-off.
+``runtime/comm/transport.py``), so it does not pay that hand-off.
 
 ``--breakdown`` runs the transport path alone, rank 0 sending to rank 1, and
 times each step of a one-way message on the clock both ranks share
@@ -42,7 +42,7 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: no numpy here
 
 from _cli import Parser  # benchmarks/_cli.py: this script's folder is on sys.path
-from runtime.launch import free_port
+from runtime.run.launch import free_port
 
 TARGETS = {2048: 1.5, 1 << 20: 1.1}  # ratio to plain gloo (issue 9)
 
@@ -62,7 +62,7 @@ def worker(sizes: list[int], round_trips: int, rounds: int) -> dict[int, tuple[t
     import torch.distributed as dist
 
     from hints.tasks import F, Task
-    from runtime.transport import Transport
+    from runtime.comm.transport import Transport
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -154,7 +154,7 @@ def breakdown_worker(size: int, messages: int) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    import runtime.transport as tr
+    import runtime.comm.transport as tr
     from hints.tasks import F, Task
 
     torch.set_num_threads(1)
@@ -286,7 +286,7 @@ def main() -> None:
         columns = [elastic_launch(config, breakdown_worker)(size, args.round_trips)[0] for size in sizes]
         for i, step in enumerate(STEPS):
             print(f"| {step} | " + " | ".join(f"{column[i]:.1f}" for column in columns) + " |")
-        from runtime.transport import INLINE_BYTES
+        from runtime.comm.transport import INLINE_BYTES
 
         if any(size > INLINE_BYTES for size in sizes):
             print(f"\nA payload over {INLINE_BYTES} bytes follows its frame as a body: the receiver reads its first "

@@ -57,7 +57,7 @@ def part_speed(args, work: Path) -> None:
 
 def part_bound(args, work: Path) -> None:
     from hints.tasks import PipelineShape
-    from runtime.bounds import split_bound
+    from runtime.sched.bounds import split_bound
 
     print("\n### Tuned hints against the lower bound (simulation, 1f1b budget, jitter 0.1, held-out scenarios)\n")
     print("| workload | ranks | time budget | written out | its rule | written out / bound | best built-in / bound "
@@ -70,8 +70,8 @@ def part_bound(args, work: Path) -> None:
                         "0.1", "--time-budget", f"{budget:g}s", "--scenarios", str(scenarios), "--jobs", "2",
                         "--out", str(out))
             # The bound of each held-out scenario, from the same model and seeds tune-hint drew.
-            from runtime.scenarios import from_model
-            from runtime.variability import VariabilityModel
+            from runtime.tune.scenarios import from_model
+            from runtime.durations.variability import VariabilityModel
 
             shape = PipelineShape(ranks, 1, 4 * ranks)
             held = from_model(VariabilityModel(workload=workload, jitter=0.1), shape, scenarios, scenarios, 0).holdout
@@ -86,7 +86,7 @@ def part_bound(args, work: Path) -> None:
 
 
 def part_runs(args, work: Path) -> None:
-    from runtime.tune import gain_range
+    from runtime.tune.decide import gain_range
 
     print("\n### Predicted and realized: emulated, 8 ranks x 32 microbatches, 20 ms forward per rank\n")
     print("Base run: ready (lookahead) with the 1f1b hint, 10 iterations, seed 0, traced. tune-hint on it "
@@ -130,8 +130,8 @@ def part_runs(args, work: Path) -> None:
 def _side_by_side(out: Path, job_toml: Path, builtin: dict, emulate: str, budget: str) -> dict:
     """The tuned job, the best built-in and fixed 1F1B in one launch (same processes, same load), seed 1."""
     from runtime.config import build_config, load_toml
-    from runtime.launch import launch
-    from runtime.worker import Job, WorkerOptions
+    from runtime.run.launch import launch
+    from runtime.run.worker import Job, WorkerOptions
 
     tuned = build_config(load_toml(job_toml), {"seed": 1, "iters": 10, "trace": False})
     common = dict(workload="emulated", emulate=emulate, stages=8, microbatches=32, iters=10, jitter=0.1, seed=1,

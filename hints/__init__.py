@@ -5,7 +5,9 @@ imports torch lazily, when called). See ``docs/ARCHITECTURE.md``.
 """
 
 from hints.errors import HintError, UserError
-from hints.hintfile import HINT_FORMAT, load_hint, resolve_hint, save_hint, save_torch_csv
+from hints.files.hint_json import HINT_FORMAT, save_hint
+from hints.files.load import load_hint, resolve_hint
+from hints.files.torch_csv import save_torch_csv
 from hints.orders import BUILTIN_HINTS, HintOrder, builtin_hint
 from hints.tasks import B, F, I, Kind, PipelineShape, Task, W
 

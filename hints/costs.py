@@ -7,7 +7,7 @@ is linear::
 
     duration(stage, kind) = a + b * tokens + c * images
 
-``profiler.costs.fit_cost_model`` fits it on a trace; a cost-ranked hint file
+``profiler.analysis.costs.fit_cost_model`` fits it on a trace; a cost-ranked hint file
 carries it, so ``rrfp run`` and ``rrfp simulate`` can rank each iteration's
 microbatches by predicted cost ([Note: cost-ranked hints] in
 :mod:`hints.orders`). Linear in attention-free terms only: attention's

@@ -37,7 +37,7 @@ Built-ins (``BUILTIN_HINTS``):
     *expected* durations. Classic list scheduling (HLFET, Adam, Chandy and
     Dickson 1974): the task with the most work still hanging behind it goes
     first. The priorities need the dependency model and the durations, so
-    :func:`by_priority` only sorts; ``runtime.priorities`` computes them.
+    :func:`by_priority` only sorts; ``runtime.sched.priorities`` computes them.
 ``zb``
     Zero-bubble with split backward (Qi et al., "Zero Bubble Pipeline
     Parallelism", 2023, the ZB-H1 idea): the 1F1B skeleton with ``I`` in place
@@ -538,7 +538,7 @@ def applicable_builtins(
 def baseline_hint_name(chunks: int, placement: str = LOOPING) -> str:
     """The fixed order every speedup is measured against: 1F1B (interleaved when chunks >= 2), or ZB-V for V.
 
-    Its per-rank peak in flight is also what the ``1f1b`` memory budget allows (``runtime.arbiter``).
+    Its per-rank peak in flight is also what the ``1f1b`` memory budget allows (``runtime.sched.arbiter``).
     """
     if placement == V:
         return "zbv"

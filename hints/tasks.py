@@ -42,7 +42,7 @@ This module imports nothing heavier than the standard library.
 
 [Note: placement]
     Placement decides only which rank runs a stage; the dependency rule
-    (``runtime.deps``) is written on model stages and does not change. What
+    (``hints.deps``) is written on model stages and does not change. What
     follows from it: which messages cross ranks (in V the turn ``F(p-1) ->
     F(p)`` and ``B(p) -> B(p-1)`` stay on rank ``p-1``, and the loss, on
     stage ``2p-1``, is computed on rank 0), in which order a microbatch

@@ -4,8 +4,8 @@ Structure is what can be checked one rank at a time: every task of the shape
 appears exactly once, on the rank that owns its stage, and within a rank a
 (stage, microbatch)'s forward comes before its backward (and ``I`` before
 ``W``). Whether the ranks' orders together can *complete* under the fixed
-policy is a question for the dependency model (``runtime.deps``) and is
-answered by ``runtime.simulator.check_completes``.
+policy is a question for the dependency model (``hints.deps``) and is
+answered by ``runtime.sched.simulator.check_completes``.
 """
 
 from __future__ import annotations

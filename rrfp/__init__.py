@@ -2,9 +2,9 @@
 
 * :class:`ModelContext`, :class:`PipelineModel`, :class:`Batch`: the protocol
   of a model factory, ``rrfp run --workload package.module:factory``
-  ([Note: the model protocol] in :mod:`runtime.user_model`).
+  ([Note: the model protocol] in :mod:`runtime.workloads.user`).
 * :class:`ReadyPipeline`: one rank's share of the pipeline inside a script
-  you launch yourself (:mod:`runtime.pipeline`).
+  you launch yourself (:mod:`runtime.run.pipeline`).
 
 Names are imported on first use, so ``import rrfp`` stays cheap.
 """
@@ -12,10 +12,10 @@ Names are imported on first use, so ``import rrfp`` stays cheap.
 from __future__ import annotations
 
 _EXPORTS = {
-    "Batch": "runtime.user_model",
-    "ModelContext": "runtime.user_model",
-    "PipelineModel": "runtime.user_model",
-    "ReadyPipeline": "runtime.pipeline",
+    "Batch": "runtime.workloads.user",
+    "ModelContext": "runtime.workloads.user",
+    "PipelineModel": "runtime.workloads.user",
+    "ReadyPipeline": "runtime.run.pipeline",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,7 +1,7 @@
 """``rrfp bench``: the headline comparisons in one command, written as a results folder.
 
-A thin layer over :mod:`profiler.bench` (the matrix, simulation, results), :mod:`profiler.bench_runs`
-(real runs and torch's schedules) and :mod:`profiler.bench_report` (Markdown, plots): it parses and
+A thin layer over :mod:`profiler.bench.suite` (the matrix, simulation, results), :mod:`profiler.bench.runs`
+(real runs and torch's schedules) and :mod:`profiler.bench.report` (Markdown, plots): it parses and
 checks the options, shows the progress bar, and prints where the results went.
 """
 
@@ -26,7 +26,7 @@ def bench(
     quick: Annotated[bool, typer.Option("--quick", help="A smaller matrix, fewer seeds and tiny real runs: under "
                                         "5 minutes on 2 cores.")] = False,
     workloads: Annotated[Optional[str], typer.Option("--workloads", help="Comma-separated workload presets "
-                                                     "(default: profiler.bench.WORKLOADS).")] = None,
+                                                     "(default: profiler.bench.suite.WORKLOADS).")] = None,
     ranks: Annotated[Optional[str], typer.Option("--ranks", help="Comma-separated rank counts, e.g. 8,16,32 "
                                                  "(default 8,16,32,64,128; --quick 8,16,32).")] = None,
     budgets: Annotated[Optional[str], typer.Option("--budgets", help="Comma-separated memory budgets "
@@ -47,7 +47,7 @@ def bench(
     json_mode: JsonFlag = False,
 ) -> None:
     """Run the benchmark matrix (simulation, real runs, external systems); write tables, JSON and plots."""
-    from profiler.bench import Settings, check_out, check_settings, parse_ranks, run_suite
+    from profiler.bench.suite import Settings, check_out, check_settings, parse_ranks, run_suite
 
     output = Output(json_mode)
     settings = Settings.quick_defaults() if quick else Settings()

@@ -9,9 +9,10 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from hints.hintfile import hint_to_json, save_hint, save_torch_csv
+from hints.files.hint_json import hint_to_json, save_hint
+from hints.files.torch_csv import save_torch_csv
 from hints.orders import BUILTIN_HINTS, HintOrder
-from hints.torch_import import TORCH_SCHEDULES
+from hints.files.torch_names import TORCH_SCHEDULES
 from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Stages, placement_value
 from rrfp_cli.output import Column, Output, print_table
 
@@ -29,7 +30,7 @@ KIND_STYLE = {"F": "", "B": "reverse ", "I": "reverse ", "W": "underline "}
 
 def resolve_hint(spec: str, stages, chunks, microbatches, placement=None) -> HintOrder:
     """A hint as the other commands build it (``cp`` from uniform durations: no workload here)."""
-    from runtime.evaluate import resolve
+    from runtime.sched.evaluate import resolve
 
     return resolve(spec, stages, chunks, microbatches, placement=placement_value(placement))
 
@@ -80,7 +81,7 @@ def check(
     json_mode: JsonFlag = False,
 ) -> None:
     """Validate a hint and check that it completes when run in exactly its order."""
-    from runtime.simulator import check_completes
+    from runtime.sched.simulator import check_completes
 
     order = resolve_hint(hint, stages, chunks, microbatches, placement)
     check_completes(order)

@@ -24,7 +24,7 @@ VAR = "Variability (emulated: sampled durations; gpt/multimodal: injected delays
 TEST = "Failure testing"
 CKPT = "Checkpoints"
 D = RunConfig()  # defaults, for help texts
-TRACE_RECORDER = "profiler.recorder:TraceRecorder"
+TRACE_RECORDER = "profiler.trace.recorder:TraceRecorder"
 
 
 def _opt(*names: str, help: str, panel: str = RUN, **kw):
@@ -98,7 +98,7 @@ def run(
 
 def _resumed_values(run_dir: Path, flags: dict[str, Any], compare: bool) -> dict[str, Any]:
     """``--resume RUN_DIR``: the configuration RUN_DIR ran with; the run continues there."""
-    from runtime.checkpoint import latest
+    from runtime.run.checkpoint import latest
 
     if compare:
         raise UserError("a --compare run cannot be resumed; resume one of its jobs' directories", "--resume")
@@ -129,15 +129,15 @@ def _parse_delays(items: list[str]) -> dict[str, float]:
 
 
 def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = None) -> None:
-    from runtime.launch import RunFailed, launch, preflight, under_torchrun
-    from runtime.worker import Job, WorkerOptions
+    from runtime.run.launch import RunFailed, launch, preflight, under_torchrun
+    from runtime.run.worker import Job, WorkerOptions
 
-    # [Note: equal memory] in runtime.evaluate: the speedup over fixed 1F1B mixes what the hint's
+    # [Note: equal memory] in runtime.sched.evaluate: the speedup over fixed 1F1B mixes what the hint's
     # structure gives with what readiness adds; the same hint in fixed order separates the two. The
     # baseline keeps the job's placement (under V it is ZB-V, hints.orders.baseline_hint_name).
     configs = [config]
     if compare:
-        from runtime.plan import run_shape
+        from runtime.run.plan import run_shape
 
         # Both fixed jobs use buffered links: a --p2p blocking job is then compared with async fixed order.
         baseline = config.with_overrides(policy="fixed", hint=None, lookahead=None, p2p="async",
@@ -179,8 +179,8 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
 def _checkpoint_to_resume(config: RunConfig, resume: Path | None) -> str | None:
     """The checkpoint the job starts from: ``--resume``'s, or under ``torchrun --max-restarts`` a restarted
     job's own latest one (``TORCHELASTIC_RESTART_COUNT`` > 0); checked against the job before any rank starts."""
-    from runtime.checkpoint import check_resumable, latest
-    from runtime.launch import under_torchrun
+    from runtime.run.checkpoint import check_resumable, latest
+    from runtime.run.launch import under_torchrun
 
     if resume is None and under_torchrun() and config.checkpoint_every \
             and int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0:
@@ -199,7 +199,7 @@ def _claim_run_dir(config: RunConfig) -> Path:
     without talking, so the name comes from torchrun's run id (else its
     port) and the ranks share it.
     """
-    from runtime.launch import under_torchrun
+    from runtime.run.launch import under_torchrun
 
     if under_torchrun():
         return Path(config.out or _torchrun_out(config))
@@ -246,7 +246,7 @@ def _workload_tag(config: RunConfig) -> str:
 
 def _merge_traces(jobs, config: RunConfig) -> None:
     if config.trace:
-        from profiler.recorder import merge_run_traces
+        from profiler.trace.recorder import merge_run_traces
 
         for job in jobs:
             merge_run_traces(Path(job.out_dir))
@@ -257,8 +257,8 @@ def _keep_what_finished(jobs, config: RunConfig) -> str:
 
     Returns what was kept, a line per job, for the message. Under ``torchrun`` only rank 0 does this.
     """
-    from runtime.launch import under_torchrun
-    from runtime.worker import salvage_metrics
+    from runtime.run.launch import under_torchrun
+    from runtime.run.worker import salvage_metrics
 
     if under_torchrun() and os.environ.get("RANK") != "0":
         return ""
@@ -280,14 +280,14 @@ def _keep_what_finished(jobs, config: RunConfig) -> str:
 
 
 def _job_name(config: RunConfig) -> str:
-    from runtime.plan import hint_spec
+    from runtime.run.plan import hint_spec
 
     spec = hint_spec(config)
     name = Path(spec).stem if "/" in spec or spec.endswith((".json", ".csv")) else spec.replace(":", "-")
     rule = config.rule()
     budget = f"@{config.memory_budget}" if rule.uses_budget else ""
     greedy = "-greedy" if rule.policy.value == "ready" and not rule.lookahead else ""
-    blocking = "-blocking" if config.p2p == "blocking" else ""  # [Note: blocking p2p] in runtime.simulator
+    blocking = "-blocking" if config.p2p == "blocking" else ""  # [Note: blocking p2p] in runtime.sched.simulator
     return f"{config.policy}{greedy}{blocking}-{name}{budget}"
 
 

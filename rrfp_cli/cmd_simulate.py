@@ -9,7 +9,8 @@ import typer
 from rich.console import Console
 
 from hints.errors import UserError
-from hints.hintfile import TORCH_PREFIX, hint_placement, resolve_hint
+from hints.files.load import hint_placement, resolve_hint
+from hints.files.torch_names import TORCH_PREFIX
 from hints.orders import BUILTIN_HINTS, baseline_hint_name
 from hints.tasks import LOOPING, PipelineShape, default_chunks
 from rrfp_cli.options import (
@@ -86,10 +87,10 @@ def simulate(
     json_mode: JsonFlag = False,
 ) -> None:
     """Simulate one hint and policy, or --compare all built-ins, on sampled or recorded durations."""
-    from runtime.arbiter import MemoryBudget, check_p2p, rule_for
-    from runtime.bounds import split_bound
-    from runtime.evaluate import builtin_candidates, concrete, durations_for, resolve
-    from runtime.simulator import simulate as run_simulation
+    from runtime.sched.arbiter import MemoryBudget, check_p2p, rule_for
+    from runtime.sched.bounds import split_bound
+    from runtime.sched.evaluate import builtin_candidates, concrete, durations_for, resolve
+    from runtime.sched.simulator import simulate as run_simulation
 
     out = Output(json_mode)
     if describe:
@@ -145,7 +146,7 @@ def simulate(
         out.result(data, lambda console: _render_one(console, result, budget, bound, elapsed))
         return
 
-    from runtime.evaluate import DEFAULT_RULES, compare as run_compare
+    from runtime.sched.evaluate import DEFAULT_RULES, compare as run_compare
 
     hints = builtin_candidates(shape, table)
     if file_hint is not None or hint_spec.startswith(TORCH_PREFIX):
@@ -162,9 +163,9 @@ DESCRIBE_MICROBATCHES = 1000
 
 
 def _describe(out: Output, workload, microbatches, seed: int, cost_table, durations) -> None:
-    """``--describe``: :func:`runtime.variability.describe_workload` of one workload, or of every preset."""
-    from runtime.presets import CANONICAL_WORKLOADS
-    from runtime.variability import describe_workload
+    """``--describe``: :func:`runtime.durations.variability.describe_workload` of one workload, or of every preset."""
+    from runtime.durations.presets import CANONICAL_WORKLOADS
+    from runtime.durations.variability import describe_workload
 
     if durations is not None:
         raise UserError("--describe describes a workload model, not a recorded table; drop --durations",
@@ -223,7 +224,7 @@ def _render_one(console: Console, result, budget, bound, elapsed: float) -> None
 
 
 def _render_compare(console: Console, comparison) -> None:
-    """[Note: equal memory] in runtime.evaluate: rows within the budget together, the others apart."""
+    """[Note: equal memory] in runtime.sched.evaluate: rows within the budget together, the others apart."""
     shape, rows = comparison.shape, comparison.rows
     within = [r for r in rows if r.within_budget]
     over = [r for r in rows if not r.within_budget]

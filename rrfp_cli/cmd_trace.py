@@ -2,7 +2,7 @@
 
 The analyses (``summary``, ``bubbles``, ``misalign``, ``critical-path``, ``sensitivity``, ``decisions``) given
 an ``rrfp run --compare`` directory answer for each of its jobs (:func:`_answer`); the commands that need one
-trace refuse it and name its jobs (``profiler.reader.locate_trace``).
+trace refuse it and name its jobs (``profiler.trace.reader.locate_trace``).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from rrfp_cli.output import (Column, Output, check_new_directory, check_new_file
 if TYPE_CHECKING:  # polars is imported by the commands, so `rrfp --help` stays fast
     import polars as pl
 
-    from profiler.reader import TraceFrames
+    from profiler.trace.reader import TraceFrames
 
 app = typer.Typer(help="Read a run's trace: bubbles, misalignment, critical path, hint sensitivity, decisions.",
                   no_args_is_help=True)
@@ -37,9 +37,9 @@ Force = Annotated[bool, typer.Option("--force", help="Overwrite output files tha
 
 
 def _load(run: Path, out: Output, iteration: int | None = None, iterations: str | None = None, select: bool = True):
-    """Read the trace, warn, and keep the chosen iterations ([Note: iteration 0] in profiler.analysis)."""
-    from profiler.analysis import select_iterations
-    from profiler.reader import read_trace
+    """Read the trace, warn, and keep the chosen iterations ([Note: iteration 0] in profiler.analysis.core)."""
+    from profiler.analysis.core import select_iterations
+    from profiler.trace.reader import read_trace
 
     window, flag = _window(iteration, iterations)
     frames = read_trace(run)
@@ -76,7 +76,7 @@ def _answer(run: Path, out: Output, answer: Answer, iteration: int | None = None
             iterations: str | None = None) -> None:
     """``answer`` on the run's trace, or on each job's of a ``--compare`` run directory: a section per job, and
     in JSON ``{"jobs": [{"job", "run", ...the answer, "warnings"}], "warnings"}``."""
-    from profiler.reader import job_runs
+    from profiler.trace.reader import job_runs
 
     jobs = job_runs(run)
     if not jobs:
@@ -136,7 +136,7 @@ def _ms(frame: pl.DataFrame, columns) -> pl.DataFrame:
 @app.command("summary")
 def summary_command(run: RunArg, iterations: Iterations = None, json_mode: JsonFlag = False) -> None:
     """What ran, how long an iteration took, and where idle time went."""
-    from profiler.analysis import summary
+    from profiler.analysis.core import summary
 
     def answer(frames):
         data = summary(frames)
@@ -170,7 +170,7 @@ def bubbles_command(
 ) -> None:
     """Per rank: utilization and idle time split into fill, drain, optimizer step, dependency wait, budget-held,
     dispatch and misalignment."""
-    from profiler.analysis import BUBBLE_COLUMNS, bubble_totals, bubbles
+    from profiler.analysis.core import BUBBLE_COLUMNS, bubble_totals, bubbles
 
     def answer(frames):
         frame = bubbles(frames)
@@ -194,7 +194,7 @@ def misalign_command(
     """The idle gaps where a rank waited although another of its tasks was ready (longest first)."""
     import polars as pl
 
-    from profiler.analysis import iteration_windows, misalignment_gaps
+    from profiler.analysis.core import iteration_windows, misalignment_gaps
 
     def answer(frames):
         gaps = misalignment_gaps(frames)
@@ -220,7 +220,7 @@ def misalign_command(
 def critical_path_command(run: RunArg, iteration: Iteration = None, iterations: Iterations = None,
                           json_mode: JsonFlag = False) -> None:
     """The chain of compute, transfers and waits that set an iteration's makespan (default: the last)."""
-    from profiler.analysis import critical_path
+    from profiler.analysis.core import critical_path
 
     def answer(frames):
         path = critical_path(frames)
@@ -250,7 +250,7 @@ def sensitivity_command(
 ) -> None:
     """Replay the trace's realized durations under its own hint and every built-in, fixed and ready."""
     from hints.errors import UserError
-    from profiler.analysis import sensitivity, traced_iterations
+    from profiler.analysis.core import sensitivity, traced_iterations
 
     if task_overhead is not None and not task_overhead >= 0:
         raise UserError(f"must be a number >= 0, got {task_overhead}", "--task-overhead")
@@ -265,7 +265,7 @@ def sensitivity_command(
 
 
 def _render_sensitivity(console: Console, result, data: dict) -> None:
-    from runtime.evaluate import versus_label
+    from runtime.sched.evaluate import versus_label
 
     own = result.rows[0].makespan
     columns = [Column("hint", text=True, key=True), Column("rule", text=True, key=True), Column("simulated"),
@@ -333,7 +333,7 @@ def follow_command(
     import polars as pl
 
     from hints.errors import UserError
-    from profiler.analysis import follow_latency
+    from profiler.analysis.core import follow_latency
 
     def answer(frames):
         per_decision, per_rank = follow_latency(frames)
@@ -368,7 +368,7 @@ def compare_command(
     """Two runs side by side: makespan, utilization, idle time per rank and iteration by category."""
     import polars as pl
 
-    from profiler.analysis import compare
+    from profiler.analysis.core import compare
 
     out = Output(json_mode)
     frame = compare(_load(a, out, iterations=iterations), _load(b, out, iterations=iterations))
@@ -396,7 +396,7 @@ def export_command(
 ) -> None:
     """Write the trace's frames as Parquet (--parquet), its realized durations as a table (--durations), or both."""
     from hints.errors import UserError
-    from profiler.reader import FRAME_NAMES
+    from profiler.trace.reader import FRAME_NAMES
 
     if parquet is None and durations is None:
         raise UserError("give --parquet DIR, --durations FILE, or both", "rrfp trace export")
@@ -405,7 +405,7 @@ def export_command(
     window = None if iterations is None else _iteration_window(iterations)
     files = [f"{name}.parquet" for name in FRAME_NAMES] + ["meta.json"]
     if durations is not None:  # before reading the trace: a bad path fails fast
-        from runtime.duration_tables import check_destination
+        from runtime.durations.tables import check_destination
 
         check_destination(durations)
         check_new_file(durations, force, "--durations")
@@ -439,7 +439,7 @@ def export_command(
 
 def _export_parquet(frames, directory: Path) -> list[str]:
     """Every frame as ``<name>.parquet`` and the metadata as ``meta.json``, each file written atomically."""
-    from profiler.schema import write_atomically
+    from profiler.trace.schema import write_atomically
 
     directory.mkdir(exist_ok=True)
     written = [write_atomically(directory / f"{name}.parquet", frame.write_parquet)
@@ -460,8 +460,8 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None] | None)
     import shlex
 
     from hints.errors import UserError
-    from profiler.analysis import chosen_iterations, pipeline_shape, realized_iterations
-    from runtime.duration_tables import write_durations
+    from profiler.analysis.core import chosen_iterations, pipeline_shape, realized_iterations
+    from runtime.durations.tables import write_durations
 
     complete = realized_iterations(frames)  # every complete iteration; the window picks among them
     chosen = chosen_iterations([r.iteration for r in complete], window)
@@ -489,7 +489,7 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None] | None)
 
 
 def _ranges(values: list[int]) -> str:
-    from profiler.analysis import ranges
+    from profiler.analysis.core import ranges
 
     return ranges(values)
 
@@ -510,8 +510,8 @@ def timeline_command(
     """A picture of one iteration (default: the last): ranks as rows, tasks coloured by microbatch, idle time
     hatched by cause. An `rrfp run --compare` directory, or RUN and OTHER, are drawn as panels on one time axis."""
     from hints.errors import UserError
-    from profiler.reader import job_runs
-    from profiler.timeline import save_timeline
+    from profiler.trace.reader import job_runs
+    from profiler.draw.timeline import save_timeline
 
     if svg is None and png is None:
         raise UserError("give --svg FILE and/or --png FILE: where to write the picture", "timeline")
@@ -543,8 +543,8 @@ def merge_command(
 ) -> None:
     """Merge per-rank traces into one, packet by packet (rrfp run does this itself unless it crashed)."""
     from hints.errors import UserError
-    from profiler.recorder import merge_traces
-    from profiler.schema import rank_trace_files
+    from profiler.trace.recorder import merge_traces
+    from profiler.trace.schema import rank_trace_files
 
     files = rank_trace_files(run)
     if not files:

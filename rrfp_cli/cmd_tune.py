@@ -110,7 +110,7 @@ def tune_hint(
         _check(check, report_file, output)
         return
 
-    from runtime.tuning import Objective
+    from runtime.tune.evaluator import Objective
 
     sources = [name for name, given in (("RUN_DIR", runs), ("--durations", durations), ("--workload", workload))
                if given]
@@ -132,7 +132,7 @@ def tune_hint(
     if scenarios < 2:
         raise UserError(f"must be at least 2, got {scenarios}", "--scenarios")
     if memory_budget != "auto":
-        from runtime.arbiter import MemoryBudget
+        from runtime.sched.arbiter import MemoryBudget
 
         MemoryBudget.parse(memory_budget)
 
@@ -144,7 +144,7 @@ def tune_hint(
     if memory_budget != "auto":
         MemoryBudget.parse(memory_budget).per_rank(source["set"].shape)
 
-    from runtime.tune import report, render_markdown, tune, work_budget
+    from runtime.tune.decide import report, render_markdown, tune, work_budget
 
     shape = source["set"].shape
     work = work_budget(seconds, jobs, shape.total_tasks * 3 // 2)
@@ -206,14 +206,14 @@ def _new_directory(out: Path) -> Path:
 def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, count, seed, keep_first, model,
                placement: str | None = None) -> dict[str, Any]:
     from hints.tasks import LOOPING, PipelineShape, default_chunks
-    from runtime.scenarios import from_model
+    from runtime.tune.scenarios import from_model
 
     asked = None
     if stages is not None and microbatches is not None:
         asked = PipelineShape(stages, chunks or default_chunks(placement), microbatches,
                               placement=placement or LOOPING)
     if runs:
-        from profiler.tune_sources import from_runs
+        from profiler.analysis.tune_sources import from_runs
 
         traced = from_runs(runs, asked, holdout, count, count, seed, keep_first)
         _check_shape_flags(traced.scenarios.shape, stages, chunks, microbatches, placement)
@@ -245,8 +245,8 @@ def _check_shape_flags(shape, stages, chunks, microbatches, placement=None) -> N
 def _from_tables(paths, shape, holdout, count, seed):
     import polars as pl
 
-    from runtime.duration_tables import load_durations
-    from runtime.scenarios import from_recorded
+    from runtime.durations.tables import load_durations
+    from runtime.tune.scenarios import from_recorded
 
     recorded = []
     for path in paths:
@@ -266,8 +266,8 @@ def _from_tables(paths, shape, holdout, count, seed):
 
 def _traced_candidate(traced):
     from hints.orders import BUILTIN_HINTS
-    from runtime.evaluate import resolve
-    from runtime.tuning import Candidate
+    from runtime.sched.evaluate import resolve
+    from runtime.tune.evaluator import Candidate
 
     meta, shape = traced.meta, traced.scenarios.shape
     name, rule = str(meta.get("hint")), str(meta.get("rule"))
@@ -285,9 +285,9 @@ def _traced_candidate(traced):
 
 def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) -> dict[str, str]:
     """hint.json, job.toml, report.json, report.md: written in a temporary directory, then renamed to ``target``."""
-    from hints.hintfile import save_hint
-    from runtime.arbiter import RULES
-    from runtime.tune import chosen_hint, render_markdown
+    from hints.files.hint_json import save_hint
+    from runtime.sched.arbiter import RULES
+    from runtime.tune.decide import chosen_hint, render_markdown
 
     candidate = outcome.verdict.chosen.candidate
     rule = RULES[candidate.rule]
@@ -304,7 +304,7 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
             model = source["model"]
             job.update(workload="emulated", emulate=model.workload, forward_time=model.forward_time,
                        backward_ratio=model.backward_ratio, jitter=model.jitter, samples=model.samples)
-            from runtime.presets import default_split_overhead
+            from runtime.durations.presets import default_split_overhead
 
             if model.split_overhead != default_split_overhead(model.workload):  # else the emulated model's own
                 job["split_overhead"] = model.split_overhead
@@ -350,7 +350,7 @@ def _summary_line(data: dict) -> str:
     line = f"wrote {data['written']['job.toml']}: {v['hint']} ({v['rule']})"
     gain = p.get("gain_over_fixed_1f1b")
     if gain:
-        from runtime.tune import baseline_label
+        from runtime.tune.decide import baseline_label
 
         shape = data["shape"]
         line += (f", predicted {gain['estimate']:+.1%} over {baseline_label(shape['chunks'], shape['placement'])} "
@@ -412,9 +412,9 @@ def _numeric(cell: str) -> bool:
 
 
 def _check(run: Path, report_path: Path, output: Output) -> None:
-    from profiler.analysis import complete_iterations, iteration_windows
-    from profiler.reader import read_trace
-    from runtime.tune import gain_range
+    from profiler.analysis.core import complete_iterations, iteration_windows
+    from profiler.trace.reader import read_trace
+    from runtime.tune.decide import gain_range
 
     try:
         data = json.loads(report_path.read_text())

@@ -2,7 +2,7 @@
 
 Every command takes its shape, hint, policy and variability options from here
 so names, defaults and help text agree across ``hints``, ``simulate`` and
-``run``. Nothing here imports torch or polars (``runtime.arbiter`` is pure
+``run``. Nothing here imports torch or polars (``runtime.sched.arbiter`` is pure
 Python).
 """
 
@@ -15,18 +15,18 @@ from typing import Annotated, Optional
 import typer
 
 from hints.tasks import PLACEMENTS
-from runtime.arbiter import P2P_MODES, Policy
-from runtime.presets import LEGACY_ALIASES, MEASURED_SPLIT_OVERHEAD, PRESET_NAMES, SPLIT_OVERHEAD, WORKLOAD_NAMES
+from runtime.sched.arbiter import P2P_MODES, Policy
+from runtime.durations.presets import LEGACY_ALIASES, MEASURED_SPLIT_OVERHEAD, PRESET_NAMES, SPLIT_OVERHEAD, WORKLOAD_NAMES
 
 SHAPE = "Pipeline shape"
 VARIABILITY = "Variability model"
 
 
-# The policies come from the arbiter's rule table (runtime.arbiter.RULES), the one place they are defined.
+# The policies come from the arbiter's rule table (runtime.sched.arbiter.RULES), the one place they are defined.
 PolicyChoice = Enum("PolicyChoice", {policy.value: policy.value for policy in Policy}, type=str)
 
 
-# --p2p values (runtime.arbiter.P2P_MODES); "async" is a keyword, so the functional form.
+# --p2p values (runtime.sched.arbiter.P2P_MODES); "async" is a keyword, so the functional form.
 P2PChoice = Enum("P2PChoice", {mode: mode for mode in P2P_MODES}, type=str)
 
 
@@ -38,7 +38,7 @@ class LookaheadChoice(str, Enum):
     off = "off"
 
 
-# Workload names come from runtime.presets (presets, legacy models and their aliases language/multimodal).
+# Workload names come from runtime.durations.presets (presets, legacy models and their aliases language/multimodal).
 WorkloadChoice = Enum("WorkloadChoice", {name: name for name in WORKLOAD_NAMES}, type=str)
 WORKLOAD_HELP = (f"uniform; presets {', '.join(PRESET_NAMES)} (docs/workloads.md); "
                  f"{', '.join(LEGACY_ALIASES.values())} (aliases {', '.join(LEGACY_ALIASES)})")
@@ -139,7 +139,7 @@ CostTableFile = Annotated[
                  "model (docs/workloads.md).", rich_help_panel=VARIABILITY),
 ]
 def _split_defaults() -> str:
-    """Each workload's default split cost, from runtime.presets (one source for every help text)."""
+    """Each workload's default split cost, from runtime.durations.presets (one source for every help text)."""
     by_figure: dict[float, list[str]] = {}
     for name, figure in SPLIT_OVERHEAD.items():
         by_figure.setdefault(figure, []).append(name)
@@ -184,13 +184,13 @@ def variability_model(
     comm_latency: float,
     comm_jitter: float,
     cost_table: Path | None = None,
-    split_overhead: float | None = None,  # None: the workload's own (runtime.presets.SPLIT_OVERHEAD)
+    split_overhead: float | None = None,  # None: the workload's own (runtime.durations.presets.SPLIT_OVERHEAD)
 ):
-    from runtime.variability import VariabilityModel
+    from runtime.durations.variability import VariabilityModel
 
     table = None
     if cost_table is not None:
-        from runtime.presets import load_cost_table
+        from runtime.durations.presets import load_cost_table
 
         table = load_cost_table(cost_table)
     return VariabilityModel(

@@ -18,23 +18,23 @@ from typing import Any
 
 from hints.errors import UserError
 from hints.tasks import PLACEMENTS, Task
-from runtime.arbiter import P2P_MODES, ArbiterRule, MemoryBudget, Policy, check_p2p, rule_for
-from runtime.presets import WORKLOAD_NAMES
-from runtime.variability import check_split_overhead
+from runtime.sched.arbiter import P2P_MODES, ArbiterRule, MemoryBudget, Policy, check_p2p, rule_for
+from runtime.durations.presets import WORKLOAD_NAMES
+from runtime.durations.variability import check_split_overhead
 
 RUN_WORKLOADS = ("gpt", "multimodal", "emulated")  # or a user's factory, "package.module:factory"
-EMULATE_MODELS = WORKLOAD_NAMES  # runtime.presets: uniform, the presets, the legacy models and their aliases
+EMULATE_MODELS = WORKLOAD_NAMES  # runtime.durations.presets: uniform, the presets, the legacy models and their aliases
 POLICIES = tuple(policy.value for policy in Policy)  # from the arbiter's rule table
 DEVICES = ("auto", "cpu", "cuda")
 BACKENDS = ("auto", "gloo", "nccl")
-EMULATED_WIDTH = 32  # the emulated workload's layer (runtime.workloads), which --tp splits
+EMULATED_WIDTH = 32  # the emulated workload's layer (runtime.workloads.builtin), which --tp splits
 
 
 def default_samples(workload: str, emulate: str) -> int:
     """Samples per microbatch unless told: an emulated preset draws as many as the simulator's preset does
     (``Preset.samples``: vlm-mixed 1, sft-chat 4, ...), so a run and its simulation share one spread; the
     real models and the legacy emulated models 2."""
-    from runtime.presets import PRESETS, canonical
+    from runtime.durations.presets import PRESETS, canonical
 
     preset = PRESETS.get(canonical(emulate)) if workload == "emulated" and isinstance(emulate, str) else None
     return preset.samples if preset is not None else 2
@@ -46,14 +46,14 @@ class RunConfig:
 
     workload: str = "gpt"
     stages: int = 2
-    chunks: int | None = None  # None: 1, or 2 under V placement (runtime.plan.run_shape)
+    chunks: int | None = None  # None: 1, or 2 under V placement (runtime.run.plan.run_shape)
     microbatches: int = 8
-    placement: str | None = None  # looping or v; None: the hint's own (hints.hintfile.hint_placement)
+    placement: str | None = None  # looping or v; None: the hint's own (hints.files.load.hint_placement)
     tp: int = 1
     dp: int = 1
     hint: str | None = None  # None: 1f1b (interleaved-1f1b with chunks >= 2, zbv under V placement)
     policy: str = "ready"
-    lookahead: bool | None = None  # ready policy: None = the hint's default (runtime.arbiter.rule_for)
+    lookahead: bool | None = None  # ready policy: None = the hint's default (runtime.sched.arbiter.rule_for)
     p2p: str = "async"  # fixed policy: "blocking" waits for peers as Megatron does ([Note: blocking p2p])
     memory_budget: str = "1f1b"
     iters: int = 5
@@ -65,13 +65,13 @@ class RunConfig:
     layers_per_stage: int = 1
     vocab: int = 128
     samples: int | None = None  # per microbatch; None: an emulated preset's own, else 2 (default_samples)
-    seq_len: int | None = None  # gpt: fixed sequence length (default: variable, see runtime.workloads)
+    seq_len: int | None = None  # gpt: fixed sequence length (default: variable, see runtime.workloads.builtin)
     # emulated workload: durations from the simulator's variability models
     emulate: str = "multimodal"
     forward_time: float = 0.020
     backward_ratio: float = 2.0
     # emulated split backward: I + W = split_overhead x B; None: the --emulate model's own figure
-    # ([Note: split backward cost by preset] in runtime.presets)
+    # ([Note: split backward cost by preset] in runtime.durations.presets)
     split_overhead: float | None = None
     # variability injected into any workload (emulated: part of the sampled durations)
     jitter: float = 0.0
@@ -91,7 +91,7 @@ class RunConfig:
     trace: bool = True  # write a Perfetto trace (trace.pftrace in the run directory)
     trace_iters: str | None = None  # "A:B": trace iterations A..B-1 only (either side may be empty)
     out: str | None = None  # default runs/<timestamp>-<workload>
-    # checkpoints (runtime.checkpoint)
+    # checkpoints (runtime.run.checkpoint)
     checkpoint_every: int | None = None  # write a checkpoint after every K iterations
     skip_nonfinite: bool = False  # a NaN/inf loss skips the optimizer step instead of stopping the run
 
@@ -175,7 +175,7 @@ class RunConfig:
                             f"= {self.world_size} ranks", "--nproc")
 
     def _check_tp(self) -> None:
-        """``--tp`` must split what is sharded (:mod:`runtime.tp`): attention heads, or the emulated layer.
+        """``--tp`` must split what is sharded (:mod:`runtime.exec.tp`): attention heads, or the emulated layer.
 
         A user's model (``package.module:factory``) is refused rather than half-supported: rrfp does not
         know how to shard its layers or split its data between replicas.
@@ -231,7 +231,7 @@ class RunConfig:
 
 
 def is_factory_path(workload: object) -> bool:
-    """``package.module:factory``: a user's model ([Note: the model protocol] in runtime.user_model)."""
+    """``package.module:factory``: a user's model ([Note: the model protocol] in runtime.workloads.user)."""
     if not isinstance(workload, str):
         return False
     module, colon, name = workload.partition(":")

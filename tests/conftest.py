@@ -12,7 +12,7 @@ from hypothesis import settings
 
 from hints.orders import HintOrder
 from hints.tasks import PipelineShape, Task
-from runtime.deps import TaskGraph
+from hints.deps import TaskGraph
 
 # Property tests run on a 2-core CI machine: keep examples modest and deterministic.
 settings.register_profile("rrfp", max_examples=300, deadline=None, derandomize=True)
@@ -70,7 +70,7 @@ def alive(pid: int) -> bool:
 
 def live_ranks(run: Path) -> list[int]:
     """The ranks of a run directory whose processes still run (from their status files' pids)."""
-    from runtime.worker import StatusBoard
+    from runtime.run.worker import StatusBoard
 
     boards = sorted((run / "status").glob("rank*"))
     assert boards, f"no status files in {run}"

@@ -3,7 +3,7 @@
     python -m tests.runtime_harness SPEC.json RESULTS.pt
 
 SPEC.json: {"nproc": 2, "timeout": 30, "jobs": [{"name": ..., "config": {RunConfig fields}}, ...]}; a job may
-name a ``"recorder"`` ("profiler.recorder:TraceRecorder" writes its traces under run/<name>/trace).
+name a ``"recorder"`` ("profiler.trace.recorder:TraceRecorder" writes its traces under run/<name>/trace).
 Running in a subprocess lets the test put a hard timeout on the whole launch.
 """
 
@@ -16,8 +16,8 @@ from pathlib import Path
 import torch
 
 from runtime.config import RunConfig
-from runtime.launch import launch
-from runtime.worker import Job, WorkerOptions
+from runtime.run.launch import launch
+from runtime.run.worker import Job, WorkerOptions
 
 
 def main(spec_path: str, results_path: str) -> None:

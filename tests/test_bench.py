@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from profiler import bench, bench_runs
-from profiler.bench_report import section_markdown
-from profiler.charts import HEIGHT, WIDTH, BarChart, Bars, LineChart, Series, nice_ticks, save_chart
+from profiler.bench import runs as bench_runs, suite as bench
+from profiler.bench.report import section_markdown
+from profiler.draw.charts import HEIGHT, WIDTH, BarChart, Bars, LineChart, Series, nice_ticks, save_chart
 from tests.test_trace_commands import one_error, rrfp
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -198,7 +198,7 @@ def test_cross_framework_json_is_read_into_measurements_and_equal_memory_pairs(t
     assert pairs["ScheduleGPipe"]["fixed_step_s"] is None  # not run on the rrfp side: shown as "-"
     dual = pairs["ScheduleDualPipeV"]
     assert dual["equal_memory"] is False and dual["ready_budget"] == "5" and dual["chunks"] == 2
-    from profiler.bench_report import external_table
+    from profiler.bench.report import external_table
 
     table = "\n".join(external_table({"external": {"command": "x", "measurements": [m], "pairs": list(pairs.values())}}))
     assert "ScheduleDualPipeV | torch:ScheduleDualPipeV (v=2, V)" in table and "(@5*)" in table
@@ -206,7 +206,7 @@ def test_cross_framework_json_is_read_into_measurements_and_equal_memory_pairs(t
 
 
 def test_the_real_runs_emulate_presets_and_measure_the_blocking_baseline():
-    from runtime.presets import PRESETS
+    from runtime.durations.presets import PRESETS
 
     emulated = [s for s in (*bench_runs.REAL_SETS, *bench_runs.QUICK_REAL_SETS) if s.workload == "emulated"]
     assert emulated and all(s.emulate in PRESETS for s in emulated)

@@ -1,4 +1,4 @@
-"""``--p2p blocking`` on real processes (gloo, CPU): [Note: blocking p2p in the runtime] in runtime.executor.
+"""``--p2p blocking`` on real processes (gloo, CPU): [Note: blocking p2p in the runtime] in runtime.exec.executor.
 
 One launch of 4 ranks runs every job (starting ranks is the slow part on 2 cores), inside a subprocess with
 a hard timeout, as tests/test_runtime.py does.
@@ -23,7 +23,7 @@ JOBS = [
     {"name": "blocking", "config": {**GPT, "p2p": "blocking"}},
     {"name": "blocking-zb", "config": {**GPT, "hint": "zb", "p2p": "blocking"}},
     # Emulated: tasks sleep their sampled durations, so ranks really wait for one another; traced.
-    {"name": "traced", "recorder": "profiler.recorder:TraceRecorder",
+    {"name": "traced", "recorder": "profiler.trace.recorder:TraceRecorder",
      "config": dict(workload="emulated", emulate="multimodal", stages=4, microbatches=8, policy="fixed",
                     p2p="blocking", iters=2, seed=1, forward_time=0.004, jitter=0.3)},
 ]
@@ -59,8 +59,8 @@ def test_only_blocking_ranks_wait_for_receivers(results):
 
 
 def test_the_trace_records_the_waits_and_bubbles_name_them(results):
-    from profiler import analysis
-    from profiler.reader import read_trace
+    from profiler.analysis import core as analysis
+    from profiler.trace.reader import read_trace
 
     root, _ = results
     frames = read_trace(root / "run" / "traced")

@@ -1,4 +1,4 @@
-"""Tests of runtime.bounds: exact values on uniform pipelines, Jackson's rule against the
+"""Tests of runtime.sched.bounds: exact values on uniform pipelines, Jackson's rule against the
 closed form, and validity (bound <= simulated makespan) for every built-in hint and policy."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ from hypothesis import given, settings, strategies as st
 
 from hints.orders import applicable_builtins
 from hints.tasks import PLACEMENTS, V, PipelineShape
-from runtime.arbiter import MemoryBudget
-from runtime.bounds import LowerBound, jackson_preemptive_bound, makespan_lower_bound, split_bound
-from runtime.deps import TaskGraph, prerequisites
-from runtime.simulator import ScheduleDeadlock, simulate
-from runtime.variability import Durations
+from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.bounds import LowerBound, jackson_preemptive_bound, makespan_lower_bound, split_bound
+from hints.deps import TaskGraph, prerequisites
+from runtime.sched.simulator import ScheduleDeadlock, simulate
+from runtime.durations.variability import Durations
 from tests.conftest import unit_durations
 from tests.test_properties import random_order_hint
 

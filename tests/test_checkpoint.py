@@ -16,9 +16,9 @@ import polars as pl
 import pytest
 
 from hints.errors import UserError
-from runtime import checkpoint
+from runtime.run import checkpoint
 from runtime.config import RunConfig
-from runtime.launch import free_port
+from runtime.run.launch import free_port
 from tests.conftest import REPO, _INHERITED, alive, run_rrfp
 from tests.test_faults import status, wait_for
 from tests.test_run_cli import one_error_line

@@ -8,14 +8,14 @@ from hypothesis import given, settings, strategies as st
 
 from hints.errors import UserError
 from hints.tasks import PipelineShape
-from runtime.duration_tables import (
+from runtime.durations.tables import (
     check_destination,
     duration_rows,
     durations_frame_rows,
     load_durations,
     write_durations,
 )
-from runtime.variability import Durations, VariabilityModel, sample_durations
+from runtime.durations.variability import Durations, VariabilityModel, sample_durations
 
 
 def make_durations(stages: int, microbatches: int, split: bool, seed: int = 0) -> Durations:

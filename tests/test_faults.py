@@ -21,8 +21,8 @@ import polars as pl
 import pytest
 
 from runtime.config import RunConfig
-from runtime.launch import diagnose, free_port
-from runtime.worker import StatusBoard, Watchdog, salvage_metrics
+from runtime.run.launch import diagnose, free_port
+from runtime.run.worker import StatusBoard, Watchdog, salvage_metrics
 from tests.conftest import REPO, _INHERITED, alive, run_rrfp
 
 LONG_RUN = ("run", "--workload", "emulated", "-p", "3", "-m", "6", "--forward-time", "0.004", "--iters", "400")
@@ -240,7 +240,7 @@ def test_salvage_keeps_every_complete_line(tmp_path):
 def test_nccl_is_chosen_per_node_from_local_world_size(monkeypatch):
     import torch
 
-    from runtime.worker import _device_and_backend
+    from runtime.run.worker import _device_and_backend
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
@@ -254,7 +254,7 @@ def test_nccl_is_chosen_per_node_from_local_world_size(monkeypatch):
 
 
 def test_one_host_is_one_clock_domain_and_offsets_below_their_error_are_not_applied():
-    from runtime.worker import _boot_id, choose_clock_offset
+    from runtime.run.worker import _boot_id, choose_clock_offset
 
     assert _boot_id() > 0  # Linux: /proc/sys/kernel/random/boot_id
     assert choose_clock_offset((40_000, 25_000), boot=7, rank0_boot=7) == (0, 0)  # same host: exact

@@ -19,14 +19,9 @@ from pathlib import Path
 import pytest
 
 from hints.errors import HintError, UserError
-from hints.hintfile import (
-    HINT_FORMAT,
-    hint_to_json,
-    load_hint,
-    resolve_hint,
-    save_hint,
-    save_torch_csv,
-)
+from hints.files.hint_json import HINT_FORMAT, hint_to_json, save_hint
+from hints.files.load import load_hint, resolve_hint
+from hints.files.torch_csv import save_torch_csv
 from hints.orders import BUILTIN_HINTS, applicable_builtins, builtin_hint
 from hints.tasks import PipelineShape, Task
 
@@ -397,7 +392,7 @@ def test_hint_error_is_a_user_error():
 @requires_torch
 @pytest.mark.parametrize("ranks, microbatches", [(4, 8), (2, 4), (3, 5), (8, 16)])
 def test_torch_1f1b_equals_builtin(ranks, microbatches):
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     imported = import_torch_schedule("1F1B", ranks, microbatches)
     builtin = builtin_hint("1f1b", ranks, 1, microbatches)
@@ -415,7 +410,7 @@ def test_torch_1f1b_equals_builtin(ranks, microbatches):
 @requires_torch
 @pytest.mark.parametrize("name", ["GPipe", "ScheduleGPipe", "gpipe"])
 def test_torch_gpipe_equals_builtin(name):
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     imported = import_torch_schedule(name, 4, 8)
     assert imported.orders == builtin_hint("gpipe", 4, 1, 8).orders
@@ -426,7 +421,7 @@ def test_torch_gpipe_equals_builtin(name):
 @pytest.mark.parametrize("chunks", [2, 3])
 @pytest.mark.parametrize("ranks, microbatches", [(4, 8), (2, 4), (4, 12)])
 def test_torch_interleaved_1f1b_equals_builtin(ranks, microbatches, chunks):
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     imported = import_torch_schedule("Interleaved1F1B", ranks, microbatches, chunks)
     builtin = builtin_hint("interleaved-1f1b", ranks, chunks, microbatches)
@@ -437,7 +432,7 @@ def test_torch_interleaved_1f1b_equals_builtin(ranks, microbatches, chunks):
 @requires_torch
 @pytest.mark.parametrize("chunks", [2, 3])
 def test_torch_looped_bfs_equals_breadth_first(chunks):
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     imported = import_torch_schedule("LoopedBFS", 4, 8, chunks)
     assert imported.orders == builtin_hint("bf", 4, chunks, 8).orders
@@ -446,7 +441,7 @@ def test_torch_looped_bfs_equals_breadth_first(chunks):
 @requires_torch
 @pytest.mark.parametrize("ranks, microbatches", [(4, 8), (2, 4), (4, 12)])
 def test_torch_interleaved_zero_bubble_equals_zb(ranks, microbatches):
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     imported = import_torch_schedule("InterleavedZeroBubble", ranks, microbatches, 2)
     builtin = builtin_hint("zb", ranks, 2, microbatches)
@@ -459,7 +454,7 @@ def test_torch_interleaved_zero_bubble_equals_zb(ranks, microbatches):
 @pytest.mark.parametrize("name", ["ZBVZeroBubble", "ScheduleZBVZeroBubble"])
 @pytest.mark.parametrize("ranks,microbatches", [(1, 3), (2, 3), (4, 8), (4, 5), (3, 12), (8, 32)])
 def test_torch_zbv_equals_builtin(name, ranks, microbatches):
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     imported = import_torch_schedule(name, ranks, microbatches)  # V schedules default to 2 chunks
     builtin = builtin_hint("zbv", ranks, 2, microbatches)
@@ -469,8 +464,8 @@ def test_torch_zbv_equals_builtin(name, ranks, microbatches):
 
 @requires_torch
 def test_torch_dualpipev_is_imported_in_a_v():
-    from hints.torch_import import import_torch_schedule
-    from runtime.simulator import check_completes
+    from hints.files.torch_import import import_torch_schedule
+    from runtime.sched.simulator import check_completes
 
     hint = import_torch_schedule("DualPipeV", 4, 8, 2)
     assert hint.shape == PipelineShape(4, 2, 8, True, "v")
@@ -489,7 +484,7 @@ def test_torch_dualpipev_is_imported_in_a_v():
     ("Interleaved1F1B", 2, "v", "does not follow the v placement"),
 ])
 def test_torch_import_checks_the_placement(name, chunks, placement, match):
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     with pytest.raises(HintError, match=match):
         import_torch_schedule(name, 4, 8, chunks, placement)
@@ -497,7 +492,7 @@ def test_torch_import_checks_the_placement(name, chunks, placement, match):
 
 @requires_torch
 def test_torch_unknown_schedule():
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     with pytest.raises(HintError, match=r"unknown torch schedule 'NoSuchSchedule'; supported: 1F1B"):
         import_torch_schedule("NoSuchSchedule", 4, 8)
@@ -505,7 +500,7 @@ def test_torch_unknown_schedule():
 
 @requires_torch
 def test_torch_chunk_count_must_fit_the_schedule_class():
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     with pytest.raises(HintError, match="one stage per rank"):
         import_torch_schedule("1F1B", 4, 8, 2)

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from runtime.config import RunConfig
-from runtime.launch import free_port
-from runtime.plan import run_shape
-from runtime.workloads import reference_train
+from runtime.run.launch import free_port
+from runtime.run.plan import run_shape
+from runtime.workloads.make import reference_train
 from tests.conftest import run_rrfp
 
 

@@ -1,4 +1,4 @@
-"""Workload presets (runtime.presets): measured statistics, legacy names, cost tables, the CLI and the script."""
+"""Workload presets (runtime.durations.presets): measured statistics, legacy names, cost tables, the CLI and the script."""
 
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ import pytest
 
 from hints.errors import UserError
 from hints.tasks import PipelineShape
-from runtime.presets import PRESETS, load_cost_table
-from runtime.variability import VariabilityModel, describe_workload, sample_durations, sample_microbatches
+from runtime.durations.presets import PRESETS, load_cost_table
+from runtime.durations.variability import VariabilityModel, describe_workload, sample_durations, sample_microbatches
 from tests.conftest import REPO, run_rrfp
 
 COUNT = 1000  # microbatches per measurement, as --describe samples by default
@@ -280,7 +280,7 @@ def test_an_emulated_preset_draws_as_many_samples_as_its_simulation():
     ("uniform", 1.0),
 ])
 def test_each_workload_charges_its_documented_split_cost_by_default(workload, expected):
-    from runtime.presets import MEASURED_SPLIT_OVERHEAD, default_split_overhead
+    from runtime.durations.presets import MEASURED_SPLIT_OVERHEAD, default_split_overhead
 
     assert expected in (*MEASURED_SPLIT_OVERHEAD.values(), 1.0)  # the measured figures, not new numbers
     assert default_split_overhead(workload) == expected
@@ -294,8 +294,8 @@ def test_each_workload_charges_its_documented_split_cost_by_default(workload, ex
 
 def test_the_emulated_run_charges_the_emulated_presets_split_unless_told():
     from runtime.config import RunConfig
-    from runtime.plan import run_shape
-    from runtime.workloads import make_workload
+    from runtime.run.plan import run_shape
+    from runtime.workloads.make import make_workload
 
     def charged(**flags) -> float:
         config = RunConfig(workload="emulated", stages=2, microbatches=2, **flags)

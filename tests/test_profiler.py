@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hints.errors import UserError
-from profiler import analysis
-from profiler.reader import TraceError, read_trace
+from profiler.analysis import core as analysis
+from profiler.trace.reader import TraceError, read_trace
 from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
 
 
@@ -165,8 +165,8 @@ def test_realized_tables_cover_the_complete_iterations(tmp_path):
 
 
 def test_realized_table_written_and_read_back_replays_the_run(one_f_one_b, tmp_path):
-    from runtime.duration_tables import load_durations, write_durations
-    from runtime.simulator import simulate
+    from runtime.durations.tables import load_durations, write_durations
+    from runtime.sched.simulator import simulate
 
     frames = read_trace(one_f_one_b)
     ((iteration, table),) = analysis.realized_tables(frames)

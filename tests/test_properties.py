@@ -18,9 +18,9 @@ from hypothesis import given, strategies as st
 from hints.errors import UserError
 from hints.orders import HintOrder, applicable_builtins, builtin_hint
 from hints.tasks import PLACEMENTS, V, PipelineShape
-from runtime.arbiter import MemoryBudget
-from runtime.deps import TaskGraph, prerequisites
-from runtime.simulator import ScheduleDeadlock, simulate
+from runtime.sched.arbiter import MemoryBudget
+from hints.deps import TaskGraph, prerequisites
+from runtime.sched.simulator import ScheduleDeadlock, simulate
 
 
 def random_durations(graph: TaskGraph, seed: int, latency: float):

@@ -221,7 +221,7 @@ def test_a_hanging_rank_is_reported_by_the_watchdog(tmp_path):
 
 
 def test_joins_a_torchrun_job(tmp_path):
-    from runtime.launch import free_port
+    from runtime.run.launch import free_port
 
     done = run_rrfp(tmp_path, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m", "rrfp_cli", "run",
                     "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2", "--out", "tr",

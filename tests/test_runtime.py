@@ -17,8 +17,8 @@ import torch
 
 from hints.orders import applicable_builtins, builtin_hint
 from runtime.config import RunConfig
-from runtime.plan import run_shape
-from runtime.workloads import reference_train
+from runtime.run.plan import run_shape
+from runtime.workloads.make import reference_train
 
 ROOT = Path(__file__).resolve().parent.parent
 ITERS = 2
@@ -189,11 +189,12 @@ def test_v_placement_matches_single_process(tmp_path, stages, microbatches, work
 def test_emulated_stage_sleeps_the_split_overhead_in_w(monkeypatch, split, overhead):
     """[Note: split backward durations]: a split backward sleeps B/2 in I and (overhead - 1/2) x B in W; a full
     B sleeps B whatever the overhead."""
-    import runtime.workloads as workloads
+    import runtime.workloads.builtin as workloads
+    from runtime.workloads.make import make_workload
 
     config = RunConfig(workload="emulated", emulate="uniform", stages=2, microbatches=2, forward_time=0.001,
                        split_overhead=overhead)
-    workload = workloads.make_workload(config, run_shape(config))
+    workload = make_workload(config, run_shape(config))
     workload.split_backward = split
     stage = workload.build_stage(1)
     batch = workload.batch(0, 0)

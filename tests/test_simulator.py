@@ -10,9 +10,9 @@ import pytest
 from hints.orders import BUILTIN_HINTS, builtin_hint
 from hints.errors import HintError, UserError
 from hints.tasks import Kind, Task
-from runtime.deps import TaskGraph
-from runtime.simulator import ScheduleDeadlock, check_completes, simulate
-from runtime.variability import VariabilityModel, sample_durations
+from hints.deps import TaskGraph
+from runtime.sched.simulator import ScheduleDeadlock, check_completes, simulate
+from runtime.durations.variability import VariabilityModel, sample_durations
 from tests.conftest import hint_from_text, unit_durations
 
 GOLDEN = Path(__file__).parent / "golden"
@@ -108,7 +108,7 @@ def test_dualpipev_bubble_and_memory(p, m):
     pytest.importorskip("torch")
     from torch.distributed.pipelining._schedule_visualizer import get_schedule_ops
 
-    from hints.torch_import import import_torch_schedule
+    from hints.files.torch_import import import_torch_schedule
 
     hint = import_torch_schedule("DualPipeV", p, m)
     graph = TaskGraph.build(hint.shape)
@@ -226,8 +226,8 @@ def test_inlined_predictions_give_what_the_method_calls_give(hint_name, chunks, 
     # arbiter without prediction_slots gets the method calls. Both must give the same run, decision by decision.
     from dataclasses import replace
 
-    from runtime.arbiter import RULES, LookaheadArbiter
-    from runtime.evaluate import resolve
+    from runtime.sched.arbiter import RULES, LookaheadArbiter
+    from runtime.sched.evaluate import resolve
 
     class ByCalls(LookaheadArbiter):
         prediction_slots = None  # the simulator falls back to expect_consumer / expect_consumer_relayed

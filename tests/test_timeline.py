@@ -7,9 +7,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from profiler.analysis import bubbles, idle_segments
-from profiler.reader import read_trace
-from profiler.timeline import HATCHES, Box, Panel, build_scene, hatch_strokes, task_colour
+from profiler.analysis.core import bubbles, idle_segments
+from profiler.trace.reader import read_trace
+from profiler.draw.timeline import HATCHES, Box, Panel, build_scene, hatch_strokes, task_colour
 from tests.test_trace_commands import one_error, rrfp
 from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, build_run
 

@@ -12,16 +12,16 @@ import json
 import pytest
 import torch
 
-from profiler.analysis import follow_latency
-from profiler.reader import read_trace
+from profiler.analysis.core import follow_latency
+from profiler.trace.reader import read_trace
 from runtime.config import RunConfig
-from runtime.plan import run_shape
-from runtime.tp import unshard
-from runtime.workloads import reference_train
+from runtime.run.plan import run_shape
+from runtime.exec.tp import unshard
+from runtime.workloads.make import reference_train
 from tests.conftest import run_rrfp
 from tests.test_runtime import run_jobs
 
-TRACE = "profiler.recorder:TraceRecorder"
+TRACE = "profiler.trace.recorder:TraceRecorder"
 RTOL, ATOL = 2e-5, 2e-6  # sharded matmuls sum their partial products in another order than the whole layer
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import polars as pl
 import pytest
 
-from profiler import analysis
-from profiler.analysis import BUBBLE_COLUMNS, split_gap
-from profiler.reader import read_trace
+from profiler.analysis import core as analysis
+from profiler.analysis.core import BUBBLE_COLUMNS, split_gap
+from profiler.trace.reader import read_trace
 from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
 
 INF = float("inf")

@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from profiler.reader import read_trace
+from profiler.trace.reader import read_trace
 from tests.conftest import run_rrfp
 
 @pytest.fixture(scope="module")
@@ -109,10 +109,10 @@ def test_compare_export_timeline(runs, tmp_path):
 
 @pytest.mark.parametrize("which,suffix", [("fixed", ".csv"), ("ready", ".parquet")])
 def test_export_durations_replays_each_iteration_close_to_what_ran(runs, tmp_path, which, suffix):
-    from profiler import analysis
-    from runtime.arbiter import MemoryBudget
-    from runtime.duration_tables import load_durations
-    from runtime.simulator import simulate
+    from profiler.analysis import core as analysis
+    from runtime.sched.arbiter import MemoryBudget
+    from runtime.durations.tables import load_durations
+    from runtime.sched.simulator import simulate
 
     root, fixed, ready = runs
     run = fixed if which == "fixed" else ready

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 import pytest
 
-from profiler.schema import rank_trace_files, track_uuid
+from profiler.trace.schema import rank_trace_files, track_uuid
 from tests.trace_builder import (MISALIGNED, ONE_F_ONE_B, build_run, build_taskless_run, drop_last_packet,
                                  packet_bounds)
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from profiler.reader import TraceError, read_trace
+from profiler.trace.reader import TraceError, read_trace
 from tests.trace_builder import ONE_F_ONE_B, build_run, corrupt_packet, packet_bounds
 
 
@@ -51,8 +51,8 @@ def test_a_trace_truncated_before_its_metadata_is_called_truncated(trace, tmp_pa
 
 
 def test_merge_keeps_the_complete_packets_of_a_cut_rank_file_and_every_later_rank(tmp_path):
-    from profiler.recorder import merge_run_traces
-    from profiler.schema import rank_trace_files
+    from profiler.trace.recorder import merge_run_traces
+    from profiler.trace.schema import rank_trace_files
 
     spec = dict(ONE_F_ONE_B, ranks=4, microbatches=2,
                 tasks={r: [(f"{r}F0", 10 * r, 10 * r + 5), (f"{r}F1", 10 * r + 5, 10 * r + 10),

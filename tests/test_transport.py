@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from hints.tasks import F, Task
-from runtime.transport import (
+from runtime.comm.transport import (
     CLOSE,
     DATA,
     FRAME_BYTES,
@@ -303,7 +303,7 @@ def _payload(microbatch: int) -> tuple[torch.Tensor, ...]:
 
 
 def _ordered_exchange(rank: int, port: int, out, body_bytes: int) -> None:
-    from runtime.transport import Transport
+    from runtime.comm.transport import Transport
 
     _init(rank, port)
     # Every third message waits 20 ms on the link's thread: direct and deferred sends mix on one link.
@@ -340,7 +340,7 @@ def test_two_ranks_keep_each_link_in_order_with_notices_first_and_close_cleanly(
 
 
 def _peer_dies(rank: int, port: int, out) -> None:
-    from runtime.transport import Transport
+    from runtime.comm.transport import Transport
 
     _init(rank, port)
     transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=10)
@@ -385,7 +385,7 @@ def test_the_socket_reader_rebuilds_frames_whatever_the_reads_cut_them_into():
     # The dispatcher reads what the socket holds, which may end inside a header or a payload.
     import random
 
-    from runtime.transport import _SocketReader
+    from runtime.comm.transport import _SocketReader
 
     messages = [(HELLO, None, ())] + [
         (DATA, Task(0, F, mb), (torch.full((mb % 5, 3), float(mb)), torch.tensor([mb]))) if mb % 3 else
@@ -418,7 +418,7 @@ def test_the_socket_reader_rebuilds_frames_whatever_the_reads_cut_them_into():
 
 
 def test_the_socket_reader_refuses_a_frame_out_of_order_and_a_peer_that_hangs_up():
-    from runtime.transport import _SocketReader
+    from runtime.comm.transport import _SocketReader
 
     mine, theirs = socket.socketpair()
     reader = _SocketReader(Link(0, 1, None, 0, theirs), lambda src: None)
@@ -454,7 +454,7 @@ FLOOD = 400  # messages of a full inline payload: 13 MB, more than the kernel ho
 
 
 def _flood(rank: int, port: int, out) -> None:
-    from runtime.transport import Transport
+    from runtime.comm.transport import Transport
 
     _init(rank, port)
     transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30)
@@ -491,7 +491,7 @@ def test_a_full_socket_never_blocks_the_poster_and_arrivals_keep_the_kernels_rec
 
 
 def _late_tensors_at_iteration_end(rank: int, port: int, out) -> None:
-    from runtime.transport import Transport
+    from runtime.comm.transport import Transport
 
     _init(rank, port)
     transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30, body_bytes=0)
@@ -512,7 +512,7 @@ def test_waiting_for_sends_reads_the_peers_frames_so_late_receives_get_posted():
 
 
 def test_a_spare_buffer_is_reused_only_once_nobody_else_holds_it():
-    from runtime.transport import _Spares
+    from runtime.comm.transport import _Spares
 
     spares = _Spares()
     held = torch.full((64,), 1.0)
@@ -531,7 +531,7 @@ RECYCLED = 16
 
 
 def _recycled(rank: int, port: int, out, body_bytes: int) -> None:
-    from runtime.transport import Transport
+    from runtime.comm.transport import Transport
 
     _init(rank, port)
     transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30, body_bytes=body_bytes)
@@ -562,7 +562,7 @@ def _recycled(rank: int, port: int, out, body_bytes: int) -> None:
 
 @pytest.mark.parametrize("body_bytes", [0, 1 << 20], ids=["pre-posted", "bodies"])
 def test_buffers_the_executor_still_holds_are_never_received_into_again(body_bytes):
-    from runtime.transport import PREPOSTED_DEPTH
+    from runtime.comm.transport import PREPOSTED_DEPTH
 
     # and however many messages a read takes at once, the slot keeps PREPOSTED_DEPTH receives, as the sender
     # counts them (CLOSE fills each with one byte)
@@ -575,7 +575,7 @@ def test_link_set_up_ignores_a_stranger_and_names_a_rank_that_never_connects(mon
     # a rank that never connects is named once the timeout is over.
     import struct
 
-    import runtime.transport as tr
+    import runtime.comm.transport as tr
 
     def connect(port: int, who: list[bytes]) -> None:
         for greeting in who:

@@ -10,14 +10,14 @@ import pytest
 
 from hints.costs import CostModel
 from hints.errors import HintError
-from hints.hintfile import hint_from_json, hint_to_json
+from hints.files.hint_json import hint_from_json, hint_to_json
 from hints.orders import as_cost_ranked, builtin_hint, heaviest_first, resolve_cost_ranked
 from hints.tasks import PipelineShape
-from runtime.arbiter import MemoryBudget
-from runtime.scenarios import bootstrap, from_model, from_recorded
-from runtime.tune import tune
-from runtime.tuning import Evaluator, Objective, paired_bootstrap
-from runtime.variability import VariabilityModel, sample_durations
+from runtime.sched.arbiter import MemoryBudget
+from runtime.tune.scenarios import bootstrap, from_model, from_recorded
+from runtime.tune.decide import tune
+from runtime.tune.evaluator import Evaluator, Objective, paired_bootstrap
+from runtime.durations.variability import VariabilityModel, sample_durations
 from tests.conftest import run_rrfp
 
 # -- objectives and intervals -----------------------------------------------------------------------
@@ -205,7 +205,7 @@ def test_memory_auto_gives_a_pareto_table():
 
 
 def test_evaluator_scores_cost_ranked_candidates_per_scenario():
-    from runtime.tuning import Candidate
+    from runtime.tune.evaluator import Candidate
 
     shape = PipelineShape(2, 1, 4)
     scenarios = from_model(VariabilityModel(workload="multimodal"), shape, 3, 1, seed=0)
@@ -239,7 +239,7 @@ def one_error(result) -> str:
 
 
 def test_predicted_ranges_add_the_simulators_measured_error():
-    from runtime.tune import _prediction, gain_range
+    from runtime.tune.decide import _prediction, gain_range
 
     chosen = [0.8 + 0.01 * k for k in range(11)]  # p10 0.81, p90 0.89
     reference = [1.0] * 11
@@ -374,10 +374,10 @@ def test_tune_hint_on_a_v_workload_model_searches_v_orders_only(tmp_path):
 def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path):
     import torch
 
-    from hints.hintfile import save_hint
+    from hints.files.hint_json import save_hint
     from runtime.config import RunConfig
-    from runtime.plan import HintPlan, run_shape
-    from runtime.workloads import make_workload
+    from runtime.run.plan import HintPlan, run_shape
+    from runtime.workloads.make import make_workload
 
     ranked = as_cost_ranked(builtin_hint("gpipe", 2, 1, 6), [6.0, 5.0, 4.0, 3.0, 2.0, 1.0], "gpipe by cost")
     save_hint(ranked, tmp_path / "ranked.json")
@@ -395,7 +395,7 @@ def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path
     data = json.loads(run_rrfp(tmp_path, "simulate", "--hint", "ranked.json", "--workload", "multimodal",
                                "--policy", "fixed", "--json").stdout)
     table = sample_durations(VariabilityModel(workload="multimodal"), PipelineShape(2, 1, 6), 0)
-    from runtime.simulator import simulate
+    from runtime.sched.simulator import simulate
 
     bfw = builtin_hint("bfw", 2, 1, 6, costs=table.expected().microbatch_costs)
     assert data["makespan"] == pytest.approx(simulate(bfw, table, "fixed").makespan)

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from runtime.config import RunConfig
-from runtime.plan import run_shape
-from runtime.workloads import reference_train
+from runtime.run.plan import run_shape
+from runtime.workloads.make import reference_train
 from tests.conftest import run_rrfp
 
 LLAMA = "examples.llama_pipeline:build"
@@ -30,7 +30,7 @@ def test_the_llama_example_matches_the_single_process_reference(tmp_path, extra)
 
 
 def test_cost_features_reach_the_cost_ranked_hints():
-    from runtime.workloads import make_workload
+    from runtime.workloads.make import make_workload
 
     config = RunConfig(workload="tests.user_models:tiny", stages=2, microbatches=3)
     workload = make_workload(config, run_shape(config))
@@ -43,7 +43,7 @@ def test_cost_features_reach_the_cost_ranked_hints():
 
 def test_what_a_factory_returns_is_checked_in_one_line(monkeypatch):
     from hints.errors import UserError
-    from runtime.user_model import ModelContext, PipelineModel, build_model
+    from runtime.workloads.user import ModelContext, PipelineModel, build_model
 
     ctx = ModelContext(RunConfig(), ranks=2, chunks=1, microbatches=2, placement=((0, 0), (1, 0)), seed=0)
 
@@ -52,7 +52,7 @@ def test_what_a_factory_returns_is_checked_in_one_line(monkeypatch):
 
     with pytest.raises(UserError, match="the factory raised ValueError: no such checkpoint of my own"):
         build_model(raising, ctx)
-    with pytest.raises(UserError, match="must return a runtime.user_model.PipelineModel, got dict"):
+    with pytest.raises(UserError, match="must return a runtime.workloads.user.PipelineModel, got dict"):
         build_model(lambda ctx: {}, ctx)
     with pytest.raises(UserError, match="stage 1 is a str, not a torch.nn.Module"):
         build_model(lambda ctx: PipelineModel([torch.nn.Linear(1, 1), "layer"], None, []), ctx)

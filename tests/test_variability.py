@@ -11,9 +11,9 @@ import pytest
 
 from hints.errors import UserError
 from hints.tasks import B, I, W, PipelineShape, Task
-from runtime.deps import TaskGraph
-from runtime.duration_tables import durations_frame_rows, load_durations
-from runtime.variability import (
+from hints.deps import TaskGraph
+from runtime.durations.tables import durations_frame_rows, load_durations
+from runtime.durations.variability import (
     VariabilityModel,
     split_parts,
     _noisy,

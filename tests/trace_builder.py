@@ -13,11 +13,11 @@ import torch
 
 from hints.orders import builtin_hint
 from hints.tasks import Task
-from profiler.recorder import TraceRecorder, merge_run_traces
-from runtime.arbiter import Decision
+from profiler.trace.recorder import TraceRecorder, merge_run_traces
+from runtime.sched.arbiter import Decision
 from runtime.config import RunConfig
-from runtime.recording import RecorderSetup, TaskSpan
-from runtime.transport import Arrival, Sent
+from runtime.exec.recording import RecorderSetup, TaskSpan
+from runtime.comm.transport import Arrival, Sent
 
 US = 1000  # ns per microsecond
 
@@ -103,7 +103,7 @@ MISALIGNED = dict(
 
 def packet_bounds(data: bytes) -> list[tuple[int, int]]:
     """``(start, end)`` of each top-level packet of a trace file (its header included)."""
-    from profiler.schema import next_field
+    from profiler.trace.schema import next_field
 
     bounds, pos = [], 0
     while pos < len(data):
@@ -115,7 +115,7 @@ def packet_bounds(data: bytes) -> list[tuple[int, int]]:
 
 def corrupt_packet(data: bytes, index: int) -> bytes:
     """``data`` with packet ``index``'s body replaced by bytes that are no TracePacket; the framing stays intact."""
-    from profiler.schema import next_field
+    from profiler.trace.schema import next_field
 
     start, end = packet_bounds(data)[index]
     field, _ = next_field(data, start)
@@ -126,7 +126,7 @@ def drop_last_packet(data: bytes, matches) -> bytes:
     """``data`` without the last packet for which ``matches(TracePacket)`` holds."""
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket
 
-    from profiler.schema import next_field
+    from profiler.trace.schema import next_field
 
     bounds = packet_bounds(data)
     for start, end in reversed(bounds):

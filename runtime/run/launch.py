@@ -1,0 +1,327 @@
+"""Starting the ranks: on one machine through torch's elastic launcher, or joining a ``torchrun`` job.
+
+:func:`launch` runs :func:`runtime.run.worker.worker_main` on every rank:
+
+* Under ``torchrun`` (its environment variables are set) this process *is*
+  one rank: it runs the worker directly, and multi-node jobs use torchrun
+  unchanged.
+* Otherwise it starts ``nproc`` ranks with ``torch.distributed.launcher``'s
+  ``elastic_launch`` (c10d rendezvous on a free local port, no restarts). If
+  any rank fails, the elastic agent stops the others at once; we then read
+  the ranks' failure reports (``failures/rank<r>-*.json``) and raise
+  :class:`RunFailed` naming the root cause (:func:`diagnose`).
+
+[Note: root cause]
+    A rank that died without writing a report (killed by a signal, or an
+    exit the runtime did not make) is the root cause: its neighbours'
+    transport errors and failed collectives are what its death looks like
+    from outside, and they always come with reports, so they are ranked
+    after it. Among reports: a raised error, then a stall inside a task, then
+    any stall, then transport errors; ties by time. Where a silent rank was
+    comes from its status file (``runtime.run.worker.StatusBoard``). The agent
+    names only the first process it finds exited, so ranks that fail with a
+    report wait a second before exiting (:func:`_elastic_worker`): a rank
+    that died outright is always the one the agent sees.
+
+Interrupts: SIGINT / SIGTERM reach the elastic agent (which forwards the
+signal to every rank and kills what is left after 5 s) and, from a
+terminal, the ranks themselves; both end in :class:`hints.errors.Interrupted`
+for the caller, after each rank has closed its trace. Under ``torchrun`` a
+rank that is stopped because another one failed reports that failure, not
+the signal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import os
+import signal
+import socket
+import sys
+import time
+import uuid
+import warnings
+from pathlib import Path
+from typing import Any
+
+from hints.errors import Interrupted, UserError
+from runtime.config import is_factory_path
+from runtime.run.worker import STALL_EXIT_CODE, Job, StatusBoard, WorkerOptions, worker_main
+
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+class RunFailed(RuntimeError):
+    """A rank failed or stalled; the message names the root cause and what the other ranks saw."""
+
+
+def under_torchrun() -> bool:
+    return all(name in os.environ for name in TORCHRUN_VARIABLES)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch(jobs: list[Job], options: WorkerOptions, nproc: int, checked: bool = False) -> dict[int, Any]:
+    """Run ``jobs`` on ``nproc`` ranks; returns each local rank's results.
+
+    Every job is checked first (:func:`preflight`), so bad input fails here with one ``UserError``
+    before any rank starts; ``checked``: the caller already ran :func:`preflight` on these jobs.
+    """
+    if not checked:
+        preflight([job.config for job in jobs])
+    if under_torchrun():
+        return _run_under_torchrun(jobs, options)
+    os.environ.setdefault("PYTHONWARNINGS", "ignore:Failed to initialize NumPy")
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs, SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.launcher.api import LaunchConfig, elastic_launch
+
+    for name in ("torch.distributed.elastic", "torch.distributed.launcher", "torch.multiprocessing"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+    out_root = Path(options.out_root)
+    (out_root / "logs").mkdir(parents=True, exist_ok=True)
+    settings = dict(
+        min_nodes=1, max_nodes=1, nproc_per_node=nproc, run_id=f"rrfp-{uuid.uuid4().hex[:8]}",
+        rdzv_backend="c10d", rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, monitor_interval=0.1,
+        start_method="spawn", logs_specs=DefaultLogsSpecs(log_dir=str(out_root / "logs" / "elastic")),
+        shutdown_timeout=5, rdzv_configs={"timeout": max(60, int(options.timeout * 2))},
+        signals_to_handle="SIGHUP,SIGQUIT",  # SIGINT and SIGTERM are _FirstSignal's
+    )
+    known = {f.name for f in dataclasses.fields(LaunchConfig)}  # older torch lacks e.g. shutdown_timeout
+    config = LaunchConfig(**{k: v for k, v in settings.items() if k in known})
+    began = time.time()
+    signals = _FirstSignal()
+    try:
+        with signals:
+            return elastic_launch(config, _elastic_worker)(jobs, options)
+    except ChildFailedError as err:
+        if signals.received or _all_interrupted(out_root, began, err.failures):
+            raise Interrupted(signals.received or signal.SIGINT) from None  # Ctrl-C reached the ranks first
+        raise RunFailed(diagnose(out_root, err.failures, began, nproc, jobs[0].config)) from None
+    except SignalException as err:  # SIGHUP / SIGQUIT: the agent stopped the ranks
+        raise Interrupted(err.sigval) from None
+
+
+class _FirstSignal:
+    """While launching: the first SIGINT/SIGTERM raises :class:`Interrupted` in the launcher; later ones
+    (a second Ctrl-C, ``timeout`` forwarding the signal) are ignored so the agent's shutdown of the ranks
+    (a signal to each, SIGKILL after 5 s) is never cut short."""
+
+    SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+    def __init__(self) -> None:
+        self.received: int | None = None
+        self._saved: dict = {}
+
+    def __enter__(self) -> "_FirstSignal":
+        self._saved = {s: signal.signal(s, self._handle) for s in self.SIGNALS}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._saved.items():
+            signal.signal(s, handler)
+
+    def _handle(self, signum: int, frame) -> None:
+        if self.received is None:
+            self.received = signum
+            raise Interrupted(signum)
+
+
+def _all_interrupted(out_root: Path, began: float, failures: dict[int, Any]) -> bool:
+    """Every rank that ended wrote an ``interrupt`` report (the signal reached the ranks before the launcher)."""
+    reports = {r["rank"]: r["kind"] for r in _reports(out_root, began)}
+    return bool(failures) and all(reports.get(rank) == "interrupt" for rank in failures)
+
+
+def preflight(configs: list) -> None:
+    """Every check that needs no rank: each job's hint, budget and task flags, and the device. Raises
+    ``UserError``; ``rrfp run`` calls it before it creates the run directory."""
+    from runtime.run.plan import validate_run
+
+    warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # torch without numpy: harmless
+    for config in configs:
+        validate_run(config)
+    if is_factory_path(configs[0].workload):
+        from runtime.workloads.user import check_factory
+
+        check_factory(configs[0])
+    _check_device(configs[0])
+    if os.environ.get("RRFP_SOCKET_ADDR"):  # the address every rank on this host would listen on
+        from runtime.comm.transport import TransportError, check_socket_address
+
+        try:
+            check_socket_address()
+        except TransportError as err:
+            raise UserError(str(err).removeprefix("RRFP_SOCKET_ADDR="), "RRFP_SOCKET_ADDR") from None
+
+
+def _check_device(config) -> None:
+    """``--device cuda`` and ``--backend nccl`` need CUDA on this machine: say so before any rank starts."""
+    if config.device != "cuda" and config.backend != "nccl":
+        return
+    import torch
+
+    if not torch.cuda.is_available():
+        what, flag = ("cuda", "--device") if config.device == "cuda" else ("nccl", "--backend")
+        raise UserError(f"{what} needs CUDA, which this machine does not have (torch {torch.__version__}); "
+                        f"use --device cpu --backend gloo", flag)
+    if config.backend == "nccl" and config.device == "cpu":
+        raise UserError("nccl moves CUDA tensors only; use --device cuda or --backend gloo", "--backend")
+
+
+REPORTED_EXIT_DELAY = 1.0  # seconds: > the agent's monitor interval (0.1 s), with room for a loaded machine
+
+
+def _elastic_worker(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
+    """A rank under the elastic launcher.
+
+    A rank that failed or was interrupted has written its report and closed
+    its trace; it exits with ``os._exit`` (1, or 128 + the signal), since an
+    interpreter shutdown would join threads blocked in a collective and the
+    agent's SIGTERM would land in its exit handlers. A failed rank first
+    waits :data:`REPORTED_EXIT_DELAY`: the agent names only the *first*
+    process it finds exited, and a rank killed outright ([Note: root cause])
+    must be that one, not the neighbour whose transport error it caused.
+    """
+    try:
+        return worker_main(jobs, options)
+    except BaseException as err:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        if isinstance(err, Interrupted):
+            os._exit(err.exit_code)
+        _ignore_interrupts()  # the agent's SIGTERM must not cut the wait short
+        time.sleep(REPORTED_EXIT_DELAY)
+        os._exit(1)
+
+
+def _ignore_interrupts() -> None:
+    """From here on SIGINT and SIGTERM are ignored: this rank is already on its way out."""
+    for signum in _FirstSignal.SIGNALS:
+        signal.signal(signum, signal.SIG_IGN)
+
+
+def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, Any]:
+    """This process is one rank of a ``torchrun`` job: check the world, run, and diagnose as the launcher does."""
+    config = jobs[0].config
+    world = int(os.environ["WORLD_SIZE"])
+    if world != config.world_size:
+        raise UserError(f"torchrun started {world} processes but {config.stages} stages x tp {config.tp} x "
+                        f"dp {config.dp} need {config.world_size}; use --nproc-per-node (x nodes) = "
+                        f"{config.world_size}", "--stages")
+    out_root = Path(options.out_root)
+    began = time.time()
+    try:
+        return {int(os.environ["RANK"]): worker_main(jobs, options)}
+    except (Exception, Interrupted) as err:
+        _ignore_interrupts()  # torchrun now stops the other ranks: let this one finish its diagnosis
+        time.sleep(REPORTED_EXIT_DELAY)  # the rank that failed first has written its report by now
+        if isinstance(err, Interrupted) and not _reports(out_root, began, exclude_kinds=("interrupt",)):
+            raise  # a real interrupt: no rank failed
+        raise RunFailed(diagnose(out_root, {}, began, world, config)) from None
+
+
+def _reports(out_root: Path, began: float, exclude_kinds: tuple[str, ...] = ()) -> list[dict]:
+    """The failure reports written since ``began``."""
+    reports = []
+    for path in sorted((out_root / "failures").glob("rank*-*.json")):
+        try:
+            report = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError):
+            continue
+        if report.get("time", 0) >= began - 1 and report.get("kind") not in exclude_kinds:
+            reports.append(report)
+    return reports
+
+
+def diagnose(out_root: Path, failures: dict[int, Any], began: float, nproc: int, config=None) -> str:
+    """One message: the root cause first ([Note: root cause]), then what the other ranks reported."""
+    reports = _reports(out_root, began, exclude_kinds=("interrupt",))
+
+    def rank_of_report(r: dict) -> tuple:
+        kind = {"error": 0, "stall": 1 if r.get("task") else 2, "transport": 3}.get(r["kind"], 4)
+        return kind, r.get("time", 0)
+
+    reports.sort(key=rank_of_report)
+    reported = {r["rank"] for r in reports}
+    silent = sorted((f for f in failures.values() if f.local_rank not in reported),
+                    key=lambda f: (f.timestamp, f.local_rank))
+    if silent:
+        message = _describe_silent(silent[0], out_root, config)
+        others = [f"rank {f.local_rank} {_how(f)}" for f in silent[1:]] + [f"rank {r['rank']} {r['kind']}"
+                                                                          for r in reports]
+        accounted = {f.local_rank for f in silent} | reported
+    elif reports:
+        message = _describe(reports[0])
+        others = [f"rank {r['rank']} {r['kind']}" for r in reports[1:]]
+        accounted = reported
+    else:
+        return "a rank failed without a report; see " + str(out_root / "logs")
+    tail = []
+    if others:
+        tail.append("also reported: " + "; ".join(others))
+    stopped = sorted(set(range(nproc)) - accounted)
+    if stopped:
+        tail.append(f"rank {stopped[0]} was stopped" if len(stopped) == 1
+                    else f"ranks {', '.join(map(str, stopped))} were stopped")
+    tail.append(f"reports: {out_root / 'failures'}; logs: {out_root / 'logs'}")
+    return "\n".join([message, *tail])
+
+
+def _how(failure) -> str:
+    if failure.exitcode == STALL_EXIT_CODE:
+        return f"stalled (exit code {STALL_EXIT_CODE})"
+    if failure.exitcode < 0:
+        try:
+            return f"was killed by {signal.Signals(-failure.exitcode).name}"
+        except ValueError:
+            return f"was killed by signal {-failure.exitcode}"
+    return f"exited with code {failure.exitcode} without a report"
+
+
+def _describe_silent(failure, out_root: Path, config) -> str:
+    """``rank 2 (stage 2) was killed by SIGKILL during 2B5, iteration 3 of job ready-1f1b@1f1b``."""
+    rank = failure.local_rank
+    where = f"rank {rank}"
+    if config is not None:
+        from runtime.run.plan import run_shape
+
+        stages = list(run_shape(config).stages_of_rank(rank))
+        where += f" ({'stage' if len(stages) == 1 else 'stages'} {', '.join(map(str, stages))})"
+    line = f"{where} {_how(failure)}"
+    status = StatusBoard.read(out_root / "status" / f"rank{rank}")
+    if status is None or status["iteration"] is None:
+        line += " before its first iteration"
+    elif status["state"] != "finished":
+        if status["task"]:
+            line += f" {'during' if status['state'] == 'running' else 'after'} {status['task']},"
+        line += f" iteration {status['iteration']} of job {status['job']}"
+    message = failure.message if isinstance(failure.message, str) else ""
+    if failure.exitcode >= 0 and message and not message.startswith("To enable traceback"):
+        line += f": {message}"
+    return line
+
+
+def _describe(report: dict) -> str:
+    where = f"rank {report['rank']}"
+    if report.get("task"):
+        where += f" in task {report['task']}"
+    if "iteration" in report:
+        where += f" (iteration {report['iteration']} of job {report.get('job')})"
+    if report["kind"] == "stall":
+        lines = [f"{where} stalled: no progress for {report['seconds_without_progress']:.1f} s"]
+        if report.get("ready") is not None:
+            lines.append(f"  ready: {', '.join(report['ready']) or 'nothing'}")
+        if report.get("waiting_for"):
+            lines.append(f"  waiting for: {'; '.join(report['waiting_for'])}")
+    else:
+        lines = [f"{where} failed: {report['error']}"]
+    if report.get("recent_decisions"):
+        lines.append("  last decisions: " + " | ".join(report["recent_decisions"][-4:]))
+    return "\n".join(lines)

@@ -1,0 +1,92 @@
+"""From a run configuration to the hint each iteration follows, checked before any rank starts.
+
+:func:`validate_run` is what the launcher calls first: it resolves the hint
+for the run's shape, checks the memory budget, and for the fixed policy
+checks that the hint completes in exactly its order (with ``--p2p blocking``,
+under that rule too), so bad input fails with
+one clear error instead of a hang across processes.
+
+``bfw`` and ``cp`` are built from expected costs, which change every
+iteration (new sequence lengths, new image counts): :class:`HintPlan`
+rebuilds them per iteration from what the workload knows before the
+iteration starts (``Workload.expected``); every other hint is built once.
+"""
+
+from __future__ import annotations
+
+from hints.errors import UserError
+from hints.files.load import hint_placement
+from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name
+from hints.tasks import LOOPING, PipelineShape, default_chunks
+from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.evaluate import concrete, resolve
+
+
+def hint_spec(config) -> str:
+    placement = config.placement or LOOPING
+    return config.hint or baseline_hint_name(config.chunks or default_chunks(placement), placement)
+
+
+def _per_iteration(spec: str) -> bool:
+    builtin = BUILTIN_HINTS.get(spec)
+    return builtin is not None and (builtin.takes_costs or builtin.takes_priorities)
+
+
+class HintPlan:
+    """The hint of each iteration of one job."""
+
+    def __init__(self, config, workload) -> None:
+        self.config, self.workload = config, workload
+        self.spec = hint_spec(config)
+        self._static: HintOrder | None = None
+
+    def for_iteration(self, iteration: int) -> HintOrder:
+        c = self.config
+        if _per_iteration(self.spec):
+            return resolve(self.spec, c.stages, c.chunks, c.microbatches, self.workload.expected(iteration),
+                           c.placement)
+        if self._static is None:
+            self._static = resolve(self.spec, c.stages, c.chunks, c.microbatches, placement=c.placement)
+        if self._static.cost_ranked:  # [Note: cost-ranked hints]: slots -> this iteration's microbatches
+            return concrete(self._static, self.workload.expected(iteration))
+        return self._static
+
+
+def validate_run(config) -> HintOrder:
+    """Resolve and check the job's hint and budget; raises ``UserError`` before anything starts."""
+    # bfw and cp are checked as built without costs: their shape and validity do not depend on them.
+    hint = resolve(hint_spec(config), config.stages, config.chunks, config.microbatches,
+                   placement=config.placement)
+    shape = hint.shape
+    run = run_shape(config)
+    if (shape.ranks, shape.chunks, shape.microbatches, shape.placement) != \
+            (run.ranks, run.chunks, run.microbatches, run.placement):
+        from hints.errors import HintError
+
+        raise HintError(f"the hint is for {shape.describe()} but the run has {run.describe()}", "--hint")
+    _check_task_flags(config, shape)
+    rule = config.rule()
+    if rule.uses_budget:
+        MemoryBudget.parse(config.memory_budget).per_rank(shape)
+    if rule.exact_order:
+        from runtime.sched.simulator import check_completes
+
+        check_completes(hint, config.p2p)  # [Note: blocking p2p]: a deadlock is refused here too
+    return hint
+
+
+def _check_task_flags(config, shape: PipelineShape) -> None:
+    """``--fail-at``, ``--hang-at`` and ``--delay`` name tasks of this job (else they would silently never fire)."""
+    faults = [("--fail-at", config.fault("fail_at")), ("--hang-at", config.fault("hang_at"))]
+    named = [(flag, fault[0]) for flag, fault in faults if fault]
+    named += [("--delay", task) for task in config.delays_by_task()]
+    for flag, task in named:
+        if not shape.contains(task):
+            raise UserError(f"{task} is not a task of this run ({shape.describe()})", flag)
+
+
+def run_shape(config) -> PipelineShape:
+    """The job's shape (full backward): its placement is the one asked, else the hint's own."""
+    placement = hint_placement(hint_spec(config), config.placement)
+    return PipelineShape(config.stages, config.chunks or default_chunks(placement), config.microbatches,
+                         placement=placement)

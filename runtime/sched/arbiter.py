@@ -1,0 +1,772 @@
+"""The ready-set arbiter: one object per rank, shared by the simulator and the runtime.
+
+Pure Python (no torch). The owner feeds it events and asks it what to run:
+
+* :meth:`Arbiter.available` -- the output of a task is now available on this
+  rank (a local task finished, or its message arrived over a link). Tasks of
+  this rank whose prerequisites (:mod:`hints.deps`) are all available enter
+  the ready set.
+* :meth:`Arbiter.expect` -- a task of another rank whose output this rank
+  needs has *started*, and its output should arrive here at ``eta`` (a
+  prediction: the producer's start, plus its estimated duration, plus the
+  link's latency). Only the lookahead rule uses it.
+* :meth:`Arbiter.choose` -- the task to run now, or ``None``; the chosen task
+  counts as started. After ``None``, :meth:`Arbiter.next_wakeup` says when
+  the arbiter wants to be asked again even if nothing arrives (or ``None``:
+  only an event can change its answer).
+* :meth:`Arbiter.finish` -- a local task ended: frees its memory slot and
+  makes its output available to local consumers.
+
+Rules (:data:`RULES`, the one table every other module derives from):
+
+``fixed`` (policy ``fixed``)
+    Strictly the hint order: only the head of the rank's order may run, and it
+    runs when its inputs have arrived. The memory budget is not applied (the
+    order itself decides memory); this is the baseline every speedup is
+    measured against.
+``greedy`` (policy ``ready``, ``--lookahead off``)
+    Readiness-first: among the ready tasks, the one with the lowest hint rank
+    (position in the rank's hint order). A forward that the memory budget
+    cannot take is not ready. Each decision is O(log n) in the ready-set size:
+    two binary heaps keyed by hint rank, one for admissions and one for
+    everything else.
+``lookahead`` (policy ``ready``, ``--lookahead on``)
+    ``greedy`` plus [Note: lookahead admission]: do not start a backward that
+    would still be running when a better-ranked forward, already being
+    computed upstream, arrives.
+
+[Note: memory budget and chunk deadlock]
+    The budget counts *microbatch-chunks in flight* per rank: forwarded and
+    whose last backward (``B``, or ``W`` when split) has not ended. With
+    ``v > 1`` chunks a greedy arbiter could fill the budget with chunk-0
+    forwards of new microbatches so that no admitted microbatch can run its
+    later chunks on this rank: deadlock. We therefore *reserve*: a microbatch is
+    admitted on a rank (its chunk-0 forward starts) only if all ``v`` of its
+    chunks still fit, i.e. ``reserved + v <= budget`` where ``reserved`` sums,
+    over admitted microbatches, the chunks whose last backward has not ended.
+    Later-chunk forwards use their reserved slot and are never held back, so
+    the in-flight count never exceeds ``reserved <= budget``.
+    Why this cannot deadlock: only admissions are ever held back. If every
+    remaining task were stuck, take a rank ``r`` holding back an admission; it
+    has some admitted microbatch ``j`` whose next task cannot be a backward or
+    a reserved forward (those are never held back), so it is an admission on
+    a rank ``r' > r`` (microbatches enter ranks in increasing order within
+    chunk 0), which must itself be full, and so on: an infinite increasing
+    sequence of ranks. Budgets below ``v`` (one microbatch) are rejected up
+    front by :meth:`MemoryBudget.per_rank`.
+
+    The proof, re-checked for V placement ([Note: placement] in
+    :mod:`hints.tasks`). There a microbatch meets its chunks on a rank in no
+    fixed rank order: it goes down the ranks through chunk 0 (stage ``r`` on
+    rank ``r``), turns on rank ``p-1``, and comes back up through chunk 1
+    (stage ``2p-1-r``), so rank ``p-1`` runs its two chunks back to back and
+    rank 0 runs its chunk 1 last. The proof uses none of that; it uses two
+    facts, and both hold for every placement in which chunk 0 of rank ``r``
+    is stage ``r``: (1) *a later-chunk forward is reserved*: a later chunk's
+    stage is ``>= p`` and the microbatch's stages run in increasing order, so
+    its chunk-0 forward on that rank (stage ``r < p``) ran before and
+    reserved its slot; (2) *the next task of a stuck admitted microbatch is
+    an admission further down*: it is input-ready, so held back, so an
+    admission, i.e. a chunk-0 forward ``F(r', j)``; ``j`` was admitted on
+    ``r`` at stage ``r``, so stage ``r' > r``, and chunk-0 stage ``r'`` is on
+    rank ``r'``. The sequence of full ranks still increases, and the rule is
+    the same code for both placements (``TaskGraph.admits`` marks the
+    chunk-0 forwards). ``test_properties`` checks that no seeded budget >=
+    ``v`` deadlocks, with looping and V shapes.
+
+[Note: lookahead admission]
+    Greedy readiness loses to fixed order at tight memory in one way: the
+    hint's head ``h`` is a forward whose input is being computed upstream,
+    the best ready task ``c`` is a backward (twice a forward, and not
+    preemptible), so running ``c`` delays ``h`` by up to ``est(c)``; the
+    delay travels downstream and, with the budget fixing how many
+    microbatches circulate, slows the whole cycle. The rule: when ``c`` is a
+    backward (``B`` or ``I``), ``h`` is a forward that is not yet input-ready
+    but whose arrival is predicted at ``eta``, and ``h`` will fit the budget
+    when it arrives, run ``c`` only if ``now + est(c) <= eta``; otherwise run
+    the best-ranked runnable task ``x`` with ``now + est(x) <= eta``, or
+    wait. Predictions come through :meth:`expect`, in two strengths:
+
+    * *firm*: ``h``'s producer has started; ``eta`` is its start plus its
+      estimated duration plus the link's latency. The rule holds ``c`` until
+      ``h`` arrives, even past ``eta`` (the producer runs late, but it runs).
+    * *relayed*: the producer has not started, but its own producer has; the
+      middle rank relays ``eta`` = its own predicted arrival plus the
+      producer's estimate plus the latency. The middle rank may be busy, so
+      this one is only a hope: the rule holds ``c`` until ``eta`` at most
+      (:meth:`next_wakeup` asks to be woken then) and stands aside after.
+
+    Firm predictions alone leave most of the loss in place: the backward that
+    delays ``h`` usually starts a few milliseconds before ``h``'s producer
+    itself starts, when no firm prediction exists yet. With no estimate for a task (the runtime's first
+    tasks), the rule does not apply to it. Estimates are expectations, never
+    the realized duration: the model's expected cost in the simulator, the
+    running mean per (stage, kind) in the runtime.
+    Why this cannot deadlock: the rule only makes a rank wait while an event
+    for it is *pending*: a firm wait ends when ``h``'s input arrives, which
+    happens in finite time because its producer is running; a relayed wait
+    ends at its wake-up time. So at any moment when no event is pending
+    anywhere (the only state in which a simulation or a run could stop
+    making progress), no arbiter is holding a task back for the lookahead,
+    every arbiter chooses exactly as ``greedy`` does, and [Note: memory
+    budget and chunk deadlock] applies unchanged. The rule never starts a
+    task that greedy would hold back for memory, so budgets hold as before.
+    (Why a relayed wait must expire: the middle rank may itself be waiting,
+    for memory, on a backward that only the waiting rank can run.)
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from collections import deque
+from enum import Enum
+from functools import lru_cache
+from heapq import heapify, heappop, heappush
+from itertools import compress
+from operator import not_
+from typing import NamedTuple, Sequence
+
+from hints.errors import UserError
+from hints.orders import microbatches_per_round, peak_in_flight, zero_bubble_v
+from hints.tasks import V, W, PipelineShape, Task
+from hints.deps import TaskGraph, prerequisites
+
+
+class Policy(str, Enum):
+    FIXED = "fixed"
+    READY = "ready"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    """``--memory-budget``: ``1f1b`` (default), ``<k>x`` (k times that), or a slot count.
+
+    ``1f1b`` is, per rank, the most microbatch-chunks the baseline order of
+    the shape keeps in flight on that rank: 1F1B's (``1f1b`` for one chunk,
+    ``interleaved-1f1b`` for more), ``min(warmup_r + 1, m * v)`` with the
+    warmup of :mod:`hints.orders`; under V placement, ZB-V's (``zbv``, whose
+    peak is ``2p`` on every rank once ``m >= 2p - 1``: the activation memory
+    of 1F1B, ``p`` microbatches of a ``1/p`` stage, in half-size chunks).
+    """
+
+    spec: str
+    factor: float | None = None  # for "1f1b" (1.0) and "<k>x"
+    slots: int | None = None  # for an integer budget
+
+    @classmethod
+    def parse(cls, text: str | int) -> "MemoryBudget":
+        raw = str(text).strip().lower()
+        if raw == "1f1b":
+            return cls("1f1b", factor=1.0)
+        scaled = re.fullmatch(r"(\d+(?:\.\d+)?)x", raw)
+        if scaled:
+            factor = float(scaled.group(1))
+            if factor < 1.0:
+                raise UserError(f"{text!r}: a multiple below 1x would starve 1F1B's own order", "--memory-budget")
+            return cls(raw, factor=factor)
+        if raw.isdigit():
+            return cls(raw, slots=int(raw))
+        raise UserError(
+            f"{text!r} is not a budget; use 1f1b, a multiple such as 2x, or a slot count such as 6",
+            "--memory-budget",
+        )
+
+    def per_rank(self, shape: PipelineShape) -> list[int]:
+        """Slots per rank; raises if any rank could not hold one whole microbatch (``v`` slots)."""
+        if self.slots is not None:
+            budgets = [self.slots] * shape.ranks
+        else:
+            budgets = [
+                min(shape.chunks * shape.microbatches, math.floor(self.factor * bound))
+                for bound in one_f_one_b_bounds(shape)
+            ]
+        smallest = min(budgets)
+        if smallest < shape.chunks:
+            raise UserError(
+                f"{self.spec} gives {smallest} slot(s) on some rank, below the smallest that can complete: "
+                f"one microbatch needs {shape.chunks} slot(s) (one per chunk) on every rank",
+                "--memory-budget",
+            )
+        return budgets
+
+    def __str__(self) -> str:
+        return self.spec
+
+
+def one_f_one_b_bounds(shape: PipelineShape) -> list[int]:
+    """Per-rank peak in-flight microbatch-chunks of the baseline order of ``shape`` (1F1B; ZB-V under V)."""
+    p, v, m = shape.ranks, shape.chunks, shape.microbatches
+    if shape.placement == V:
+        return list(_zbv_peaks(p, m))
+    if v == 1:
+        warmups = [p - 1 - r for r in range(p)]
+    else:
+        try:
+            per_round = microbatches_per_round(p, m)
+        except UserError:
+            per_round = p  # Megatron's round when torch's relaxation does not apply
+        warmups = [(v - 1) * per_round + 2 * (p - 1 - r) for r in range(p)]
+    return [min(w + 1, m * v) for w in warmups]
+
+
+@lru_cache(maxsize=32)
+def _zbv_peaks(ranks: int, microbatches: int) -> tuple[int, ...]:
+    """ZB-V's per-rank peak in flight, read off its order (built once per shape: 0.7 s at 128 x 512)."""
+    return tuple(peak_in_flight(order, W) for order in zero_bubble_v(ranks, 2, microbatches))
+
+
+class Decision(NamedTuple):
+    """One arbiter decision, as recorded for traces and tests."""
+
+    time: float
+    rank: int
+    chosen: Task
+    hint_rank: int
+    head: Task | None  # the lowest-ranked task not yet started, when the choice skipped it
+    ready: tuple[tuple[Task, int], ...]  # runnable tasks and their hint ranks, chosen included
+    held_back: tuple[Task, ...]  # input-ready admissions the memory budget held back
+    in_flight: int  # microbatch-chunks in flight once the chosen task started
+    deferred: Task | None = None  # a better-ranked ready task the lookahead passed over ([Note: lookahead admission])
+    # TP groups ([Note: TP coordination] in runtime.exec.tp): the decision's index in the group's sequence; on a
+    # follower the leader's clock at the decision (ns, rank 0's clock) and when it arrived (this rank's clock);
+    # on the leader the time spent posting it to the followers (ns).
+    index: int | None = None
+    leader_ns: int | None = None
+    decision_arrived_ns: int | None = None
+    announce_ns: int | None = None
+
+
+Estimates = Sequence[float | None]  # task id -> expected seconds (None: not known yet); see LookaheadArbiter
+
+
+class RunningMeans:
+    """The runtime's estimates: the running mean of measured durations per (stage, kind).
+
+    Indexed by task id like any :data:`Estimates`; ``None`` until a task of that
+    (stage, kind) has run. Task ids number the ``m`` microbatches of one
+    (stage, kind) consecutively (:class:`hints.deps.TaskGraph`), so ``tid // m``
+    names the (stage, kind). Kept across iterations by its owner.
+    """
+
+    def __init__(self, graph: TaskGraph) -> None:
+        self.microbatches = graph.shape.microbatches
+        blocks = len(graph) // self.microbatches
+        self._sum = [0.0] * blocks
+        self._count = [0] * blocks
+
+    def add(self, tid: int, seconds: float) -> None:
+        block = tid // self.microbatches
+        self._sum[block] += seconds
+        self._count[block] += 1
+
+    def __getitem__(self, tid: int) -> float | None:
+        block = tid // self.microbatches
+        count = self._count[block]
+        return self._sum[block] / count if count else None
+
+    def __len__(self) -> int:
+        return len(self._sum) * self.microbatches
+
+
+class Arbiter:
+    """Dependency counting, the ready set and memory accounting for one rank; subclasses choose.
+
+    Tasks of the rank are numbered by hint rank ``h`` (position in the rank's
+    order). The ready set is two binary heaps of hint ranks: admissions
+    (chunk-0 forwards, which need ``v`` free slots) and everything else, so a
+    rule finds the best-ranked candidate of each in O(1) and starts it in
+    O(log n).
+    """
+
+    rule: "ArbiterRule"
+
+    def __init__(
+        self,
+        graph: TaskGraph,
+        rank: int,
+        order: Sequence[Task],
+        budget: int | None = None,
+        record: bool = False,
+        positions: list[int] | None = None,
+        estimates: Estimates | None = None,
+    ) -> None:
+        self.graph = graph
+        self.rank = rank
+        self.order = tuple(order)
+        self.chunks = graph.shape.chunks
+        self.budget = budget
+        self.estimates = estimates
+        tids = graph.ids(self.order)
+        self.tids = tids
+        # position[task id] = hint rank of that task in its own rank's order. Every task belongs to one
+        # rank, so the simulator shares one list between all arbiters, each filling in its own tasks.
+        if positions is None:
+            positions = [0] * len(graph)
+        deque(map(positions.__setitem__, tids, range(len(tids))), maxlen=0)  # positions[tid] = h, in C
+        self.position = positions
+        # Per task id, shared with the graph; consumers per block of m ids (TaskGraph's offsets).
+        self._block_size = graph.shape.microbatches
+        self._local_offsets, self._remote_offsets = graph.local_offsets, graph.remote_offsets
+        self._admits, self._is_forward = graph.admits, graph.is_forward
+        self._rank_of = graph.rank
+        # Per block (task id // m): the hot paths read these, not the per-task lists above: a few
+        # entries that stay in cache, where a read of a task-sized list is a cache miss at scale.
+        self._block_admits, self._block_frees = graph.block_admits, graph.block_frees
+        self._block_forward = graph.block_forward
+        # Per hint rank.
+        self.unmet = list(map(graph.prereq_count.__getitem__, tids))
+        self.started = [False] * len(tids)  # (lists, not bytearrays: list stores are the interpreter's fast path)
+        self._running: int | None = None  # the task id started last and not finished (its rank runs one at a time)
+        self._head = 0  # no hint rank below this one is left to start (see head)
+        self.finished = 0
+        self.in_flight = 0
+        self.peak_in_flight = 0
+        self.reserved = 0
+        self.decisions: list[Decision] | None = [] if record else None
+        # The ready set: input-ready tasks not yet started (held-back admissions included), as hint ranks.
+        ready = list(compress(range(len(tids)), map(not_, self.unmet)))
+        self._others = [h for h in ready if not self._admits[tids[h]]]  # ascending lists are heaps
+        self._admissions = [h for h in ready if self._admits[tids[h]]]
+
+    @property
+    def policy(self) -> "Policy":
+        return self.rule.policy
+
+    @property
+    def head(self) -> int:
+        """The lowest hint rank not yet started (``len(order)`` once all started)."""
+        head, started = self._head, self.started
+        end = len(started)
+        while head < end and started[head]:  # moves up only: O(1) amortized
+            head += 1
+        self._head = head
+        return head
+
+    @property
+    def ready_count(self) -> int:
+        """Input-ready tasks not yet started (held-back admissions included)."""
+        return len(self._others) + len(self._admissions)
+
+    # -- events ----------------------------------------------------------
+    def available(self, producer: int) -> bool:
+        """``producer`` (a task of another rank) delivered its output here; True if a task became ready."""
+        offsets = self._remote_offsets[producer // self._block_size]
+        if len(offsets) == 1:  # the usual case: one message, one consumer, on this rank (inlined _deliver)
+            consumer = producer + offsets[0]
+            h = self.position[consumer]
+            left = self.unmet[h] = self.unmet[h] - 1
+            if left:
+                return False
+            heappush(self._admissions if self._block_admits[consumer // self._block_size] else self._others, h)
+            return True
+        rank_of, me = self._rank_of, self.rank
+        return self._deliver(producer, [d for d in offsets if rank_of[producer + d] == me])
+
+    def expect(self, producer: int, eta: float, started: bool = True) -> None:
+        """``producer``'s output (a task of another rank) should arrive here at ``eta``.
+
+        ``started``: the producer is running (its output will come); otherwise the prediction
+        was relayed one hop earlier, from the start of the producer's own producer. Only rules
+        that look ahead use it ([Note: lookahead admission]); the others ignore it.
+        """
+
+    def expect_consumer(self, consumer: int, eta: float) -> None:
+        """:meth:`expect` for a forward ``consumer`` of this rank whose input should arrive at ``eta``,
+        its producer started (the simulator knows the consumer; the runtime only the producer)."""
+
+    def expect_consumer_relayed(self, consumer: int, eta: float) -> None:
+        """:meth:`expect_consumer`, relayed one hop earlier (``expect(..., started=False)``)."""
+
+    def finish(self, tid: int) -> bool:
+        """A task of this rank ended; True if a local task became ready."""
+        self.finished += 1
+        self._running = None
+        block_size = self._block_size
+        block = tid // block_size
+        if self._block_frees[block]:
+            self.in_flight -= 1
+            self.reserved -= 1
+        offsets = self._local_offsets[block]
+        if len(offsets) == 1:  # the usual case (F -> next F or B; B -> W ...): _deliver inlined
+            consumer = tid + offsets[0]
+            h = self.position[consumer]
+            left = self.unmet[h] = self.unmet[h] - 1
+            if left:
+                return False
+            heappush(self._admissions if self._block_admits[consumer // block_size] else self._others, h)
+            return True
+        return self._deliver(tid, offsets) if offsets else False
+
+    def _deliver(self, producer: int, offsets) -> bool:
+        """Count ``producer``'s output as arrived for its consumers ``producer + d`` (all on this rank).
+
+        The consumers whose inputs have all arrived join the ready set.
+        """
+        became_ready = False
+        position, unmet, admits, block_size = self.position, self.unmet, self._block_admits, self._block_size
+        for offset in offsets:
+            consumer = producer + offset
+            h = position[consumer]
+            left = unmet[h] - 1
+            unmet[h] = left
+            if left == 0:
+                heappush(self._admissions if admits[consumer // block_size] else self._others, h)
+                became_ready = True
+        return became_ready
+
+    # -- queries ---------------------------------------------------------
+    @property
+    def done(self) -> bool:
+        return self.finished == len(self.tids)
+
+    def choose(self, now: float = 0.0) -> int | None:
+        """The task id to run now (it counts as started), or ``None``."""
+        raise NotImplementedError
+
+    def next_wakeup(self) -> float | None:
+        """After :meth:`choose` returned ``None``: when to ask again even if no event comes (None: never)."""
+        return None
+
+    def ready_tasks(self) -> list[Task]:
+        """Input-ready tasks not yet started, in hint order (for reports; O(n log n))."""
+        return [self.order[h] for h in sorted(self._others + self._admissions)]
+
+    def waiting_on(self) -> list[tuple[Task, list[Task]]]:
+        """Not-started tasks blocked on inputs, with the prerequisites not yet available (stall reports)."""
+        shape = self.graph.shape
+        out = []
+        for h in range(self.head, len(self.tids)):
+            if self.started[h] or self.unmet[h] == 0:
+                continue
+            task = self.order[h]
+            needs = prerequisites(task, shape)
+            local = [t for t in needs if shape.rank_of(t.stage) == self.rank]
+            missing = [t for t in local if not self._is_done(self.graph.tid(t))]
+            remote_missing = self.unmet[h] - len(missing)
+            missing += [t for t in needs if t not in local][:remote_missing]
+            out.append((task, missing))
+        return out
+
+    # -- internals -------------------------------------------------------
+    def _start(self, h: int) -> int:
+        """Start the ready task of hint rank ``h``, already taken off its heap; returns its task id."""
+        self.started[h] = True
+        tid = self._running = self.tids[h]
+        block = tid // self._block_size
+        if self._block_forward[block]:
+            in_flight = self.in_flight = self.in_flight + 1
+            if in_flight > self.peak_in_flight:
+                self.peak_in_flight = in_flight
+            if self._block_admits[block]:
+                self.reserved += self.chunks
+        return tid
+
+    def _is_done(self, tid: int) -> bool:
+        """Whether ``tid`` (a task of this rank) has finished: started, and not the one running."""
+        return self.started[self.position[tid]] and tid != self._running
+
+    def _record(self, now: float, h: int, ready_hs: Sequence[int], held_hs: Sequence[int],
+                deferred: int | None = None) -> None:
+        order, head = self.order, self.head
+        skipped = order[head] if head != h else None
+        self.decisions.append(
+            Decision(
+                time=now,
+                rank=self.rank,
+                chosen=order[h],
+                hint_rank=h,
+                head=skipped,
+                ready=tuple((order[x], x) for x in sorted(ready_hs)),
+                held_back=tuple(order[x] for x in sorted(held_hs)),
+                in_flight=self.in_flight + (1 if self._is_forward[self.tids[h]] else 0),
+                deferred=None if deferred is None else order[deferred],
+            )
+        )
+
+
+class FixedArbiter(Arbiter):
+    """Only the head of the hint order may run."""
+
+    def choose(self, now: float = 0.0) -> int | None:
+        h = self.head
+        if h >= len(self.tids) or self.unmet[h]:
+            return None
+        # The head is the lowest not-started hint rank, so when it is ready it tops its heap.
+        others, admissions = self._others, self._admissions
+        if self.decisions is not None:
+            self._record(now, h, others + admissions, ())
+        return self._start(heappop(admissions if self._admits[self.tids[h]] else others))
+
+
+class ReadyArbiter(Arbiter):
+    """The ready task with the lowest hint rank, within the memory budget (the ``greedy`` rule)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.budget is None:
+            raise ValueError("the ready policy needs a memory budget")
+
+    def choose(self, now: float = 0.0) -> int | None:
+        others, admissions = self._others, self._admissions
+        if admissions and self.reserved + self.chunks <= self.budget:  # an admission fits
+            fits = True
+            pick = others if others and others[0] < admissions[0] else admissions
+        elif others:
+            fits = False
+            pick = others
+        else:
+            return None
+        if self.decisions is not None:
+            ready = others + admissions if fits else list(others)
+            self._record(now, pick[0], ready, () if fits else admissions)
+        return self._start(heappop(pick))
+
+
+class LookaheadArbiter(ReadyArbiter):
+    """``greedy``, but a backward never delays a forward that is already on its way ([Note: lookahead admission]).
+
+    ``estimates[task id]`` is the expected duration of a task of this rank
+    (``None`` while unknown); :meth:`expect` gives the predicted arrival of
+    a forward's input: firm once its producer started, tentative (relayed
+    one hop earlier) before.
+    """
+
+    def __init__(self, *args, **kwargs) -> None:
+        self._wakeup: float | None = None
+        super().__init__(*args, **kwargs)
+        if self.estimates is None:
+            raise ValueError("the lookahead rule needs duration estimates")
+        # Per hint rank of a forward not yet input-ready, the predicted arrival of its input (or None).
+        self._eta: list[float | None] = [None] * len(self.tids)  # its producer started
+        self._eta_relayed: list[float | None] = [None] * len(self.tids)  # its producer's own input is on its way
+
+    def expect(self, producer: int, eta: float, started: bool = True) -> None:
+        for offset in self._remote_offsets[producer // self._block_size]:
+            consumer = producer + offset
+            if self._rank_of[consumer] == self.rank and self._is_forward[consumer]:
+                if started:
+                    self.expect_consumer(consumer, eta)
+                else:
+                    self.expect_consumer_relayed(consumer, eta)
+
+    def expect_consumer(self, consumer: int, eta: float) -> None:
+        h = self.position[consumer]
+        if self.unmet[h]:
+            self._eta[h] = eta
+
+    def expect_consumer_relayed(self, consumer: int, eta: float) -> None:
+        h = self.position[consumer]
+        if self.unmet[h] and self._eta[h] is None:
+            self._eta_relayed[h] = eta
+
+    def prediction_slots(self) -> tuple[list[int], list[float | None], list[float | None]]:
+        """``(unmet, firm, relayed)`` per hint rank: what the two methods above read and write, for a caller
+        that writes them inline, by the same rule (the simulator: [Note: inlined predictions])."""
+        return self.unmet, self._eta, self._eta_relayed
+
+    def next_wakeup(self) -> float | None:
+        return self._wakeup
+
+    def choose(self, now: float = 0.0) -> int | None:
+        # The selection repeats ReadyArbiter.choose's first lines: inlined, because choose is the
+        # simulator's hot path (a shared helper costs a call per decision). _wakeup is set on every
+        # path that returns None (only then is next_wakeup asked).
+        others, admissions = self._others, self._admissions
+        budget_room = self.reserved + self.chunks <= self.budget
+        if admissions and budget_room:  # an admission fits
+            fits = True
+            pick = others if others and others[0] < admissions[0] else admissions
+        elif others:
+            fits = False
+            pick = others
+        else:
+            self._wakeup = None
+            return None
+        best = pick[0]
+        tids, forward, block_size = self.tids, self._block_forward, self._block_size
+        if not forward[tids[best] // block_size]:  # a backward: it may delay the head, a forward on its way
+            h, started = self._head, self.started  # self.head, inlined (the hot path)
+            while started[h]:  # the best-ranked ready task is not started, so h stops at or before it
+                h += 1
+            self._head = h
+            if best != h and self.unmet[h] and forward[tids[h] // block_size] and \
+                    (budget_room or not self._block_admits[tids[h] // block_size]):
+                eta, firm = self._eta[h], True
+                if eta is None:
+                    eta, firm = self._eta_relayed[h], False
+                # A firm prediction holds until the input arrives; a relayed one only until its time.
+                if eta is not None and (firm or now < eta):
+                    duration = self.estimates[tids[best]]
+                    if duration is not None and now + duration > eta:
+                        return self._before(now, eta, best, fits, firm)
+        if self.decisions is not None:
+            ready = others + admissions if fits else list(others)
+            self._record(now, best, ready, () if fits else admissions)
+        return self._start(heappop(pick))
+
+    def _before(self, now: float, eta: float, deferred: int, fits: bool, firm: bool) -> int | None:
+        """The best-ranked runnable task that ends by ``eta``, started; or None: wait for the forward."""
+        others, admissions = self._others, self._admissions
+        count = len(others) + len(admissions) if fits else len(others)
+        # Usually the deferred task is the only candidate: then there is nothing to sort.
+        runnable = (sorted(others + admissions) if fits else sorted(others)) if count > 1 else ()
+        estimates, tids = self.estimates, self.tids
+        for x in runnable:
+            if x == deferred:
+                continue
+            duration = estimates[tids[x]]
+            if duration is not None and now + duration <= eta:
+                heap = admissions if self._block_admits[tids[x] // self._block_size] else others
+                heap.remove(x)
+                heapify(heap)
+                if self.decisions is not None:
+                    self._record(now, x, runnable, () if fits else admissions, deferred)
+                return self._start(x)
+        self._wakeup = None if firm else eta
+        return None
+
+
+# -- the rule table ------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ArbiterRule:
+    """One way of choosing: what ``--policy`` and ``--lookahead`` select, and what follows from it."""
+
+    name: str
+    policy: Policy
+    arbiter: type[Arbiter]
+    uses_budget: bool  # the memory budget applies (otherwise the order alone decides memory)
+    exact_order: bool  # runs the hint order exactly (so the order must complete on its own)
+    lookahead: bool  # needs duration estimates and arrival predictions
+    summary: str
+
+    def __str__(self) -> str:
+        return self.name
+
+    @property
+    def label(self) -> str:
+        """How tables name it: ``fixed``, ``ready``, ``ready+la``."""
+        return str(self.policy) + ("+la" if self.lookahead else "")
+
+
+RULES: dict[str, ArbiterRule] = {
+    rule.name: rule
+    for rule in (
+        ArbiterRule("fixed", Policy.FIXED, FixedArbiter, uses_budget=False, exact_order=True, lookahead=False,
+                    summary="the hint order exactly"),
+        ArbiterRule("greedy", Policy.READY, ReadyArbiter, uses_budget=True, exact_order=False, lookahead=False,
+                    summary="the best-ranked ready task within the memory budget"),
+        ArbiterRule("lookahead", Policy.READY, LookaheadArbiter, uses_budget=True, exact_order=False,
+                    lookahead=True,
+                    summary="greedy, but no backward that delays a forward already on its way"),
+    )
+}
+for _rule in RULES.values():
+    _rule.arbiter.rule = _rule
+del _rule
+
+# Hints under which the ready policy looks ahead when --lookahead is not given. Measured in
+# BENCHMARKS.md ("Lookahead"): on for every built-in; off would only matter for a hint that wants a
+# backward to overtake a forward already on its way, and no built-in does.
+LOOKAHEAD_OFF_BY_DEFAULT: frozenset[str] = frozenset()
+
+
+def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | None = None) -> ArbiterRule:
+    """The rule that the user's ``--policy`` and ``--lookahead`` select (the CLI and ``rrfp run``).
+
+    ``lookahead=None`` is the default: on for the ready policy unless ``hint`` is in
+    :data:`LOOKAHEAD_OFF_BY_DEFAULT`. Asking for lookahead under the fixed policy is a
+    :class:`UserError`.
+    """
+    try:
+        policy = Policy(str(policy))
+    except ValueError:
+        raise UserError(f"{policy!r} is not a policy; choose from {', '.join(p.value for p in Policy)}",
+                        "--policy") from None
+    if policy is Policy.FIXED:
+        if lookahead is not None:
+            raise UserError("applies to --policy ready only: the fixed policy runs the hint exactly",
+                            "--lookahead")
+        return RULES["fixed"]
+    if lookahead is None:
+        lookahead = hint not in LOOKAHEAD_OFF_BY_DEFAULT
+    return RULES["lookahead" if lookahead else "greedy"]
+
+
+P2P_MODES = ("async", "blocking")  # --p2p: how a fixed order's messages meet ([Note: blocking p2p] in runtime.sched.simulator)
+
+
+def check_p2p(p2p: str, rule: ArbiterRule) -> str:
+    """``--p2p`` for ``rule``: ``async`` (buffered links, every rule) or ``blocking`` (``fixed`` only).
+
+    Blocking point-to-point is Megatron's 1F1B baseline: a rank waits after each task until its peers
+    took its messages ([Note: blocking p2p] in :mod:`runtime.sched.simulator`). A readiness-first rule runs
+    whatever has arrived, so a receive posted before a chosen task means nothing to it: refused.
+    """
+    if p2p not in P2P_MODES:
+        raise UserError(f"{p2p!r} is not one of {', '.join(P2P_MODES)}", "--p2p")
+    if p2p == "blocking" and not rule.exact_order:
+        raise UserError(f"blocking applies to --policy fixed only (this is {rule.policy}): readiness-first runs "
+                        f"whatever message has arrived, so it cannot post its receives in a fixed order", "--p2p")
+    return p2p
+
+
+def as_rule(rule: "ArbiterRule | Policy | str") -> ArbiterRule:
+    """A rule, or its name (``fixed``, ``greedy``, ``lookahead``); the bare policy ``ready`` means ``greedy``.
+
+    This is the library's reading, used by :func:`make_arbiter` and the simulator: explicit and
+    independent of hints. Users' ``--policy``/``--lookahead`` go through :func:`rule_for`.
+    """
+    if isinstance(rule, ArbiterRule):
+        return rule
+    name = "greedy" if str(rule) == Policy.READY.value else str(rule)
+    if name not in RULES:
+        raise UserError(f"{rule!r} is not a rule; choose from {', '.join(RULES)} (or the policy 'ready')", "policy")
+    return RULES[name]
+
+
+def make_arbiter(
+    rule: "ArbiterRule | Policy | str",
+    graph: TaskGraph,
+    rank: int,
+    order: Sequence[Task],
+    budget: int | None = None,
+    record: bool = False,
+    positions: list[int] | None = None,
+    estimates: Estimates | None = None,
+) -> Arbiter:
+    """Build the arbiter of ``rule`` (see :func:`as_rule`) for ``rank``.
+
+    ``budget`` is that rank's slot count. ``positions`` (task id -> hint rank) may be one list shared
+    by the arbiters of all ranks of one process (the simulator); each arbiter fills in its own tasks.
+    ``estimates`` (task id -> expected seconds) is needed by the lookahead rule.
+    """
+    return as_rule(rule).arbiter(graph, rank, order, budget=budget, record=record, positions=positions,
+                                 estimates=estimates)
+
+
+__all__ = [
+    "Arbiter",
+    "ArbiterRule",
+    "Decision",
+    "FixedArbiter",
+    "LookaheadArbiter",
+    "LOOKAHEAD_OFF_BY_DEFAULT",
+    "MemoryBudget",
+    "P2P_MODES",
+    "Policy",
+    "RULES",
+    "ReadyArbiter",
+    "RunningMeans",
+    "as_rule",
+    "check_p2p",
+    "make_arbiter",
+    "one_f_one_b_bounds",
+    "rule_for",
+]

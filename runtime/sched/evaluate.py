@@ -1,0 +1,271 @@
+"""Evaluation: where durations come from, which hints to try, and every (hint, rule) on one graph.
+
+``rrfp simulate`` (one run, or ``--compare``), ``rrfp trace sensitivity``
+and tune-hint all ask the same question: given a duration table, how long
+does each hint take under each rule, at one memory budget? This module
+answers it once:
+
+* :func:`durations_for` -- sample a table from a model, or load a recorded one.
+* :func:`resolve` -- a hint spec (built-in, file, ``torch:``) for a shape,
+  with ``bfw``'s costs and ``cp``'s priorities taken from the table's
+  *expected* durations ([Note: expected durations] in
+  :mod:`runtime.durations.variability`), never from the values being replayed.
+* :func:`compare` -- each hint under each rule on one compiled graph per
+  shape, with the lower bound of :mod:`runtime.sched.bounds`, speedups over the
+  baseline (fixed-order 1F1B), what readiness itself adds (a ready rule over
+  ``fixed`` of the same hint) and whether each row kept to the budget;
+  with ``blocking``, each hint's fixed order also under [Note: blocking p2p]
+  in :mod:`runtime.sched.simulator` (Megatron's 1F1B baseline), labelled ``fixed
+  (blocking p2p)``; a hint that deadlocks under that rule is listed in
+  :attr:`Comparison.deadlocked` instead of getting a row.
+
+[Note: equal memory]
+    A speedup credits readiness only when both sides hold the same
+    activation memory. Ready rules are held to the budget by the arbiter; a
+    fixed order holds whatever its order holds (``gpipe``, ``bf``, ``bfw``
+    and ``cp`` keep every microbatch). :class:`Row` records each run's peak
+    in flight and whether it stayed within the budget on every rank, so
+    tables can put the rows that did side by side and list the others apart.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Callable, Sequence
+
+from hints.errors import UserError
+from hints.files.load import resolve_hint
+from hints.orders import (
+    BUILTIN_HINTS,
+    HintOrder,
+    applicable_builtins,
+    baseline_hint_name,
+    resolve_cost_ranked,
+)
+from hints.tasks import PipelineShape, default_chunks
+from runtime.sched.arbiter import RULES, ArbiterRule, MemoryBudget
+from runtime.sched.bounds import LowerBound, split_bound
+from hints.deps import TaskGraph
+from runtime.sched.simulator import ScheduleDeadlock, SimResult, simulate
+from runtime.durations.variability import Durations, VariabilityModel, sample_durations
+
+
+def durations_for(shape: PipelineShape, model: VariabilityModel | None = None, seed: int = 0,
+                  table: str | Path | None = None, iteration: int | None = None,
+                  comm_latency: float = 0.0) -> Durations:
+    """Where a simulation's durations come from: a recorded ``table`` if given, else ``model`` at ``seed``."""
+    if table is not None:
+        from runtime.durations.tables import load_durations
+
+        return load_durations(table, shape.stages, shape.microbatches, comm_latency, iteration)
+    return sample_durations(model or VariabilityModel(), shape, seed)
+
+
+def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int | None,
+            table: Durations | None = None, placement: str | None = None) -> HintOrder:
+    """``spec`` for the shape; ``bfw`` and ``cp`` take their inputs from ``table.expected()``.
+
+    Without a table ``bfw`` keeps index order and ``cp`` uses uniform durations (``rrfp hints show cp``).
+    ``placement`` None is the hint's own (see :func:`hints.files.load.resolve_hint`).
+    """
+    builtin = BUILTIN_HINTS.get(spec)
+    if builtin is None or not (builtin.takes_costs or builtin.takes_priorities):
+        return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
+    if ranks is None or microbatches is None:
+        raise UserError(f"hint {spec!r} needs --stages and --microbatches")
+    placement = placement or builtin.placement
+    shape = PipelineShape(ranks, chunks or default_chunks(placement), microbatches, placement=placement)
+    if table is None:
+        if not builtin.takes_priorities:
+            return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
+        table = sample_durations(VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
+    costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities)
+    return resolve_hint(spec, ranks, chunks, microbatches, costs, priorities, placement)
+
+
+def concrete(hint: HintOrder, table: Durations) -> HintOrder:
+    """``hint`` for the iteration ``table`` describes: a cost-ranked hint's slots become microbatches.
+
+    [Note: cost-ranked hints] in :mod:`hints.orders`: the microbatches are ranked by the hint's own cost
+    model applied to what each microbatch holds, when both are known; otherwise by the table's
+    expected costs. An index hint is returned unchanged.
+    """
+    if not hint.cost_ranked:
+        return hint
+    return resolve_cost_ranked(hint, ranking_costs(hint, table))
+
+
+def ranking_costs(hint: HintOrder, table: Durations) -> list[float]:
+    """The per-microbatch costs a cost-ranked ``hint`` ranks ``table``'s microbatches by."""
+    features = table.microbatch_features()
+    if hint.cost_model is not None and features is not None:
+        return hint.cost_model.microbatch_costs(features)
+    return list(table.expected().microbatch_costs)
+
+
+def builtin_candidates(shape: PipelineShape, table: Durations) -> dict[str, HintOrder]:
+    """Every built-in that applies to ``shape``, with ``bfw`` and ``cp`` from the table's expectation."""
+    costs, priorities = _expected_inputs(shape, table, True)
+    return applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)
+
+
+def _expected_inputs(shape: PipelineShape, table: Durations, priorities: bool):
+    """``bfw``'s per-microbatch costs and ``cp``'s per-task priorities, from expected durations only."""
+    from runtime.sched.priorities import cp_priorities
+
+    expected = table.expected()
+    return expected.microbatch_costs, cp_priorities(shape, expected) if priorities else None
+
+
+@dataclass
+class Row:
+    """One (hint, rule) on one table."""
+
+    hint: str
+    rule: str  # a runtime.sched.arbiter.RULES name
+    makespan: float
+    bubble_fraction: float
+    peak_in_flight: list[int]  # per rank
+    within_budget: bool  # peak <= budget on every rank ([Note: equal memory])
+    speedup: float = float("nan")  # baseline makespan / this one
+    vs_fixed: float | None = None  # fixed-order makespan of the same hint / this one (ready rules only)
+    over_bound: float = float("nan")  # makespan / lower bound (>= 1)
+    p2p: str = "async"  # "blocking": [Note: blocking p2p] (fixed only)
+
+    @property
+    def label(self) -> str:
+        """``fixed``, ``ready``, ``ready+la``, or ``fixed (blocking p2p)``."""
+        return RULES[self.rule].label + (" (blocking p2p)" if self.p2p == "blocking" else "")
+
+    def to_json(self) -> dict:
+        rule = RULES[self.rule]
+        return {"hint": self.hint, "rule": self.rule, "policy": str(rule.policy), "lookahead": rule.lookahead,
+                "p2p": self.p2p, "label": self.label,
+                "makespan": self.makespan, "bubble_fraction": self.bubble_fraction,
+                "peak_in_flight": max(self.peak_in_flight), "peak_in_flight_per_rank": self.peak_in_flight,
+                "within_budget": self.within_budget, "speedup": self.speedup,
+                "vs_fixed_same_hint": self.vs_fixed, "makespan_over_bound": self.over_bound}
+
+
+@dataclass
+class Comparison:
+    """Hints x rules on one table at one memory budget."""
+
+    shape: PipelineShape
+    budget: MemoryBudget
+    slots: list[int]  # the budget per rank
+    baseline: str  # "<hint> fixed", what speedups are relative to
+    bound: LowerBound
+    rows: list[Row] = field(default_factory=list)
+    deadlocked: list[str] = field(default_factory=list)  # hints whose fixed order deadlocks under blocking p2p
+
+    def row(self, hint: str, rule: str, p2p: str = "async") -> Row | None:
+        return next((r for r in self.rows if r.hint == hint and r.rule == rule and r.p2p == p2p), None)
+
+    @property
+    def versus_label(self) -> str:
+        """How tables head the speedup over the baseline: ``vs 1F1B``, or ``vs ZB-V`` under V placement."""
+        return versus_label(self.baseline)
+
+    def to_json(self) -> dict:
+        return {"shape": self.shape.to_json(), "baseline": self.baseline, "memory_budget": str(self.budget),
+                "memory_budget_slots": self.slots, "lower_bound": self.bound.value,
+                "lower_bound_binding": self.bound.binding, "critical_path": self.bound.critical_path,
+                "rows": [r.to_json() for r in self.rows], "blocking_p2p_deadlocks": self.deadlocked}
+
+
+DEFAULT_RULES = ("fixed", "greedy", "lookahead")
+
+
+def versus_label(baseline: str) -> str:
+    """The column head for speedups over ``baseline`` (a :attr:`Comparison.baseline`, ``"<hint> fixed"``)."""
+    return "vs ZB-V" if baseline.startswith("zbv") else "vs 1F1B"
+
+
+def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
+            rules: Sequence[str] = DEFAULT_RULES, overhead: float = 0.0,
+            own: tuple[str, str] | None = None, advance: Callable[[int], None] | None = None,
+            blocking: bool = False, own_p2p: str = "async") -> Comparison:
+    """Every hint of ``hints`` under every rule of ``rules`` on ``table``.
+
+    The graph is compiled once per shape (split or not) and reused. ``own`` is
+    a ``(hint name, rule)`` pair run under that rule only (a traced hint), with ``own_p2p``.
+    ``blocking`` adds each hint's fixed order under blocking p2p (after its async fixed row).
+    Speedups are over the baseline of the first hint's placement (fixed-order
+    1F1B, interleaved with chunks >= 2; ZB-V under V), which is always run.
+    ``advance(n)`` reports progress.
+    """
+    first = next(iter(hints.values()))
+    shape = replace(first.shape, split_backward=False)
+    baseline_name = baseline_hint_name(shape.chunks, shape.placement)
+    plan: list[tuple[str, HintOrder, ArbiterRule, str]] = []
+    if baseline_name not in hints or "fixed" not in rules:
+        plan.append((baseline_name, resolve(baseline_name, shape.ranks, shape.chunks, shape.microbatches,
+                                            placement=shape.placement), RULES["fixed"], "async"))
+    for name, hint in hints.items():
+        if own is not None and name == own[0]:
+            plan.append((name, hint, RULES[own[1]], own_p2p))
+            continue
+        for rule in rules:
+            plan.append((name, hint, RULES[rule], "async"))
+            if blocking and RULES[rule].exact_order:
+                plan.append((name, hint, RULES[rule], "blocking"))
+    slots = budget.per_rank(shape)
+    graphs: dict[PipelineShape, TaskGraph] = {}
+    rows: list[Row] = []
+    deadlocked: list[str] = []
+    for name, hint, rule, p2p in plan:
+        if hint.shape not in graphs:
+            graphs[hint.shape] = TaskGraph.build(hint.shape)
+        try:
+            result = simulate(concrete(hint, table), table, rule, budget, graph=graphs[hint.shape],
+                              overhead=overhead, p2p=p2p)
+        except ScheduleDeadlock:
+            if p2p != "blocking" or (own is not None and name == own[0]):
+                raise
+            deadlocked.append(name)  # an order that needs buffered links: no blocking row
+        else:
+            rows.append(_row(name, rule, result, slots, p2p))
+        if advance:
+            advance(1)
+    bound = split_bound(shape, table)
+    base = next(r.makespan for r in rows if r.hint == baseline_name and r.rule == "fixed" and r.p2p == "async")
+    fixed = {r.hint: r.makespan for r in rows if r.rule == "fixed" and r.p2p == "async"}
+    for row in rows:
+        row.speedup = base / row.makespan if row.makespan > 0 else float("nan")
+        row.over_bound = row.makespan / bound.value if bound.value > 0 else float("nan")
+        if row.rule != "fixed" and row.hint in fixed and row.makespan > 0:
+            row.vs_fixed = fixed[row.hint] / row.makespan
+    return Comparison(shape, budget, slots, f"{baseline_name} fixed", bound, rows, deadlocked)
+
+
+def _row(name: str, rule: ArbiterRule, result: SimResult, slots: list[int], p2p: str = "async") -> Row:
+    peaks = list(result.peak_in_flight)
+    return Row(name, rule.name, result.makespan, result.bubble_fraction, peaks,
+               all(peak <= slot for peak, slot in zip(peaks, slots)), p2p=p2p)
+
+
+def median_rows(comparisons: Sequence[Comparison]) -> list[Row]:
+    """Per (hint, rule, p2p), the median over several tables (iterations) of every figure."""
+    groups: dict[tuple[str, str, str], list[Row]] = {}
+    for comparison in comparisons:
+        for row in comparison.rows:
+            groups.setdefault((row.hint, row.rule, row.p2p), []).append(row)
+
+    def median(values):
+        values = [v for v in values if v is not None]
+        return statistics.median(values) if values else None
+
+    out = []
+    for (hint, rule, p2p), rows in groups.items():
+        peaks = [max(r.peak_in_flight[k] for r in rows) for k in range(len(rows[0].peak_in_flight))]
+        out.append(Row(hint, rule, median(r.makespan for r in rows), median(r.bubble_fraction for r in rows),
+                       peaks, all(r.within_budget for r in rows), median(r.speedup for r in rows),
+                       median(r.vs_fixed for r in rows), median(r.over_bound for r in rows), p2p))
+    return out
+
+
+__all__ = ["Comparison", "DEFAULT_RULES", "Row", "builtin_candidates", "compare", "concrete", "durations_for",
+           "median_rows", "ranking_costs", "resolve"]

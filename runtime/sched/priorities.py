@@ -1,0 +1,77 @@
+"""List-scheduling priorities computed on the task graph: the bottom levels behind the ``cp`` hint.
+
+A task's *bottom level* is its own duration plus the longest path of
+durations and cross-rank latencies from its end to the end of the iteration
+(:func:`runtime.sched.bounds.longest_paths` gives the tail; the bottom level is
+``compute + tail``). Running the ready task with the highest bottom level
+first is HLFET list scheduling (Adam, Chandy and Dickson 1974): the task with
+the most work still hanging behind it goes first.
+
+Conventions: priorities are computed on the *split-backward* graph of the
+shape (``I`` and ``W`` each half of ``B`` unless the table recorded them, see
+[Note: split backward durations] in :mod:`runtime.durations.variability`), from
+*expected* durations (:meth:`runtime.durations.variability.Durations.expected`: the
+workload model's expectation, or the mean of recorded durations per
+(stage, kind)), never from the durations being replayed.
+
+Ties: two tasks of equal bottom level (zero-duration tasks) are ordered by
+their position in one topological order of the whole graph, so every rank's
+order is a subsequence of one topological order and the hint completes even
+under the fixed policy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hints.tasks import PipelineShape, Task
+from runtime.sched.bounds import longest_paths
+from hints.deps import TaskGraph
+from runtime.durations.variability import Durations
+
+
+def cp_priorities(shape: PipelineShape, expected: Durations) -> dict[Task, tuple[float, int]]:
+    """Every task of ``shape`` (split backward) -> ``(bottom level, -topological position)``; higher first."""
+    return list_priorities(shape, expected)["longest remaining path"]
+
+
+def list_priorities(shape: PipelineShape, expected: Durations) -> dict[str, dict[Task, tuple[float, int]]]:
+    """Per-task priorities (higher first) of three list-scheduling rules, on the split-backward graph.
+
+    ``longest remaining path`` (the bottom level, ``cp``), ``most remaining work`` (the task's work plus
+    all its descendants'), ``longest task first`` (a task weighs its longest descendant, so it never
+    ranks below one). Each is non-increasing along every edge and ties go by topological position, so
+    every order made from them is consistent with one topological order of the graph (it completes in
+    fixed order too).
+    """
+    split = replace(shape, split_backward=True)
+    graph = TaskGraph.build(split)
+    compute, transfer = expected.for_graph(graph)
+    order, _, tail = longest_paths(graph, compute, transfer)
+    position = [0] * len(graph)
+    for index, tid in enumerate(order):
+        position[tid] = index
+    # Remaining work counts every descendant once: summing over consumers would count shared ones twice,
+    # so walk the descendants (a microbatch's subgraph is small).
+    remaining = [0.0] * len(graph)
+    longest = [0.0] * len(graph)
+    for tid in reversed(order):
+        seen, stack, total = {tid}, [tid], 0.0
+        while stack:
+            t = stack.pop()
+            total += compute[t]
+            for consumer in graph.consumers(t):
+                if consumer not in seen:
+                    seen.add(consumer)
+                    stack.append(consumer)
+        remaining[tid] = total
+        longest[tid] = max([compute[tid], *(longest[c] for c in graph.consumers(tid))])
+    tasks = graph.tasks
+    return {
+        "longest remaining path": {tasks[t]: (compute[t] + tail[t], -position[t]) for t in range(len(graph))},
+        "most remaining work": {tasks[t]: (remaining[t], -position[t]) for t in range(len(graph))},
+        "longest task first": {tasks[t]: (longest[t], -position[t]) for t in range(len(graph))},
+    }
+
+
+__all__ = ["cp_priorities", "list_priorities"]

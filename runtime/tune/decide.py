@@ -1,0 +1,361 @@
+"""``tune``: from scenarios to a hint, a rule and a memory budget, with the evidence, as one report.
+
+The search (:mod:`runtime.tune.search`) proposes and scores on the tuning
+scenarios; this module decides on the held-out ones ([Note: never worse] in
+:mod:`runtime.tune.evaluator`), explores memory when asked (``--memory-budget
+auto``), and writes what a user needs to act and to check: the report as a
+dict (``report.json``) and as Markdown (``report.md``).
+
+Memory (``auto``): the winner's family is re-scored at several budgets
+(:data:`AUTO_BUDGETS`); the Pareto table gives makespan against slots per
+rank, and the chosen budget is the smallest whose objective is within 1% of
+the best one's.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from dataclasses import dataclass, field
+from typing import Callable
+
+from hints.orders import HintOrder, baseline_hint_name
+from runtime.sched.arbiter import RULES, MemoryBudget
+from runtime.sched.evaluate import resolve, versus_label
+from runtime.tune.scenarios import ScenarioSet
+from runtime.tune.search import Scored, Search, SearchConfig, SearchResult, portfolio
+from runtime.tune.evaluator import Candidate, Evaluator, Objective, paired_bootstrap, summary
+
+AUTO_BUDGETS = ("1f1b", "1.25x", "1.5x", "2x", "3x", "4x")
+NOMINAL_TASKS_PER_SECOND = 250_000  # per job: turns --time-budget into a deterministic work budget
+
+
+@dataclass
+class Verdict:
+    """What is written out, and why ([Note: never worse])."""
+
+    chosen: Scored
+    tuned_kept: bool
+    reason: str
+    holdout: dict[str, list[float]]  # label -> held-out makespans (tuned, best built-in, fixed 1F1B, chosen)
+    gain: dict[str, float] = field(default_factory=dict)  # interval of the tuned hint over the best built-in
+
+
+@dataclass
+class TuneOutcome:
+    search: SearchResult
+    verdict: Verdict
+    budget: str  # the budget chosen (the one given, or auto's pick)
+    pareto: list[dict]  # auto only: per budget, slots and objective
+    evaluator: Evaluator
+    objective: Objective
+
+
+def work_budget(seconds: float, jobs: int, tasks_per_simulation: int) -> int:
+    """Scenario simulations that ``seconds`` buy at the nominal rate: deterministic, unlike a clock."""
+    return max(1, math.floor(seconds * jobs * NOMINAL_TASKS_PER_SECOND / max(1, tasks_per_simulation)))
+
+
+def tune(scenarios: ScenarioSet, policy: str, budget: str, objective: Objective, time_budget: float,
+         jobs: int = 1, seed: int = 0, overhead: float = 0.0, cost_model=None, traced: Candidate | None = None,
+         progress: Callable[[int, float, str], None] | None = None) -> TuneOutcome:
+    """Search, decide, and (with ``budget == "auto"``) explore memory. See the module docstring.
+
+    ``traced`` is the hint and rule of the run the scenarios come from (family ``traced``): scored like
+    every candidate, and the reference of the predicted gain ``rrfp tune-hint --check`` verifies.
+    """
+    shape = scenarios.shape
+    rules = ("greedy", "lookahead") if policy == "ready" else ("fixed",)
+    explore = budget == "auto"
+    evaluator = Evaluator(scenarios, MemoryBudget.parse("1f1b" if explore else budget), overhead)
+    mean = scenarios.tuning[0].expected if len(scenarios.tuning) == 1 else _mean_expectation(scenarios)
+    candidates = ([traced] if traced is not None else []) + portfolio(shape, rules, mean, cost_model)
+    tasks = shape.total_tasks * 3 // 2  # a split backward has half again as many tasks
+    config = SearchConfig(objective, rules, work_budget(time_budget, jobs, tasks), seed, jobs)
+    result = Search(evaluator, config, progress).run(candidates)
+    pareto: list[dict] = []
+    chosen_budget = budget
+    if explore and RULES[result.best.candidate.rule].uses_budget:
+        pareto, chosen_budget = _memory_pareto(scenarios, result.best.candidate, objective, overhead)
+        evaluator = Evaluator(scenarios, MemoryBudget.parse(chosen_budget), overhead)
+    elif explore:
+        chosen_budget = "1f1b"
+    verdict = decide(evaluator, result, objective, seed)
+    return TuneOutcome(result, verdict, chosen_budget, pareto, evaluator, objective)
+
+
+def _mean_expectation(scenarios: ScenarioSet):
+    """The average expectation over the tuning scenarios (what static priorities are computed on)."""
+    first = scenarios.tuning[0].expected
+    n = len(scenarios.tuning)
+
+    def mean(rows_of):
+        return [[statistics.fmean(rows_of(s.expected)[k][i] for s in scenarios.tuning) for i in range(first.microbatches)]
+                for k in range(first.stages)]
+
+    from runtime.durations.variability import Durations
+
+    return Durations(first.stages, first.microbatches, mean(lambda d: d.forward), mean(lambda d: d.backward),
+                     mean(lambda d: d.send_forward), mean(lambda d: d.send_backward), [1.0] * first.microbatches,
+                     input_grad=mean(lambda d: d.input_grad) if first.input_grad else None,
+                     weight_grad=mean(lambda d: d.weight_grad) if first.weight_grad else None,
+                     source=f"mean expectation of {n} scenarios", split_overhead=first.split_overhead)
+
+
+def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, seed: int) -> Verdict:
+    """[Note: never worse]: keep the tuned hint only if its held-out gain over the best built-in is sure."""
+    best = result.best
+    builtin = result.best_of("built-in") or best
+    baseline = next((s for s in result.scored if s.candidate.family == "baseline"
+                     or (s.candidate.rule == "fixed"
+                         and s.candidate.name == baseline_hint_name(evaluator.shape.chunks, evaluator.shape.placement))),
+                    None)
+    held = {"tuned": evaluator.makespans(best.candidate, "holdout"),
+            "best built-in": evaluator.makespans(builtin.candidate, "holdout")}
+    if baseline is not None:
+        held["fixed 1F1B"] = evaluator.makespans(baseline.candidate, "holdout")
+    traced = next((s for s in result.scored if s.candidate.family == "traced"), None)
+    if traced is not None:
+        held["traced hint"] = evaluator.makespans(traced.candidate, "holdout")
+    if best.candidate.family in ("built-in", "traced", "baseline"):
+        chosen, kept, reason = best, False, f"the best candidate is the built-in {best.candidate.label} itself"
+        gain = {}
+    else:
+        interval = paired_bootstrap(held["best built-in"], held["tuned"], seed=seed)
+        gain = {"estimate": interval.estimate, "low": interval.low, "high": interval.high}
+        if interval.above_zero():
+            chosen, kept = best, True
+            reason = (f"held-out gain over {builtin.candidate.label}: {interval.estimate:+.2%} "
+                      f"(95% interval {interval.low:+.2%} .. {interval.high:+.2%}, above zero)")
+        else:
+            chosen, kept = builtin, False
+            reason = (f"the tuned hint's held-out gain over {builtin.candidate.label} is not sure "
+                      f"({interval.estimate:+.2%}, 95% interval {interval.low:+.2%} .. {interval.high:+.2%}): "
+                      f"keeping the built-in")
+    if chosen is not best and chosen is builtin:
+        held["chosen"] = held["best built-in"]
+    else:
+        held["chosen"] = held["tuned"]
+    # At the 1f1b budget nothing written out may be slower than fixed 1F1B on the held-out scenarios.
+    if baseline is not None and evaluator.budget.spec == "1f1b" and \
+            objective(held["chosen"]) > objective(held["fixed 1F1B"]):
+        name = baseline_label(evaluator.shape.chunks, evaluator.shape.placement)
+        reason += f"; but it is slower than {name} on the held-out scenarios: keeping {name}"
+        chosen, kept, held["chosen"] = baseline, False, held["fixed 1F1B"]
+    return Verdict(chosen, kept, reason, held, gain)
+
+
+def _memory_pareto(scenarios: ScenarioSet, candidate: Candidate, objective: Objective, overhead: float):
+    rows = []
+    for spec in AUTO_BUDGETS:
+        evaluator = Evaluator(scenarios, MemoryBudget.parse(spec), overhead)
+        value = objective(evaluator.makespans(candidate))
+        rows.append({"budget": spec, "slots": evaluator.slots, "max_slots": max(evaluator.slots), "objective": value})
+    best = min(r["objective"] for r in rows)
+    chosen = next(r["budget"] for r in rows if r["objective"] <= best * 1.01)
+    for r in rows:
+        r["chosen"] = r["budget"] == chosen
+    return rows, chosen
+
+
+# -- the report --------------------------------------------------------------------
+
+
+def report(outcome: TuneOutcome, context: dict) -> dict:
+    """Everything report.json holds; ``context`` adds the inputs, commands and replay check from the caller."""
+    evaluator, objective = outcome.evaluator, outcome.objective
+    verdict, search = outcome.verdict, outcome.search
+    held = verdict.holdout
+    families: dict[str, Scored] = {}
+    for scored in search.scored:
+        families.setdefault(scored.candidate.family, scored)
+    reference = {label: held[label] for label in ("fixed 1F1B", "best built-in", "traced hint") if label in held}
+    rows = []
+    for family, scored in families.items():
+        tuning = scored.makespans
+        holdout = evaluator.makespans(scored.candidate, "holdout")
+        rows.append(_row(f"best {family}", scored.candidate, tuning, holdout, objective, reference, evaluator))
+    chosen = verdict.chosen
+    rows.insert(0, _row("written out", chosen.candidate, chosen.makespans, held["chosen"], objective, reference,
+                        evaluator))
+    return {
+        "format": "rrfp-tune-report/1",
+        "objective": str(objective),
+        "shape": evaluator.shape.to_json(),
+        "memory_budget": outcome.budget,
+        "memory_budget_slots": evaluator.slots,
+        "scenarios": {"tuning": len(evaluator.sets["tuning"]), "holdout": len(evaluator.sets["holdout"]),
+                      "source": context.get("source")},
+        "search": {"simulations": search.simulations, "stopped": search.stopped,
+                   "candidates_scored": len(search.scored), "trace": search.trace},
+        "verdict": {"kept_tuned": verdict.tuned_kept, "reason": verdict.reason, "gain_over_best_builtin": verdict.gain,
+                    "hint": chosen.candidate.name, "rule": chosen.candidate.rule, "family": chosen.candidate.family},
+        "prediction": _prediction(held["chosen"], {"over_fixed_1f1b": held.get("fixed 1F1B"),
+                                                   "over_best_builtin": held.get("best built-in"),
+                                                   "over_traced_hint": held.get("traced hint")},
+                                  (context.get("replay") or {}).get("errors")),
+        "rows": rows,
+        "pareto": outcome.pareto,
+        **context,
+    }
+
+
+def baseline_label(chunks: int, placement: str) -> str:
+    """What the baseline every gain is measured against is called in text (report.json keys say fixed 1F1B):
+    ``fixed`` and the name tables give it (:func:`runtime.sched.evaluate.versus_label`)."""
+    return "fixed " + versus_label(baseline_hint_name(chunks, placement)).removeprefix("vs ")
+
+
+def _prediction(chosen: list[float], references: dict[str, list[float] | None],
+                replay_errors: list[float] | None = None) -> dict:
+    """What --check compares a new run with: the chosen hint's held-out makespans and gains.
+
+    Each gain has the paired bootstrap interval of its mean, the p10..p90 range of the per-scenario
+    gains (what one iteration may show), and ``range``: that p10..p90 widened by the simulator's own
+    error, as measured on the traced run ([Note: predicted ranges]). ``makespan_range`` is widened the
+    same way. Without a traced run (tables, a model) there is no measured error and no widening.
+
+    [Note: predicted ranges]
+        A replay of the traced hint on its own realized durations is off the measured step by
+        ``e_i`` in iteration ``i`` (report.json ``replay.errors``). A measured makespan is then
+        ``replayed / (1 + e)``, so the measured range is ``p10 / (1 + max e) .. p90 / (1 + min e)``.
+        For a gain ``g = 1 - C / R`` a bias common to both makespans cancels; what is left is each
+        one's deviation from the typical error, at most ``d = max |e_i - median e|``, and
+        ``C (1 + a) / (R (1 + b)) ~ (C / R)(1 + a - b)`` moves ``g`` by at most ``2 d (1 - g)``.
+        That is the margin added on each side of p10..p90, with ``g`` the estimate.
+    """
+    errors = [e for e in replay_errors or () if e > -1.0]
+    low, high = _quantile(chosen, 0.1), _quantile(chosen, 0.9)
+    out = {"makespan": summary(chosen), "makespan_range": [low, high]}
+    deviation = 0.0
+    if errors:
+        typical = statistics.median(errors)
+        deviation = max(abs(e - typical) for e in errors)
+        out["makespan_range"] = [low / (1.0 + max(errors)), high / (1.0 + min(errors))]
+        out["makespan_scenarios_range"] = [low, high]
+        out["replay_deviation"] = deviation
+    for label, reference in references.items():
+        if reference:
+            interval = paired_bootstrap(reference, chosen, seed=1)
+            gains = [(r - c) / r for r, c in zip(reference, chosen) if r > 0]
+            p10, p90 = _quantile(gains, 0.1), _quantile(gains, 0.9)
+            margin = 2.0 * deviation * (1.0 - interval.estimate)
+            out[f"gain_{label}"] = {"estimate": interval.estimate, "low": interval.low, "high": interval.high,
+                                    "p10": p10, "p90": p90, "range": [p10 - margin, p90 + margin]}
+    return out
+
+
+def gain_range(gain: dict) -> tuple[float, float]:
+    """The predicted range of a realized gain ([Note: predicted ranges]); p10..p90 in reports older than it."""
+    low, high = gain.get("range", (gain["p10"], gain["p90"]))
+    return low, high
+
+
+def _quantile(values: list[float], level: float) -> float:
+    from runtime.tune.evaluator import quantile
+
+    return quantile(sorted(values), level)
+
+
+def _row(label: str, candidate: Candidate, tuning: list[float], holdout: list[float], objective: Objective,
+         reference: dict[str, list[float]], evaluator: Evaluator) -> dict:
+    peaks = evaluator.peak_in_flight(candidate, "holdout")
+    bubble = []
+    for index in range(min(4, len(evaluator.sets["holdout"]))):
+        try:
+            bubble.append(evaluator.simulate(candidate, "holdout", index).bubble_fraction)
+        except Exception:
+            pass
+    row = {"row": label, "hint": candidate.name, "family": candidate.family, "rule": candidate.rule,
+           "tuning": {**summary(tuning), "objective": objective(tuning)},
+           "holdout": {**summary(holdout), "objective": objective(holdout)},
+           "bubble_fraction": statistics.fmean(bubble) if bubble else None,
+           "peak_in_flight": max(peaks), "peak_in_flight_per_rank": peaks}
+    for name, values in reference.items():
+        row[f"speedup_vs_{name.replace(' ', '_')}"] = objective(values) / objective(holdout) if holdout else None
+    return row
+
+
+def render_markdown(data: dict) -> str:
+    """report.md: readable on its own, with the commands to reproduce and to check."""
+    lines = ["# rrfp tune-hint report", ""]
+    shape = data["shape"]
+    lines += [f"Shape: {shape['ranks']} ranks x {shape['chunks']} chunks, {shape['microbatches']} microbatches. "
+              f"Objective: {data['objective']} makespan. Memory budget: {data['memory_budget']} "
+              f"({min(data['memory_budget_slots'])}..{max(data['memory_budget_slots'])} slots per rank).", ""]
+    if shape.get("placement", "looping") != "looping":
+        lines += [f"Placement: {shape['placement']}. The baseline this report calls fixed 1F1B is fixed "
+                  f"{baseline_hint_name(shape['chunks'], shape['placement'])} (ZB-V), V placement's counterpart: "
+                  "the 1f1b budget is its per-rank peak in flight, and the 1F1B family is not searched (it places "
+                  "stages looping).", ""]
+    s = data["scenarios"]
+    lines += [f"Scenarios: {s['tuning']} for tuning, {s['holdout']} held out, from {s['source']}.", ""]
+    v = data["verdict"]
+    lines += ["## Verdict", "", f"Written out: **{v['hint']}** under **{RULES[v['rule']].label}** "
+              f"({v['family']}). {v['reason']}.", ""]
+    p = data["prediction"]
+    m = p["makespan"]
+    scenarios_range = p.get("makespan_scenarios_range", p["makespan_range"])
+    widened = "" if "makespan_scenarios_range" not in p else (
+        f"; a run should measure {p['makespan_range'][0] * 1e3:.2f}..{p['makespan_range'][1] * 1e3:.2f} ms with the "
+        f"simulator's error on the traced run")
+    lines += [f"Predicted makespan on held-out scenarios: mean {m['mean'] * 1e3:.2f} ms, p50 {m['p50'] * 1e3:.2f} ms, "
+              f"p90 {m['p90'] * 1e3:.2f} ms (p10..p90 {scenarios_range[0] * 1e3:.2f}..{scenarios_range[1] * 1e3:.2f} ms"
+              f"{widened})."]
+    for key, label in (("gain_over_fixed_1f1b", "fixed 1F1B"), ("gain_over_best_builtin", "the best built-in"),
+                       ("gain_over_traced_hint", "the traced hint")):
+        if key in p:
+            g = p[key]
+            low, high = gain_range(g)
+            lines.append(f"Predicted gain over {label}: {g['estimate']:+.1%} (95% interval of the mean "
+                         f"{g['low']:+.1%} .. {g['high']:+.1%}; per iteration p10..p90 {g['p10']:+.1%} .. "
+                         f"{g['p90']:+.1%}; with the simulator's measured error {low:+.1%} .. {high:+.1%}).")
+    lines += ["", "## Candidates (best of each family)", "",
+              "| row | hint | rule | tuning mean | held-out mean | held-out p90 | held-out CVaR90 | bubble | peak in flight "
+              "| vs fixed 1F1B | vs best built-in |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for row in data["rows"]:
+        h = row["holdout"]
+
+        def ratio(key):
+            value = row.get(key)
+            return "-" if value is None else f"{value:.3f}x"
+
+        bubble = "-" if row["bubble_fraction"] is None else f"{row['bubble_fraction']:.1%}"
+        lines.append(f"| {row['row']} | {row['hint']} | {RULES[row['rule']].label} | {row['tuning']['mean'] * 1e3:.2f} ms "
+                     f"| {h['mean'] * 1e3:.2f} ms | {h['p90'] * 1e3:.2f} ms | {h['cvar90'] * 1e3:.2f} ms | {bubble} "
+                     f"| {row['peak_in_flight']} | {ratio('speedup_vs_fixed_1F1B')} | {ratio('speedup_vs_best_built-in')} |")
+    if data.get("pareto"):
+        lines += ["", "## Memory (--memory-budget auto)", "", "| budget | max slots per rank | objective | chosen |",
+                  "|---|---|---|---|"]
+        for row in data["pareto"]:
+            lines.append(f"| {row['budget']} | {row['max_slots']} | {row['objective'] * 1e3:.2f} ms | "
+                         f"{'yes' if row['chosen'] else ''} |")
+    replay = data.get("replay")
+    if replay:
+        lines += ["", "## Does the simulator reproduce the traced run?", "",
+                  f"The traced hint replayed on its own realized durations is off by {replay['median_error']:+.1%} "
+                  f"(median over iterations; worst {replay['worst_error']:+.1%})."]
+        if abs(replay["worst_error"]) > 0.05:
+            lines.append("**Warning: above 5%: predictions from these scenarios are less reliable.**")
+    search = data["search"]
+    lines += ["", "## Search", "", f"{search['simulations']:,} scenario simulations, {search['candidates_scored']} "
+              f"candidates scored in full; stopped: {search['stopped']}."]
+    commands = data.get("commands", {})
+    if commands:
+        lines += ["", "## Reproduce and check", ""]
+        for label, command in commands.items():
+            lines += [f"{label}:", "", "```sh", command, "```", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def chosen_hint(outcome: TuneOutcome) -> HintOrder:
+    """The hint to write: a static one as it is; a per-scenario built-in by its name's built form."""
+    candidate = outcome.verdict.chosen.candidate
+    if candidate.hint is not None:
+        return candidate.hint
+    shape = outcome.evaluator.shape
+    return resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement)
+
+
+__all__ = ["AUTO_BUDGETS", "TuneOutcome", "Verdict", "chosen_hint", "decide", "render_markdown", "report", "tune",
+           "work_budget"]
