@@ -1,4 +1,4 @@
-"""BENCHMARKS.md "Tensor and data parallelism": ready vs fixed order with --tp and --dp, TP coordination, DP overlap.
+"""docs/benchmarks/tp-dp.md: ready vs fixed order with --tp and --dp, TP coordination, DP overlap.
 
     python benchmarks/tp_dp.py [--iters 10] [--repeats 3] [--budgets 1f1b,2x] [--only NAME,...]
                                [--out runs/bench-tp-dp] [--json]

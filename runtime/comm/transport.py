@@ -47,7 +47,7 @@ and ``memmove``: a handful of microseconds, no per-word tensor operations.
     arriving is finished by later reads, and its message is listed only
     once complete. Its arrival time is the kernel's receive time of its last
     bytes. A 1 MiB message then costs less than gloo's own send and receive
-    (BENCHMARKS.md section 7). Up to ``BODY_BYTES`` the kernel's socket
+    (docs/benchmarks/transport-latency.md). Up to ``BODY_BYTES`` the kernel's socket
     buffers hold a body while the receiving rank computes; beyond it a
     message goes on gloo, whose own thread receives it meanwhile.
 
@@ -148,7 +148,7 @@ message the producer fields name ([Note: blocking p2p in the runtime] in
     (``irecv(...).is_completed()`` stays False until ``wait()``, torch
     2.13), and a thread that blocks there must then wake the dispatcher: a
     hand-off that alone cost 1.4-1.5x plain gloo's one-way latency for a
-    small message (BENCHMARKS.md section 7). So frames travel over a TCP
+    small message (docs/benchmarks/transport-latency.md). So frames travel over a TCP
     connection per link (set up at construction: each rank listens on its
     address on the route to ``MASTER_ADDR``, or on ``RRFP_SOCKET_ADDR``, and
     the addresses are all-gathered) and the dispatcher reads them itself:

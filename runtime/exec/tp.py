@@ -26,7 +26,7 @@ two members running different tasks would hang, or sum the wrong tensors.
     extra hop. The alternative, only the leader receives and broadcasts to
     its followers, puts a second transfer of the whole activation on the
     follower's path of every input and serializes the group's receptions on
-    the leader's thread. Measured in BENCHMARKS.md ("Tensor and data parallelism") with
+    the leader's thread. Measured in docs/benchmarks/tp-dp.md with
     ``rrfp trace follow``: the follow latency per decision, and each
     follower's input lag behind its leader's copy (about zero on gpt at
     pp=2; 0.3 ms at pp=4 on the emulated workload, where forwarding might

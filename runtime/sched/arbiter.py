@@ -672,7 +672,7 @@ for _rule in RULES.values():
 del _rule
 
 # Hints under which the ready policy looks ahead when --lookahead is not given. Measured in
-# BENCHMARKS.md ("Lookahead"): on for every built-in; off would only matter for a hint that wants a
+# docs/benchmarks/lookahead.md: on for every built-in; off would only matter for a hint that wants a
 # backward to overtake a forward already on its way, and no built-in does.
 LOOKAHEAD_OFF_BY_DEFAULT: frozenset[str] = frozenset()
 
