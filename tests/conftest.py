@@ -1,4 +1,18 @@
-"""Shared test helpers: unit-duration tables and small builders (no GPU, no torch needed)."""
+"""Shared test helpers (unit-duration tables, small builders, the CLI runners), and the test layers.
+
+Tests live in four layers, one folder each; every test is marked with its folder's name, so
+``pytest -m unit`` (or ``pytest tests/unit``) runs one layer:
+
+* ``unit``: pure functions and objects (schedules, the simulator, the reader on built traces, the wire
+  format): no processes, no threads, no sockets. The whole layer runs in well under a minute.
+* ``inproc``: one process, but real machinery: torch modules, threads, socket pairs, the CLI through
+  its in-process runner.
+* ``multiproc``: spawned ranks (gloo process groups, ``rrfp run`` jobs, torchrun): what only several
+  processes can show (transport, faults, gradients across ranks).
+* ``cli``: the console script as a user runs it, in a subprocess: exit codes, signals, stdout/stderr.
+
+None needs a GPU.
+"""
 
 from __future__ import annotations
 
@@ -52,6 +66,17 @@ def run_rrfp(cwd: Path, *args: str, timeout: float = 180, python_flags: tuple[st
     env["COLUMNS"] = str(columns)  # tables and grids laid out the same whatever the terminal
     return subprocess.run([sys.executable, *python_flags, *module, *args], cwd=cwd, env=env,
                           capture_output=True, text=True, timeout=timeout)
+
+
+LAYERS = ("unit", "inproc", "multiproc", "cli")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its layer (the folder it is in, under tests/)."""
+    for item in items:
+        parts = Path(str(item.fspath)).resolve().relative_to(REPO / "tests").parts
+        if len(parts) > 1 and parts[0] in LAYERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
 
 
 @pytest.fixture

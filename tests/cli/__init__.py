@@ -1,0 +1,1 @@
+"""cli tests: see tests/conftest.py for what each layer holds."""

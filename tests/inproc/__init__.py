@@ -1,0 +1,1 @@
+"""inproc tests: see tests/conftest.py for what each layer holds."""

@@ -1,0 +1,1 @@
+"""multiproc tests: see tests/conftest.py for what each layer holds."""
