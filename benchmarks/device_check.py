@@ -49,7 +49,7 @@ def correctness(lines: list[str], work: Path, device: str) -> bool:
 
     from runtime.config import RunConfig
     from runtime.run.launch import launch
-    from runtime.run.plan import run_shape
+    from runtime.config import run_shape
     from runtime.workloads.make import reference_train
     from runtime.run.worker import Job, WorkerOptions
 

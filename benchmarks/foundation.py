@@ -37,7 +37,7 @@ from pathlib import Path
 
 # Only APIs every revision has: the --against worker imports this file against an older tree.
 from hints.orders import builtin_hint
-from runtime.sched.arbiter import make_arbiter
+from runtime.sched.rules import make_arbiter
 from hints.deps import TaskGraph
 from runtime.sched.simulator import simulate
 from runtime.durations.variability import VariabilityModel, sample_durations

@@ -32,7 +32,7 @@ import statistics
 import time
 
 from hints.tasks import LOOPING, V, PipelineShape
-from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import DEFAULT_RULES, compare, resolve
 from runtime.durations.variability import VariabilityModel, sample_durations
 

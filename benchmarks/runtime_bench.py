@@ -34,7 +34,7 @@ from hints.orders import BUILTIN_HINTS, applicable_builtins
 from profiler.analysis.core import sensitivity, trace_hint
 from profiler.trace.reader import read_trace
 from profiler.trace.recorder import merge_run_traces
-from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.budget import MemoryBudget
 from runtime.config import RunConfig
 from runtime.durations.tables import load_durations
 from runtime.run.launch import launch

@@ -14,7 +14,7 @@ budget), as makespan over the lower bound, and the memory held.
 Part 2 (``--acceptance``): the 1f1b hint at both budgets on 3 seeds x both
 workloads x 8/16/32 ranks with jitter 0.1, and for every built-in the ratio
 of lookahead to greedy over the same grid (which decides the per-hint
-defaults of ``runtime.sched.arbiter.LOOKAHEAD_OFF_BY_DEFAULT``).
+defaults of ``runtime.sched.rules.LOOKAHEAD_OFF_BY_DEFAULT``).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import statistics
 import time
 
 from hints.tasks import PipelineShape
-from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import builtin_candidates, compare
 from runtime.durations.variability import VariabilityModel, sample_durations
 

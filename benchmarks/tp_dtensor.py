@@ -4,7 +4,7 @@
 
 Two processes (gloo, CPU) each hold half of an MLP (64 -> 256 -> 64, a ``--hidden 64`` block's MLP) and run
 forward + backward on a [2, 32, 64] microbatch, three ways: the whole MLP on one process (no TP), rrfp's
-plain layers (``runtime.exec.tp``: explicit all-reduces in custom autograd functions), and
+plain layers (``runtime.workloads.tp_layers``: explicit all-reduces in custom autograd functions), and
 ``torch.distributed.tensor.parallel`` (``ColwiseParallel`` + ``RowwiseParallel`` on a ``DeviceMesh`` of the
 TP group). It also checks that DTensor gives the whole MLP's output and survives the executor's split
 backward (``I`` then ``W`` by ``autograd.grad`` with the graph retained). Prints ms per forward+backward.
@@ -29,7 +29,7 @@ def _worker(rank: int, port: int, iters: int, out) -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from runtime.exec.tp import TPShard, _shard, copy_to_group, reduce_from_group
+    from runtime.workloads.tp_layers import _shard, copy_to_group, reduce_from_group, TPShard
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -26,7 +26,7 @@ def bench(
     quick: Annotated[bool, typer.Option("--quick", help="A smaller matrix, fewer seeds and tiny real runs: under "
                                         "5 minutes on 2 cores.")] = False,
     workloads: Annotated[Optional[str], typer.Option("--workloads", help="Comma-separated workload presets "
-                                                     "(default: profiler.bench.suite.WORKLOADS).")] = None,
+                                                     "(default: profiler.bench.matrix.WORKLOADS).")] = None,
     ranks: Annotated[Optional[str], typer.Option("--ranks", help="Comma-separated rank counts, e.g. 8,16,32 "
                                                  "(default 8,16,32,64,128; --quick 8,16,32).")] = None,
     budgets: Annotated[Optional[str], typer.Option("--budgets", help="Comma-separated memory budgets "
@@ -47,7 +47,9 @@ def bench(
     json_mode: JsonFlag = False,
 ) -> None:
     """Run the benchmark matrix (simulation, real runs, external systems); write tables, JSON and plots."""
-    from profiler.bench.suite import Settings, check_out, check_settings, parse_ranks, run_suite
+    from profiler.bench.matrix import check_settings, parse_ranks, Settings
+    from profiler.bench.results import check_out
+    from profiler.bench.suite import run_suite
 
     output = Output(json_mode)
     settings = Settings.quick_defaults() if quick else Settings()

@@ -137,7 +137,7 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
     # baseline keeps the job's placement (under V it is ZB-V, hints.orders.baseline_hint_name).
     configs = [config]
     if compare:
-        from runtime.run.plan import run_shape
+        from runtime.config import run_shape
 
         # Both fixed jobs use buffered links: a --p2p blocking job is then compared with async fixed order.
         baseline = config.with_overrides(policy="fixed", hint=None, lookahead=None, p2p="async",
@@ -280,7 +280,7 @@ def _keep_what_finished(jobs, config: RunConfig) -> str:
 
 
 def _job_name(config: RunConfig) -> str:
-    from runtime.run.plan import hint_spec
+    from runtime.config import hint_spec
 
     spec = hint_spec(config)
     name = Path(spec).stem if "/" in spec or spec.endswith((".json", ".csv")) else spec.replace(":", "-")

@@ -87,7 +87,8 @@ def simulate(
     json_mode: JsonFlag = False,
 ) -> None:
     """Simulate one hint and policy, or --compare all built-ins, on sampled or recorded durations."""
-    from runtime.sched.arbiter import MemoryBudget, check_p2p, rule_for
+    from runtime.sched.budget import MemoryBudget
+    from runtime.sched.rules import check_p2p, rule_for
     from runtime.sched.bounds import split_bound
     from runtime.sched.evaluate import builtin_candidates, concrete, durations_for, resolve
     from runtime.sched.simulator import simulate as run_simulation

@@ -132,7 +132,7 @@ def tune_hint(
     if scenarios < 2:
         raise UserError(f"must be at least 2, got {scenarios}", "--scenarios")
     if memory_budget != "auto":
-        from runtime.sched.arbiter import MemoryBudget
+        from runtime.sched.budget import MemoryBudget
 
         MemoryBudget.parse(memory_budget)
 
@@ -286,7 +286,7 @@ def _traced_candidate(traced):
 def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) -> dict[str, str]:
     """hint.json, job.toml, report.json, report.md: written in a temporary directory, then renamed to ``target``."""
     from hints.files.hint_json import save_hint
-    from runtime.sched.arbiter import RULES
+    from runtime.sched.rules import RULES
     from runtime.tune.decide import chosen_hint, render_markdown
 
     candidate = outcome.verdict.chosen.candidate

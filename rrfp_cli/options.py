@@ -15,18 +15,18 @@ from typing import Annotated, Optional
 import typer
 
 from hints.tasks import PLACEMENTS
-from runtime.sched.arbiter import P2P_MODES, Policy
+from runtime.sched.rules import P2P_MODES, Policy
 from runtime.durations.presets import LEGACY_ALIASES, MEASURED_SPLIT_OVERHEAD, PRESET_NAMES, SPLIT_OVERHEAD, WORKLOAD_NAMES
 
 SHAPE = "Pipeline shape"
 VARIABILITY = "Variability model"
 
 
-# The policies come from the arbiter's rule table (runtime.sched.arbiter.RULES), the one place they are defined.
+# The policies come from the arbiter's rule table (runtime.sched.rules.RULES), the one place they are defined.
 PolicyChoice = Enum("PolicyChoice", {policy.value: policy.value for policy in Policy}, type=str)
 
 
-# --p2p values (runtime.sched.arbiter.P2P_MODES); "async" is a keyword, so the functional form.
+# --p2p values (runtime.sched.rules.P2P_MODES); "async" is a keyword, so the functional form.
 P2PChoice = Enum("P2PChoice", {mode: mode for mode in P2P_MODES}, type=str)
 
 

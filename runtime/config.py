@@ -1,4 +1,4 @@
-"""Typed, validated configuration of ``rrfp run``.
+"""Typed, validated configuration of ``rrfp run``, and what follows from it alone (its hint name and shape).
 
 One :class:`RunConfig` describes a training job. It comes from CLI flags
 and/or a TOML file whose keys are the flag names without the leading dashes
@@ -17,10 +17,13 @@ from pathlib import Path
 from typing import Any
 
 from hints.errors import UserError
-from hints.tasks import PLACEMENTS, Task
-from runtime.sched.arbiter import P2P_MODES, ArbiterRule, MemoryBudget, Policy, check_p2p, rule_for
+from hints.files.load import hint_placement
+from hints.orders import baseline_hint_name
+from hints.tasks import LOOPING, PLACEMENTS, PipelineShape, Task, default_chunks
 from runtime.durations.presets import WORKLOAD_NAMES
 from runtime.durations.variability import check_split_overhead
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.rules import P2P_MODES, ArbiterRule, Policy, check_p2p, rule_for
 
 RUN_WORKLOADS = ("gpt", "multimodal", "emulated")  # or a user's factory, "package.module:factory"
 EMULATE_MODELS = WORKLOAD_NAMES  # runtime.durations.presets: uniform, the presets, the legacy models and their aliases
@@ -46,14 +49,14 @@ class RunConfig:
 
     workload: str = "gpt"
     stages: int = 2
-    chunks: int | None = None  # None: 1, or 2 under V placement (runtime.run.plan.run_shape)
+    chunks: int | None = None  # None: 1, or 2 under V placement (runtime.config.run_shape)
     microbatches: int = 8
     placement: str | None = None  # looping or v; None: the hint's own (hints.files.load.hint_placement)
     tp: int = 1
     dp: int = 1
     hint: str | None = None  # None: 1f1b (interleaved-1f1b with chunks >= 2, zbv under V placement)
     policy: str = "ready"
-    lookahead: bool | None = None  # ready policy: None = the hint's default (runtime.sched.arbiter.rule_for)
+    lookahead: bool | None = None  # ready policy: None = the hint's default (runtime.sched.rules.rule_for)
     p2p: str = "async"  # fixed policy: "blocking" waits for peers as Megatron does ([Note: blocking p2p])
     memory_budget: str = "1f1b"
     iters: int = 5
@@ -175,7 +178,7 @@ class RunConfig:
                             f"= {self.world_size} ranks", "--nproc")
 
     def _check_tp(self) -> None:
-        """``--tp`` must split what is sharded (:mod:`runtime.exec.tp`): attention heads, or the emulated layer.
+        """``--tp`` must split what is sharded (:mod:`runtime.workloads.tp_layers`): attention heads, or the emulated layer.
 
         A user's model (``package.module:factory``) is refused rather than half-supported: rrfp does not
         know how to shard its layers or split its data between replicas.
@@ -325,3 +328,16 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], where
         return RunConfig(**merged)
     except TypeError as err:  # a TOML value of the wrong structure for a dataclass field
         raise UserError(str(err), where) from None
+
+
+def hint_spec(config) -> str:
+    """The hint a run follows: ``--hint``, else the baseline order of its chunks and placement."""
+    placement = config.placement or LOOPING
+    return config.hint or baseline_hint_name(config.chunks or default_chunks(placement), placement)
+
+
+def run_shape(config) -> PipelineShape:
+    """The job's shape (full backward): its placement is the one asked, else the hint's own."""
+    placement = hint_placement(hint_spec(config), config.placement)
+    return PipelineShape(config.stages, config.chunks or default_chunks(placement), config.microbatches,
+                         placement=placement)

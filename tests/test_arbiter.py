@@ -7,7 +7,8 @@ import pytest
 from hints.errors import HintError, UserError
 from hints.orders import builtin_hint, peak_in_flight
 from hints.tasks import PipelineShape, Task
-from runtime.sched.arbiter import MemoryBudget, Policy, make_arbiter, one_f_one_b_bounds
+from runtime.sched.budget import MemoryBudget, one_f_one_b_bounds
+from runtime.sched.rules import make_arbiter, Policy
 from hints.deps import TaskGraph
 from runtime.sched.simulator import simulate
 from tests.conftest import hint_from_text, unit_durations
@@ -273,7 +274,7 @@ def test_lookahead_needs_estimates():
 
 
 def test_rules_from_policy_and_lookahead():
-    from runtime.sched.arbiter import RULES, as_rule, rule_for
+    from runtime.sched.rules import as_rule, rule_for, RULES
 
     assert rule_for("ready").name == "lookahead"  # the default
     assert rule_for("ready", lookahead=False).name == "greedy"
@@ -288,7 +289,7 @@ def test_rules_from_policy_and_lookahead():
 
 
 def test_running_means_estimate_per_stage_and_kind():
-    from runtime.sched.arbiter import RunningMeans
+    from runtime.exec.forecast import RunningMeans
 
     graph = TaskGraph.build(PipelineShape(2, 1, 4))
     means = RunningMeans(graph)

@@ -10,7 +10,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from profiler.bench import runs as bench_runs, suite as bench
+from profiler.bench import matrix, runs as bench_runs
+from profiler.bench.results import SCHEMA
+from profiler.bench.suite import run_suite
 from profiler.bench.report import section_markdown
 from profiler.draw.charts import HEIGHT, WIDTH, BarChart, Bars, LineChart, Series, nice_ticks, save_chart
 from tests.test_trace_commands import one_error, rrfp
@@ -62,7 +64,7 @@ def tiny_matrix(tmp_path, *extra):
 def test_tiny_matrix_writes_every_file_with_the_schema(tmp_path):
     out, summary = tiny_matrix(tmp_path)
     data = json.loads((out / "results.json").read_text())
-    assert data["schema"] == bench.SCHEMA and data["complete"] is True
+    assert data["schema"] == SCHEMA and data["complete"] is True
     assert data["command"].startswith("rrfp bench --out") and "--ranks 4" in data["command"]
     assert {"cpu", "cores"} <= set(data["machine"]) and {"python", "torch", "rrfp_commit"} <= set(data["versions"])
     assert [t["table_seed"] for t in data["settings"]["tables"]] == [0, 1000]
@@ -113,15 +115,17 @@ def test_section_quotes_the_command_machine_and_paper_rows(tmp_path):
 
 def test_the_commit_is_the_one_the_run_started_on(tmp_path, monkeypatch):
     commits = iter(f"{n:040x}" for n in range(1, 10**6))
-    monkeypatch.setattr(bench, "versions", lambda: {"python": "3", "torch": None, "rrfp_commit": next(commits)})
-    settings = bench.Settings(workloads=("uniform",), ranks=(2,), seeds=1, iterations=1, tune_seconds=0,
+    fake = lambda: {"python": "3", "torch": None, "rrfp_commit": next(commits)}  # noqa: E731
+    monkeypatch.setattr("profiler.bench.results.versions", fake)  # what every save's header reads
+    monkeypatch.setattr("profiler.bench.suite.versions", fake)  # what the suite reads as it starts
+    settings = matrix.Settings(workloads=("uniform",), ranks=(2,), seeds=1, iterations=1, tune_seconds=0,
                               real=False, external=False, variability_ranks=2, bubble_ranks=2)
 
     @contextlib.contextmanager
     def progress(total):
         yield lambda done, status: None
 
-    data = bench.run_suite(settings, tmp_path / "b", "rrfp bench", progress)
+    data = run_suite(settings, tmp_path / "b", "rrfp bench", progress)
     assert data["versions"]["rrfp_commit"] == f"{1:040x}"  # later saves (several here) keep it
 
 
@@ -161,9 +165,9 @@ def test_a_folder_that_cannot_be_written_is_refused_before_any_work():
 
 
 def test_the_tuned_row_says_why_it_is_skipped():
-    row = next(r for r in bench.MATRIX_ROWS if r.hint == bench.TUNED)
-    assert bench.row_unavailable(row, bench.Settings(tune_seconds=0)) == "--tune-seconds 0"
-    assert "TUNE_MAX_RANKS" in bench.row_unavailable(row, bench.Settings(), ranks=bench.TUNE_MAX_RANKS * 2)
+    row = next(r for r in matrix.MATRIX_ROWS if r.hint == matrix.TUNED)
+    assert matrix.row_unavailable(row, matrix.Settings(tune_seconds=0)) == "--tune-seconds 0"
+    assert "TUNE_MAX_RANKS" in matrix.row_unavailable(row, matrix.Settings(), ranks=matrix.TUNE_MAX_RANKS * 2)
 
 
 def _xf_row(system, schedule, policy, budget, step, peak, chunks=1, placement="looping", paired_with=None,
@@ -212,7 +216,7 @@ def test_the_real_runs_emulate_presets_and_measure_the_blocking_baseline():
     assert emulated and all(s.emulate in PRESETS for s in emulated)
     blocking = [r for r in bench_runs.REAL_ROWS if r.p2p == "blocking"]
     assert [(r.hint, r.policy) for r in blocking] == [("1f1b", "fixed")]
-    jobs = bench_runs._jobs(bench_runs.QUICK_REAL_SETS[0], bench.Settings.quick_defaults(), Path("/tmp/unused"))
+    jobs = bench_runs._jobs(bench_runs.QUICK_REAL_SETS[0], matrix.Settings.quick_defaults(), Path("/tmp/unused"))
     configs = {row.name: job.config for row, repetition, job in jobs if repetition == 0}
     assert configs["fixed-1f1b-blocking"].p2p == "blocking" and configs["fixed-1f1b"].p2p == "async"
     assert configs["ready-zb@1f1b"].emulate == "vlm-mixed" and configs["ready-zb@1f1b"].split_overhead is None

@@ -12,7 +12,7 @@ from hypothesis import given, settings, strategies as st
 
 from hints.orders import applicable_builtins
 from hints.tasks import PLACEMENTS, V, PipelineShape
-from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.budget import MemoryBudget
 from runtime.sched.bounds import LowerBound, jackson_preemptive_bound, makespan_lower_bound, split_bound
 from hints.deps import TaskGraph, prerequisites
 from runtime.sched.simulator import ScheduleDeadlock, simulate

@@ -83,11 +83,7 @@ def test_bad_input_is_one_error_line_and_exit_2(args, message):
 
 def test_extra_hint_rows_at_unequal_memory_are_marked(tmp_path, monkeypatch):
     """[Note: equal memory pairs]: ready at a budget against a fixed order that holds more is marked ``*``."""
-    import sys
-
-    monkeypatch.syspath_prepend(str(REPO / "benchmarks"))
-    monkeypatch.delitem(sys.modules, "cross_framework", raising=False)
-    import cross_framework as xf
+    from profiler.bench import external as xf
     from runtime.config import RunConfig
 
     case = xf.Case("uniform", False, RunConfig(workload="emulated", emulate="uniform", stages=4, microbatches=16))

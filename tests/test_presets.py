@@ -294,7 +294,7 @@ def test_each_workload_charges_its_documented_split_cost_by_default(workload, ex
 
 def test_the_emulated_run_charges_the_emulated_presets_split_unless_told():
     from runtime.config import RunConfig
-    from runtime.run.plan import run_shape
+    from runtime.config import run_shape
     from runtime.workloads.make import make_workload
 
     def charged(**flags) -> float:

@@ -18,7 +18,7 @@ from hypothesis import given, strategies as st
 from hints.errors import UserError
 from hints.orders import HintOrder, applicable_builtins, builtin_hint
 from hints.tasks import PLACEMENTS, V, PipelineShape
-from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.budget import MemoryBudget
 from hints.deps import TaskGraph, prerequisites
 from runtime.sched.simulator import ScheduleDeadlock, simulate
 

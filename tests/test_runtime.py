@@ -17,7 +17,7 @@ import torch
 
 from hints.orders import applicable_builtins, builtin_hint
 from runtime.config import RunConfig
-from runtime.run.plan import run_shape
+from runtime.config import run_shape
 from runtime.workloads.make import reference_train
 
 ROOT = Path(__file__).resolve().parent.parent

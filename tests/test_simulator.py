@@ -226,7 +226,8 @@ def test_inlined_predictions_give_what_the_method_calls_give(hint_name, chunks, 
     # arbiter without prediction_slots gets the method calls. Both must give the same run, decision by decision.
     from dataclasses import replace
 
-    from runtime.sched.arbiter import RULES, LookaheadArbiter
+    from runtime.sched.arbiter import LookaheadArbiter
+    from runtime.sched.rules import RULES
     from runtime.sched.evaluate import resolve
 
     class ByCalls(LookaheadArbiter):

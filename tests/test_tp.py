@@ -1,4 +1,4 @@
-"""TP coordination without processes ([Note: TP coordination] in runtime/exec/tp.py), the grid, and sharding.
+"""TP coordination without processes ([Note: TP coordination] in runtime/exec/tp_follow.py), the grid, and sharding.
 
 The model: ``p`` pipeline ranks, each a TP group of ``T`` members. Every task
 of a group holds a collective, so it ends only when all members of its group
@@ -21,10 +21,12 @@ from hypothesis import given, strategies as st
 
 from hints.orders import builtin_hint
 from hints.tasks import Task
-from runtime.sched.arbiter import MemoryBudget, make_arbiter
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.rules import make_arbiter
 from hints.deps import TaskGraph
 from runtime.comm.grid import ProcessGrid
-from runtime.exec.tp import Announcer, FollowerArbiter, unshard
+from runtime.exec.tp_follow import Announcer, FollowerArbiter
+from runtime.workloads.tp_layers import unshard
 
 
 class Mismatch(AssertionError):
@@ -167,7 +169,7 @@ def test_grid_layout_and_links():
 
 
 def test_unshard_inverts_the_shard_layout():
-    from runtime.exec.tp import TPShard, _shard
+    from runtime.workloads.tp_layers import _shard, TPShard
 
     whole = torch.arange(24.0).reshape(12, 2)
     for layout in ((0, 3), (0, 1), (1, 1)):

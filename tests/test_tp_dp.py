@@ -15,8 +15,8 @@ import torch
 from profiler.analysis.core import follow_latency
 from profiler.trace.reader import read_trace
 from runtime.config import RunConfig
-from runtime.run.plan import run_shape
-from runtime.exec.tp import unshard
+from runtime.config import run_shape
+from runtime.workloads.tp_layers import unshard
 from runtime.workloads.make import reference_train
 from tests.conftest import run_rrfp
 from tests.test_runtime import run_jobs

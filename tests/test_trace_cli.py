@@ -110,7 +110,7 @@ def test_compare_export_timeline(runs, tmp_path):
 @pytest.mark.parametrize("which,suffix", [("fixed", ".csv"), ("ready", ".parquet")])
 def test_export_durations_replays_each_iteration_close_to_what_ran(runs, tmp_path, which, suffix):
     from profiler.analysis import core as analysis
-    from runtime.sched.arbiter import MemoryBudget
+    from runtime.sched.budget import MemoryBudget
     from runtime.durations.tables import load_durations
     from runtime.sched.simulator import simulate
 

@@ -13,7 +13,7 @@ from hints.errors import HintError
 from hints.files.hint_json import hint_from_json, hint_to_json
 from hints.orders import as_cost_ranked, builtin_hint, heaviest_first, resolve_cost_ranked
 from hints.tasks import PipelineShape
-from runtime.sched.arbiter import MemoryBudget
+from runtime.sched.budget import MemoryBudget
 from runtime.tune.scenarios import bootstrap, from_model, from_recorded
 from runtime.tune.decide import tune
 from runtime.tune.evaluator import Evaluator, Objective, paired_bootstrap
@@ -376,7 +376,8 @@ def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path
 
     from hints.files.hint_json import save_hint
     from runtime.config import RunConfig
-    from runtime.run.plan import HintPlan, run_shape
+    from runtime.config import run_shape
+    from runtime.run.plan import HintPlan
     from runtime.workloads.make import make_workload
 
     ranked = as_cost_ranked(builtin_hint("gpipe", 2, 1, 6), [6.0, 5.0, 4.0, 3.0, 2.0, 1.0], "gpipe by cost")

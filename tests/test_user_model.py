@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from runtime.config import RunConfig
-from runtime.run.plan import run_shape
+from runtime.config import run_shape
 from runtime.workloads.make import reference_train
 from tests.conftest import run_rrfp
 

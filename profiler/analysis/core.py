@@ -756,7 +756,7 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     ``iterations`` (default: every complete iteration whose hint every rank
     recorded; the CLI has left iteration 0 out by then, [Note: iteration 0]).
     """
-    from runtime.sched.arbiter import MemoryBudget
+    from runtime.sched.budget import MemoryBudget
     from runtime.sched.evaluate import builtin_candidates, compare, median_rows
 
     meta = next(iter(frames.meta.values()))

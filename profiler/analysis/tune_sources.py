@@ -139,7 +139,7 @@ def _fit(part, shape: PipelineShape) -> CostModel:
 
 def _replay_errors(frames, iterations: list[int], overhead: float) -> list[float]:
     """Per iteration, (replayed - measured) / measured for the traced hint under the traced rule."""
-    from runtime.sched.arbiter import MemoryBudget
+    from runtime.sched.budget import MemoryBudget
     from runtime.sched.simulator import simulate
 
     meta = next(iter(frames.meta.values()))

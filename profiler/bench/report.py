@@ -1,6 +1,6 @@
 """``rrfp bench``'s outputs from its results (``results.json``): Markdown tables, the paper's rows, plots.
 
-Everything here is a pure function of the results dict (:data:`profiler.bench.suite.SCHEMA`), so a results
+Everything here is a pure function of the results dict (:data:`profiler.bench.results.SCHEMA`), so a results
 folder can be re-rendered, and the tests check the text without running anything. Figures are written
 ``median (p10-p90)`` over the tables (simulation) or over repetitions x iterations (real runs).
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from profiler.bench.suite import MATRIX_ROWS, PAPER_KIND, PAPER_ROWS, PaperRow
+from profiler.bench.matrix import MATRIX_ROWS, PAPER_KIND, PAPER_ROWS, PaperRow
 from profiler.draw.charts import BarChart, Bars, LineChart, Series, save_chart
 
 HINT_COLOURS = {"1f1b": (31, 119, 180), "interleaved-1f1b": (140, 86, 75), "zb": (44, 160, 44),

@@ -19,18 +19,18 @@ preset] in :mod:`runtime.durations.presets`). ``fixed-1f1b-blocking`` is the
 Megatron-style baseline: fixed 1F1B whose sends and receives block
 (``RunConfig.p2p = "blocking"``).
 
-External systems (:func:`run_external`): ``benchmarks/cross_framework.py``
+External systems (:func:`run_external`): :mod:`profiler.bench.external`
 (torch.distributed.pipelining's schedules against ``rrfp run`` on the same
-stage modules and data) as a subprocess. It is a script of the repository,
-not part of the installed packages, so an installed ``rrfp`` without the
-checkout skips it with a note. Its rows are read from the file its
+stage modules and data; ``benchmarks/cross_framework.py`` runs it as a
+script) as a subprocess, ``python -m profiler.bench.external``: it is part of
+the installed package, so an installed ``rrfp bench`` runs it too. Its rows are read from the file its
 ``--json FILE`` writes (:func:`read_cross_framework`); its Markdown output is
 kept beside the results for people. Two views are made of them
 (:func:`external_measurements`, :func:`external_pairs`): the paper's
 comparison (rrfp ready with the ``bf`` hint against torch's 1F1B and the
 fastest torch schedule) and each torch schedule against the rrfp hint of
 the same structure, fixed and ready, at that schedule's own memory
-(cross_framework.py's [Note: equal memory pairs]).
+([Note: equal memory pairs] in :mod:`profiler.bench.external`).
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from profiler.bench.suite import MICROBATCHES_PER_RANK, Suite, save, spread
+from profiler.bench.matrix import MICROBATCHES_PER_RANK
+from profiler.bench.results import save, spread, Suite
 
 @dataclass(frozen=True)
 class RealRow:
@@ -197,25 +198,14 @@ def summarize_real(real_set: RealSet, jobs, results: dict) -> dict:
 # -- external systems ------------------------------------------------------------------------------
 
 
-def cross_framework_script() -> Path | None:
-    """``benchmarks/cross_framework.py`` of the checkout this package runs from, if there is one."""
-    script = Path(__file__).resolve().parents[2] / "benchmarks" / "cross_framework.py"
-    return script if script.is_file() else None
-
-
 def run_external(suite: Suite, progress, done: int) -> int:
-    """cross_framework.py as a subprocess; its figures parsed into ``results["external"]``."""
-    script = cross_framework_script()
-    if script is None:
-        suite.note("external systems skipped: benchmarks/cross_framework.py is not beside this package "
-                   "(run rrfp bench from a checkout)")
-        return done
+    """:mod:`profiler.bench.external` as a subprocess; its figures parsed into ``results["external"]``."""
     args = QUICK_EXTERNAL_ARGS if suite.settings.quick else EXTERNAL_ARGS
     args = [*args, "--seed", str(suite.settings.seed)]
     progress(done, f"external: cross_framework.py {' '.join(args)}")
     external = suite.results.setdefault("external", {})
     external.update(command=f"python benchmarks/cross_framework.py {' '.join(args)}")
-    outcome = call_cross_framework(script, args, suite.out)
+    outcome = call_cross_framework(args, suite.out)
     external.update(outcome)
     if outcome.get("returncode") != 0:
         suite.note(f"external systems: cross_framework.py exited with {outcome.get('returncode')}; "
@@ -224,16 +214,18 @@ def run_external(suite: Suite, progress, done: int) -> int:
     return done + 1
 
 
-def call_cross_framework(script: Path, args: list[str], out: Path) -> dict:
-    """[The one place that calls the script.] Run it with ``--json FILE``; keep its Markdown and read its rows."""
-    root = script.parents[1]
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(root), os.environ.get("PYTHONPATH")])))
+def call_cross_framework(args: list[str], out: Path) -> dict:
+    """[The one place that runs the comparison.] ``python -m profiler.bench.external`` with ``--json FILE``
+    (the package, wherever it is installed: no checkout needed); keep its Markdown and read its rows."""
+    package_root = Path(__file__).resolve().parents[2]  # the folder holding profiler/ (a checkout or site-packages)
+    env = dict(os.environ,
+               PYTHONPATH=os.pathsep.join(filter(None, [str(package_root), os.environ.get("PYTHONPATH")])))
     folder = out / "external"
     folder.mkdir(parents=True, exist_ok=True)
     json_file = folder / "cross_framework.json"
     json_file.unlink(missing_ok=True)  # a file left by an earlier run is not this run's
-    process = subprocess.Popen([sys.executable, str(script), *args, "--json", str(json_file)],
-                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env, cwd=root)
+    process = subprocess.Popen([sys.executable, "-m", "profiler.bench.external", *args, "--json", str(json_file)],
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     try:
         stdout, stderr = process.communicate()
     except KeyboardInterrupt:
@@ -286,7 +278,7 @@ def external_measurements(rows: list[dict]) -> list[dict]:
 
 def external_pairs(rows: list[dict]) -> list[dict]:
     """Per case and torch schedule: the rrfp hint of the same structure in fixed order and ready at the
-    schedule's own peak (cross_framework.py's [Note: equal memory pairs]); ``equal_memory`` false when that
+    schedule's own peak ([Note: equal memory pairs] in :mod:`profiler.bench.external`); ``equal_memory`` false when that
     peak is no rrfp budget and ready ran at its maximum (marked ``*``)."""
     out = []
     for torch_row in (r for r in rows if r["system"] == "torch"):

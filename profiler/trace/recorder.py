@@ -234,7 +234,7 @@ class _PacketWriter:
         descriptor.process.process_name = f"rank {rank}"
         for kind in ("iterations", "compute", "decisions", "ready set", "in flight", "activation bytes"):
             self._track(kind, 0, now, counter=kind in COUNTERS.values())
-        from runtime.run.plan import hint_spec, run_shape
+        from runtime.config import hint_spec, run_shape
 
         c = setup.config
         shape = run_shape(c)
@@ -367,7 +367,7 @@ class _PacketWriter:
                   "ready": " ".join(f"{t}@{h}" for t, h in d.ready),
                   "held_back": " ".join(map(str, d.held_back)) or None, "in_flight": d.in_flight,
                   "deferred": str(d.deferred) if d.deferred is not None else None}
-        if d.index is not None:  # a TP group's decision ([Note: TP coordination] in runtime.exec.tp)
+        if d.index is not None:  # a TP group's decision ([Note: TP coordination] in runtime.exec.tp_follow)
             values.update({"index": d.index, "announce_ns": d.announce_ns, "leader_ns": d.leader_ns,
                            "decision_arrived_ns": None if d.decision_arrived_ns is None
                            else d.decision_arrived_ns + offset})

@@ -8,7 +8,7 @@ A job runs ``world = pp x tp x dp`` processes. Each has one *global rank*
   never sees anything else.
 * ``tp`` -- its index in its stage's tensor-parallel group, ``0..tp-1``.
   Member 0 is the group's *leader* ([Note: TP coordination] in
-  :mod:`runtime.exec.tp`).
+  :mod:`runtime.exec.tp_follow`).
 * ``dp`` -- its data-parallel replica, ``0..dp-1``.
 
 Layout: ``global = (dp * tp_size + tp) * pp + pipe``. The pipeline ranks of one
@@ -19,7 +19,7 @@ job: traces, metrics and analyses of that slice read as they always did.
 Links: a slice is a pipeline of its own. Pipeline messages go from a member
 of one stage to the member with the same ``tp`` (and ``dp``) of the next, so
 every member receives its own copy of the activations and gradients it needs
-([Note: every member receives its own inputs] in :mod:`runtime.exec.tp`). Each
+([Note: every member receives its own inputs] in :mod:`runtime.exec.tp_follow`). Each
 leader also has one *decision link* to each follower of its group.
 
 :class:`SliceTransport` is the transport as the executor sees it: peers

@@ -230,7 +230,7 @@ def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, fl
 #     vision-language presets (vlm-mixed, vlm-video, legacy-multimodal) the multimodal figure. ``uniform``
 #     keeps 1.0: it is the textbook model with no network behind it (fixed task costs, ``I = W = B/2`` as
 #     the zero-bubble schedules assume), the reference on which schedule structure and the golden
-#     makespans are stated, and no paper row reads it (profiler.bench.suite.PAPER_KIND). ``--split-overhead F``
+#     makespans are stated, and no paper row reads it (profiler.bench.matrix.PAPER_KIND). ``--split-overhead F``
 #     overrides any of them; a recorded table keeps what it recorded.
 MEASURED_SPLIT_OVERHEAD = {"gpt": 1.57, "multimodal": 1.65}
 _LANGUAGE_SPLIT = MEASURED_SPLIT_OVERHEAD["gpt"]

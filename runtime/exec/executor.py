@@ -11,7 +11,7 @@ Loop (one iteration)::
 
 With the lookahead rule an :class:`runtime.exec.forecast.ArrivalForecast` sends and
 reads the notices that predict arrivals, and keeps the duration estimates.
-On a TP follower the arbiter is a :class:`runtime.exec.tp.FollowerArbiter` and the
+On a TP follower the arbiter is a :class:`runtime.exec.tp_follow.FollowerArbiter` and the
 leader's DECISION messages are arrivals too ([Note: TP coordination]); ranks
 and destinations here are pipeline ranks (the worker hands the executor a
 :class:`runtime.comm.grid.SliceTransport`).

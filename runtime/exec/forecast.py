@@ -42,10 +42,39 @@ precedes the data it announces.
 
 from __future__ import annotations
 
-from runtime.sched.arbiter import Arbiter, RunningMeans
 from hints.deps import TaskGraph
+from runtime.sched.arbiter import Arbiter
 
 MIN_NOTICE_SECONDS = 0.002  # [Note: short tasks send no notices]
+
+
+class RunningMeans:
+    """The runtime's estimates: the running mean of measured durations per (stage, kind).
+
+    Indexed by task id like any :data:`Estimates`; ``None`` until a task of that
+    (stage, kind) has run. Task ids number the ``m`` microbatches of one
+    (stage, kind) consecutively (:class:`hints.deps.TaskGraph`), so ``tid // m``
+    names the (stage, kind). Kept across iterations by its owner.
+    """
+
+    def __init__(self, graph: TaskGraph) -> None:
+        self.microbatches = graph.shape.microbatches
+        blocks = len(graph) // self.microbatches
+        self._sum = [0.0] * blocks
+        self._count = [0] * blocks
+
+    def add(self, tid: int, seconds: float) -> None:
+        block = tid // self.microbatches
+        self._sum[block] += seconds
+        self._count[block] += 1
+
+    def __getitem__(self, tid: int) -> float | None:
+        block = tid // self.microbatches
+        count = self._count[block]
+        return self._sum[block] / count if count else None
+
+    def __len__(self) -> int:
+        return len(self._sum) * self.microbatches
 
 
 class ArrivalForecast:

@@ -25,7 +25,7 @@ iteration ``step``). It holds the files of ``torch.distributed.checkpoint``
     TP member writes its shard of it: :class:`RankCheckpointer` presents a
     sharded parameter (and its optimizer moments) to DCP as a ``DTensor``
     over the member's TP group, ``Shard`` on the layout's dimension
-    (:data:`runtime.exec.tp.BLOCK_LAYOUT`). A layout of ``pieces > 1`` (``qkv``:
+    (:data:`runtime.workloads.tp_layers.BLOCK_LAYOUT`). A layout of ``pieces > 1`` (``qkv``:
     each member holds its rows of q, of k and of v) is not one contiguous
     block of the whole tensor, so its key is the whole tensor viewed as
     ``(pieces, rows / pieces, ...)`` along that dimension
@@ -105,7 +105,7 @@ def read_manifest(path: Path) -> dict[str, Any]:
 
 def _shape(config) -> dict[str, Any]:
     """The job's shape as run: chunks and placement resolved (a config may leave them to the hint)."""
-    from runtime.run.plan import run_shape
+    from runtime.config import run_shape
 
     shape = run_shape(config)
     resolved = {"stages": shape.ranks, "chunks": shape.chunks, "microbatches": shape.microbatches,
@@ -146,7 +146,7 @@ def _check_parameters(config, path: Path, flag: str) -> None:
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
-    from runtime.run.plan import run_shape
+    from runtime.config import run_shape
     from runtime.workloads.make import make_workload
 
     metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
@@ -180,7 +180,7 @@ def _layouts(module, tp: int) -> dict[str, tuple[int, int]]:
     """The sharded parameters of a (meta) stage under ``--tp tp`` ({} without TP)."""
     if tp == 1:
         return {}
-    from runtime.exec.tp import TPShard, shard_stage, sharded_layouts
+    from runtime.workloads.tp_layers import shard_stage, sharded_layouts, TPShard
 
     return sharded_layouts(shard_stage(module, TPShard(0, tp, None)))
 
@@ -197,7 +197,7 @@ def checkpoint_shape(shape, layout: tuple[int, int]) -> list[int]:
 class TPSharding:
     """How one TP member's shards appear in a checkpoint ([Note: checkpoint keys]).
 
-    ``layouts`` maps ``stage<k>.<parameter>`` to its layout (:func:`runtime.exec.tp.sharded_layouts`),
+    ``layouts`` maps ``stage<k>.<parameter>`` to its layout (:func:`runtime.workloads.tp_layers.sharded_layouts`),
     ``group`` is the member's TP group, ``size`` its size.
     """
 

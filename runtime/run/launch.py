@@ -290,7 +290,7 @@ def _describe_silent(failure, out_root: Path, config) -> str:
     rank = failure.local_rank
     where = f"rank {rank}"
     if config is not None:
-        from runtime.run.plan import run_shape
+        from runtime.config import run_shape
 
         stages = list(run_shape(config).stages_of_rank(rank))
         where += f" ({'stage' if len(stages) == 1 else 'stages'} {', '.join(map(str, stages))})"

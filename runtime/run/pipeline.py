@@ -67,11 +67,12 @@ class ReadyPipeline:
                  timeout: float = 60.0) -> None:
         import torch.distributed as dist
 
-        from runtime.sched.arbiter import MemoryBudget
+        from runtime.sched.budget import MemoryBudget
         from runtime.config import RunConfig
         from hints.deps import TaskGraph
         from runtime.exec.executor import StageExecutor
-        from runtime.run.plan import HintPlan, run_shape, validate_run
+        from runtime.config import run_shape
+        from runtime.run.plan import HintPlan, validate_run
         from runtime.comm.transport import Transport, pipeline_links
 
         if not dist.is_initialized():
@@ -113,7 +114,7 @@ class ReadyPipeline:
         """
         import torch.distributed as dist
 
-        from runtime.sched.arbiter import make_arbiter
+        from runtime.sched.rules import make_arbiter
 
         iteration = self._iteration
         self.workload.given[iteration] = batches

@@ -15,16 +15,11 @@ iteration starts (``Workload.expected``); every other hint is built once.
 from __future__ import annotations
 
 from hints.errors import UserError
-from hints.files.load import hint_placement
-from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name
-from hints.tasks import LOOPING, PipelineShape, default_chunks
-from runtime.sched.arbiter import MemoryBudget
+from hints.orders import BUILTIN_HINTS, HintOrder
+from hints.tasks import PipelineShape
+from runtime.config import hint_spec, run_shape
+from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import concrete, resolve
-
-
-def hint_spec(config) -> str:
-    placement = config.placement or LOOPING
-    return config.hint or baseline_hint_name(config.chunks or default_chunks(placement), placement)
 
 
 def _per_iteration(spec: str) -> bool:
@@ -83,10 +78,3 @@ def _check_task_flags(config, shape: PipelineShape) -> None:
     for flag, task in named:
         if not shape.contains(task):
             raise UserError(f"{task} is not a task of this run ({shape.describe()})", flag)
-
-
-def run_shape(config) -> PipelineShape:
-    """The job's shape (full backward): its placement is the one asked, else the hint's own."""
-    placement = hint_placement(hint_spec(config), config.placement)
-    return PipelineShape(config.stages, config.chunks or default_chunks(placement), config.microbatches,
-                         placement=placement)

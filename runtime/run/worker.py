@@ -207,7 +207,7 @@ def _boot_id() -> int:
 def _job_graph(config):
     """The dependency graph of a job's shape (the links come from it, as every message does)."""
     from hints.deps import TaskGraph
-    from runtime.run.plan import run_shape
+    from runtime.config import run_shape
 
     return TaskGraph.build(run_shape(config))
 
@@ -275,13 +275,15 @@ def _redirect_output(rank: int, out_root: Path) -> None:
 
 
 def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watchdog") -> dict[str, Any]:
-    from runtime.sched.arbiter import MemoryBudget, make_arbiter
+    from runtime.sched.budget import MemoryBudget
+    from runtime.sched.rules import make_arbiter
     from hints.deps import TaskGraph
     from runtime.exec.executor import StageExecutor
     from runtime.comm.grid import SliceTransport
-    from runtime.run.plan import HintPlan, run_shape
+    from runtime.config import run_shape
+    from runtime.run.plan import HintPlan
     from runtime.exec.recording import ListRecorder, NullRecorder, RecorderSetup, load_recorder_class
-    from runtime.exec.tp import member_arbiter
+    from runtime.exec.tp_follow import member_arbiter
     from runtime.workloads.make import make_optimizer, make_workload
 
     config = job.config
@@ -479,7 +481,7 @@ def _stage_modules(ctx: RankContext, workload, stages) -> dict:
     """This rank's stage modules: whole, or with ``--tp`` its shard of each ([Note: TP coordination])."""
     modules = {stage: workload.build_stage(stage) for stage in stages}
     if ctx.grid.tp > 1:
-        from runtime.exec.tp import TPShard, shard_stage
+        from runtime.workloads.tp_layers import shard_stage, TPShard
 
         shard = TPShard(ctx.grid.tp_rank, ctx.grid.tp, ctx.groups.tp)
         modules = {stage: shard_stage(module, shard) for stage, module in modules.items()}
@@ -488,7 +490,7 @@ def _stage_modules(ctx: RankContext, workload, stages) -> dict:
 
 def _sharded_layouts(modules: dict, prefix: str = "") -> dict:
     """``{"<prefix><stage>.<parameter>": layout}`` of this rank's sharded parameters."""
-    from runtime.exec.tp import sharded_layouts
+    from runtime.workloads.tp_layers import sharded_layouts
 
     return {f"{prefix}{stage}.{name}": layout for stage, m in modules.items() for name, layout in sharded_layouts(m).items()}
 

@@ -17,23 +17,8 @@ Pure Python (no torch). The owner feeds it events and asks it what to run:
 * :meth:`Arbiter.finish` -- a local task ended: frees its memory slot and
   makes its output available to local consumers.
 
-Rules (:data:`RULES`, the one table every other module derives from):
-
-``fixed`` (policy ``fixed``)
-    Strictly the hint order: only the head of the rank's order may run, and it
-    runs when its inputs have arrived. The memory budget is not applied (the
-    order itself decides memory); this is the baseline every speedup is
-    measured against.
-``greedy`` (policy ``ready``, ``--lookahead off``)
-    Readiness-first: among the ready tasks, the one with the lowest hint rank
-    (position in the rank's hint order). A forward that the memory budget
-    cannot take is not ready. Each decision is O(log n) in the ready-set size:
-    two binary heaps keyed by hint rank, one for admissions and one for
-    everything else.
-``lookahead`` (policy ``ready``, ``--lookahead on``)
-    ``greedy`` plus [Note: lookahead admission]: do not start a backward that
-    would still be running when a better-ranked forward, already being
-    computed upstream, arrives.
+Rules (``fixed``, ``greedy``, ``lookahead``: the subclasses below) are chosen through the one table
+:data:`runtime.sched.rules.RULES`; the memory budget's slot counts come from :mod:`runtime.sched.budget`.
 
 [Note: memory budget and chunk deadlock]
     The budget counts *microbatch-chunks in flight* per rank: forwarded and
@@ -117,107 +102,17 @@ Rules (:data:`RULES`, the one table every other module derives from):
 
 from __future__ import annotations
 
-import math
-import re
-from dataclasses import dataclass
 from collections import deque
-from enum import Enum
-from functools import lru_cache
 from heapq import heapify, heappop, heappush
 from itertools import compress
 from operator import not_
-from typing import NamedTuple, Sequence
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
-from hints.errors import UserError
-from hints.orders import microbatches_per_round, peak_in_flight, zero_bubble_v
-from hints.tasks import V, W, PipelineShape, Task
 from hints.deps import TaskGraph, prerequisites
+from hints.tasks import Task
 
-
-class Policy(str, Enum):
-    FIXED = "fixed"
-    READY = "ready"
-
-    def __str__(self) -> str:
-        return self.value
-
-
-@dataclass(frozen=True)
-class MemoryBudget:
-    """``--memory-budget``: ``1f1b`` (default), ``<k>x`` (k times that), or a slot count.
-
-    ``1f1b`` is, per rank, the most microbatch-chunks the baseline order of
-    the shape keeps in flight on that rank: 1F1B's (``1f1b`` for one chunk,
-    ``interleaved-1f1b`` for more), ``min(warmup_r + 1, m * v)`` with the
-    warmup of :mod:`hints.orders`; under V placement, ZB-V's (``zbv``, whose
-    peak is ``2p`` on every rank once ``m >= 2p - 1``: the activation memory
-    of 1F1B, ``p`` microbatches of a ``1/p`` stage, in half-size chunks).
-    """
-
-    spec: str
-    factor: float | None = None  # for "1f1b" (1.0) and "<k>x"
-    slots: int | None = None  # for an integer budget
-
-    @classmethod
-    def parse(cls, text: str | int) -> "MemoryBudget":
-        raw = str(text).strip().lower()
-        if raw == "1f1b":
-            return cls("1f1b", factor=1.0)
-        scaled = re.fullmatch(r"(\d+(?:\.\d+)?)x", raw)
-        if scaled:
-            factor = float(scaled.group(1))
-            if factor < 1.0:
-                raise UserError(f"{text!r}: a multiple below 1x would starve 1F1B's own order", "--memory-budget")
-            return cls(raw, factor=factor)
-        if raw.isdigit():
-            return cls(raw, slots=int(raw))
-        raise UserError(
-            f"{text!r} is not a budget; use 1f1b, a multiple such as 2x, or a slot count such as 6",
-            "--memory-budget",
-        )
-
-    def per_rank(self, shape: PipelineShape) -> list[int]:
-        """Slots per rank; raises if any rank could not hold one whole microbatch (``v`` slots)."""
-        if self.slots is not None:
-            budgets = [self.slots] * shape.ranks
-        else:
-            budgets = [
-                min(shape.chunks * shape.microbatches, math.floor(self.factor * bound))
-                for bound in one_f_one_b_bounds(shape)
-            ]
-        smallest = min(budgets)
-        if smallest < shape.chunks:
-            raise UserError(
-                f"{self.spec} gives {smallest} slot(s) on some rank, below the smallest that can complete: "
-                f"one microbatch needs {shape.chunks} slot(s) (one per chunk) on every rank",
-                "--memory-budget",
-            )
-        return budgets
-
-    def __str__(self) -> str:
-        return self.spec
-
-
-def one_f_one_b_bounds(shape: PipelineShape) -> list[int]:
-    """Per-rank peak in-flight microbatch-chunks of the baseline order of ``shape`` (1F1B; ZB-V under V)."""
-    p, v, m = shape.ranks, shape.chunks, shape.microbatches
-    if shape.placement == V:
-        return list(_zbv_peaks(p, m))
-    if v == 1:
-        warmups = [p - 1 - r for r in range(p)]
-    else:
-        try:
-            per_round = microbatches_per_round(p, m)
-        except UserError:
-            per_round = p  # Megatron's round when torch's relaxation does not apply
-        warmups = [(v - 1) * per_round + 2 * (p - 1 - r) for r in range(p)]
-    return [min(w + 1, m * v) for w in warmups]
-
-
-@lru_cache(maxsize=32)
-def _zbv_peaks(ranks: int, microbatches: int) -> tuple[int, ...]:
-    """ZB-V's per-rank peak in flight, read off its order (built once per shape: 0.7 s at 128 x 512)."""
-    return tuple(peak_in_flight(order, W) for order in zero_bubble_v(ranks, 2, microbatches))
+if TYPE_CHECKING:
+    from runtime.sched.rules import ArbiterRule, Policy
 
 
 class Decision(NamedTuple):
@@ -232,7 +127,7 @@ class Decision(NamedTuple):
     held_back: tuple[Task, ...]  # input-ready admissions the memory budget held back
     in_flight: int  # microbatch-chunks in flight once the chosen task started
     deferred: Task | None = None  # a better-ranked ready task the lookahead passed over ([Note: lookahead admission])
-    # TP groups ([Note: TP coordination] in runtime.exec.tp): the decision's index in the group's sequence; on a
+    # TP groups ([Note: TP coordination] in runtime.exec.tp_follow): the decision's index in the group's sequence; on a
     # follower the leader's clock at the decision (ns, rank 0's clock) and when it arrived (this rank's clock);
     # on the leader the time spent posting it to the followers (ns).
     index: int | None = None
@@ -242,35 +137,6 @@ class Decision(NamedTuple):
 
 
 Estimates = Sequence[float | None]  # task id -> expected seconds (None: not known yet); see LookaheadArbiter
-
-
-class RunningMeans:
-    """The runtime's estimates: the running mean of measured durations per (stage, kind).
-
-    Indexed by task id like any :data:`Estimates`; ``None`` until a task of that
-    (stage, kind) has run. Task ids number the ``m`` microbatches of one
-    (stage, kind) consecutively (:class:`hints.deps.TaskGraph`), so ``tid // m``
-    names the (stage, kind). Kept across iterations by its owner.
-    """
-
-    def __init__(self, graph: TaskGraph) -> None:
-        self.microbatches = graph.shape.microbatches
-        blocks = len(graph) // self.microbatches
-        self._sum = [0.0] * blocks
-        self._count = [0] * blocks
-
-    def add(self, tid: int, seconds: float) -> None:
-        block = tid // self.microbatches
-        self._sum[block] += seconds
-        self._count[block] += 1
-
-    def __getitem__(self, tid: int) -> float | None:
-        block = tid // self.microbatches
-        count = self._count[block]
-        return self._sum[block] / count if count else None
-
-    def __len__(self) -> int:
-        return len(self._sum) * self.microbatches
 
 
 class Arbiter:
@@ -629,144 +495,3 @@ class LookaheadArbiter(ReadyArbiter):
                 return self._start(x)
         self._wakeup = None if firm else eta
         return None
-
-
-# -- the rule table ------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class ArbiterRule:
-    """One way of choosing: what ``--policy`` and ``--lookahead`` select, and what follows from it."""
-
-    name: str
-    policy: Policy
-    arbiter: type[Arbiter]
-    uses_budget: bool  # the memory budget applies (otherwise the order alone decides memory)
-    exact_order: bool  # runs the hint order exactly (so the order must complete on its own)
-    lookahead: bool  # needs duration estimates and arrival predictions
-    summary: str
-
-    def __str__(self) -> str:
-        return self.name
-
-    @property
-    def label(self) -> str:
-        """How tables name it: ``fixed``, ``ready``, ``ready+la``."""
-        return str(self.policy) + ("+la" if self.lookahead else "")
-
-
-RULES: dict[str, ArbiterRule] = {
-    rule.name: rule
-    for rule in (
-        ArbiterRule("fixed", Policy.FIXED, FixedArbiter, uses_budget=False, exact_order=True, lookahead=False,
-                    summary="the hint order exactly"),
-        ArbiterRule("greedy", Policy.READY, ReadyArbiter, uses_budget=True, exact_order=False, lookahead=False,
-                    summary="the best-ranked ready task within the memory budget"),
-        ArbiterRule("lookahead", Policy.READY, LookaheadArbiter, uses_budget=True, exact_order=False,
-                    lookahead=True,
-                    summary="greedy, but no backward that delays a forward already on its way"),
-    )
-}
-for _rule in RULES.values():
-    _rule.arbiter.rule = _rule
-del _rule
-
-# Hints under which the ready policy looks ahead when --lookahead is not given. Measured in
-# docs/benchmarks/lookahead.md: on for every built-in; off would only matter for a hint that wants a
-# backward to overtake a forward already on its way, and no built-in does.
-LOOKAHEAD_OFF_BY_DEFAULT: frozenset[str] = frozenset()
-
-
-def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | None = None) -> ArbiterRule:
-    """The rule that the user's ``--policy`` and ``--lookahead`` select (the CLI and ``rrfp run``).
-
-    ``lookahead=None`` is the default: on for the ready policy unless ``hint`` is in
-    :data:`LOOKAHEAD_OFF_BY_DEFAULT`. Asking for lookahead under the fixed policy is a
-    :class:`UserError`.
-    """
-    try:
-        policy = Policy(str(policy))
-    except ValueError:
-        raise UserError(f"{policy!r} is not a policy; choose from {', '.join(p.value for p in Policy)}",
-                        "--policy") from None
-    if policy is Policy.FIXED:
-        if lookahead is not None:
-            raise UserError("applies to --policy ready only: the fixed policy runs the hint exactly",
-                            "--lookahead")
-        return RULES["fixed"]
-    if lookahead is None:
-        lookahead = hint not in LOOKAHEAD_OFF_BY_DEFAULT
-    return RULES["lookahead" if lookahead else "greedy"]
-
-
-P2P_MODES = ("async", "blocking")  # --p2p: how a fixed order's messages meet ([Note: blocking p2p] in runtime.sched.simulator)
-
-
-def check_p2p(p2p: str, rule: ArbiterRule) -> str:
-    """``--p2p`` for ``rule``: ``async`` (buffered links, every rule) or ``blocking`` (``fixed`` only).
-
-    Blocking point-to-point is Megatron's 1F1B baseline: a rank waits after each task until its peers
-    took its messages ([Note: blocking p2p] in :mod:`runtime.sched.simulator`). A readiness-first rule runs
-    whatever has arrived, so a receive posted before a chosen task means nothing to it: refused.
-    """
-    if p2p not in P2P_MODES:
-        raise UserError(f"{p2p!r} is not one of {', '.join(P2P_MODES)}", "--p2p")
-    if p2p == "blocking" and not rule.exact_order:
-        raise UserError(f"blocking applies to --policy fixed only (this is {rule.policy}): readiness-first runs "
-                        f"whatever message has arrived, so it cannot post its receives in a fixed order", "--p2p")
-    return p2p
-
-
-def as_rule(rule: "ArbiterRule | Policy | str") -> ArbiterRule:
-    """A rule, or its name (``fixed``, ``greedy``, ``lookahead``); the bare policy ``ready`` means ``greedy``.
-
-    This is the library's reading, used by :func:`make_arbiter` and the simulator: explicit and
-    independent of hints. Users' ``--policy``/``--lookahead`` go through :func:`rule_for`.
-    """
-    if isinstance(rule, ArbiterRule):
-        return rule
-    name = "greedy" if str(rule) == Policy.READY.value else str(rule)
-    if name not in RULES:
-        raise UserError(f"{rule!r} is not a rule; choose from {', '.join(RULES)} (or the policy 'ready')", "policy")
-    return RULES[name]
-
-
-def make_arbiter(
-    rule: "ArbiterRule | Policy | str",
-    graph: TaskGraph,
-    rank: int,
-    order: Sequence[Task],
-    budget: int | None = None,
-    record: bool = False,
-    positions: list[int] | None = None,
-    estimates: Estimates | None = None,
-) -> Arbiter:
-    """Build the arbiter of ``rule`` (see :func:`as_rule`) for ``rank``.
-
-    ``budget`` is that rank's slot count. ``positions`` (task id -> hint rank) may be one list shared
-    by the arbiters of all ranks of one process (the simulator); each arbiter fills in its own tasks.
-    ``estimates`` (task id -> expected seconds) is needed by the lookahead rule.
-    """
-    return as_rule(rule).arbiter(graph, rank, order, budget=budget, record=record, positions=positions,
-                                 estimates=estimates)
-
-
-__all__ = [
-    "Arbiter",
-    "ArbiterRule",
-    "Decision",
-    "FixedArbiter",
-    "LookaheadArbiter",
-    "LOOKAHEAD_OFF_BY_DEFAULT",
-    "MemoryBudget",
-    "P2P_MODES",
-    "Policy",
-    "RULES",
-    "ReadyArbiter",
-    "RunningMeans",
-    "as_rule",
-    "check_p2p",
-    "make_arbiter",
-    "one_f_one_b_bounds",
-    "rule_for",
-]

@@ -45,7 +45,8 @@ from hints.orders import (
     resolve_cost_ranked,
 )
 from hints.tasks import PipelineShape, default_chunks
-from runtime.sched.arbiter import RULES, ArbiterRule, MemoryBudget
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.rules import ArbiterRule, RULES
 from runtime.sched.bounds import LowerBound, split_bound
 from hints.deps import TaskGraph
 from runtime.sched.simulator import ScheduleDeadlock, SimResult, simulate
@@ -124,7 +125,7 @@ class Row:
     """One (hint, rule) on one table."""
 
     hint: str
-    rule: str  # a runtime.sched.arbiter.RULES name
+    rule: str  # a runtime.sched.rules.RULES name
     makespan: float
     bubble_fraction: float
     peak_in_flight: list[int]  # per rank

@@ -112,7 +112,9 @@ from hints.errors import UserError
 from hints.orders import HintOrder
 from hints.tasks import cyclic_gc_paused
 from hints.validate import format_grid
-from runtime.sched.arbiter import ArbiterRule, Decision, MemoryBudget, Policy, as_rule, check_p2p, make_arbiter
+from runtime.sched.arbiter import Decision
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.rules import ArbiterRule, as_rule, check_p2p, make_arbiter, Policy
 from hints.deps import TaskGraph
 from runtime.durations.variability import Durations
 
@@ -214,7 +216,7 @@ def simulate(
     estimates: tuple[Compute, Transfer] | None = None,
     p2p: str = "async",
 ) -> SimResult:
-    """Run ``hint`` under ``policy`` (a rule or its name, see :func:`runtime.sched.arbiter.as_rule`) on ``durations``.
+    """Run ``hint`` under ``policy`` (a rule or its name, see :func:`runtime.sched.rules.as_rule`) on ``durations``.
 
     ``durations`` is a :class:`Durations` table or, per task id of ``graph``,
     ``(compute seconds, latency of the message it sends)``. ``budget`` applies

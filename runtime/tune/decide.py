@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 from hints.orders import HintOrder, baseline_hint_name
-from runtime.sched.arbiter import RULES, MemoryBudget
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.rules import RULES
 from runtime.sched.evaluate import resolve, versus_label
 from runtime.tune.scenarios import ScenarioSet
 from runtime.tune.search import Scored, Search, SearchConfig, SearchResult, portfolio

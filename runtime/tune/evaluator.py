@@ -41,7 +41,8 @@ from typing import Sequence
 
 from hints.errors import UserError
 from hints.orders import HintOrder
-from runtime.sched.arbiter import RULES, MemoryBudget
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.rules import RULES
 from hints.deps import TaskGraph
 from runtime.sched.evaluate import concrete, resolve
 from runtime.tune.scenarios import ScenarioSet

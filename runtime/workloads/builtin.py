@@ -249,7 +249,7 @@ class EmulatedStage(nn.Module):
 
     def forward(self, inputs, batch, linear=None) -> tuple[torch.Tensor, ...]:
         """``linear(x, sleep_input, sleep_weight)``: the layer itself (default :meth:`_linear`; a TP shard
-        brings its own, :class:`runtime.exec.tp.ParallelEmulatedStage`)."""
+        brings its own, :class:`runtime.workloads.tp_layers.ParallelEmulatedStage`)."""
         began = time.perf_counter()
         table = self.workload.durations(batch.iteration)
         k, i = self.stage, batch.index

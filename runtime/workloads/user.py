@@ -145,7 +145,7 @@ def build_model(factory, ctx: ModelContext, flag: str = "--workload") -> Pipelin
 
 def check_factory(config) -> None:
     """Before any rank starts: the factory imports, and returns one module per model stage (built on ``meta``)."""
-    from runtime.run.plan import run_shape
+    from runtime.config import run_shape
 
     shape = run_shape(config)
     factory = load_factory(config.workload)

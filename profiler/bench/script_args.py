@@ -1,0 +1,24 @@
+"""What the benchmark scripts share on the command line: a parser whose errors are one line, and a progress log.
+
+Used by :mod:`profiler.bench.external` and by the scripts in ``benchmarks/`` (through ``benchmarks/_cli.py``).
+Nothing here imports torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+
+class Parser(argparse.ArgumentParser):
+    """Bad input: one ``error:`` line and exit 2 (no usage dump)."""
+
+    def error(self, message: str) -> None:  # type: ignore[override]
+        print(f"error: {message}", file=sys.stderr)
+        sys.exit(2)
+
+
+def progress(message: str) -> None:
+    """One timestamped line on stderr (stdout holds the results)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
