@@ -36,8 +36,9 @@ Built-ins (``BUILTIN_HINTS``):
     from it to the end of the iteration), on the split-backward graph, from
     *expected* durations. Classic list scheduling (HLFET, Adam, Chandy and
     Dickson 1974): the task with the most work still hanging behind it goes
-    first. The priorities need the dependency model and the durations, so
-    :func:`by_priority` only sorts; ``runtime.sched.priorities`` computes them.
+    first. :mod:`hints.priorities` computes the bottom levels from the
+    dependency model and a table of expected durations (what the caller
+    brings, as it brings ``bfw``'s costs); :func:`by_priority` sorts by them.
 ``zb``
     Zero-bubble with split backward (Qi et al., "Zero Bubble Pipeline
     Parallelism", 2023, the ZB-H1 idea): the 1F1B skeleton with ``I`` in place

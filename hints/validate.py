@@ -1,19 +1,23 @@
 """Structural checks of a hint order, and the rank-by-step grid used in reports.
 
 Structure is what can be checked one rank at a time: every task of the shape
-appears exactly once, on the rank that owns its stage, and within a rank a
-(stage, microbatch)'s forward comes before its backward (and ``I`` before
-``W``). Whether the ranks' orders together can *complete* under the fixed
-policy is a question for the dependency model (``hints.deps``) and is
-answered by ``runtime.sched.simulator.check_completes``.
+appears exactly once, on the rank that owns its stage, and within a rank no
+task comes before a task of its own stage that it needs. Which tasks those
+are is the dependency model's to say (:func:`hints.deps.prerequisites`,
+followed within the stage: a backward needs its forward, ``W`` needs ``I``
+and, through it, the forward); nothing here restates the rule. Whether the
+ranks' orders together can *complete* under the fixed policy is a question
+for the whole graph and is answered by
+``runtime.sched.simulator.check_completes``.
 """
 
 from __future__ import annotations
 
 from typing import Mapping, Sequence
 
+from hints.deps import prerequisites
 from hints.errors import HintError
-from hints.tasks import F, I, PipelineShape, Task, W
+from hints.tasks import F, PipelineShape, Task
 
 
 def validate_orders(
@@ -45,23 +49,34 @@ def _validate_rank(shape: PipelineShape, rank: int, order: Sequence[Task], where
         missing = [task for task in shape.tasks_of_rank(rank) if task not in position]
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise HintError(f"task {missing[0]}{more} missing", where)
+    # Rules never cross microbatches (hints.deps), so what a task needs on its stage is read once, for microbatch 0.
+    needs = {(stage, kind): [needed.kind for needed in reversed(_needed_on_stage(Task(stage, kind, 0), shape))]
+             for stage in shape.stages_of_rank(rank) for kind in shape.backward_kinds}  # the forward first
     for stage in shape.stages_of_rank(rank):
         for mb in range(shape.microbatches):
-            forward = position[Task(stage, F, mb)]
             for kind in shape.backward_kinds:
-                backward = position[Task(stage, kind, mb)]
-                if backward < forward:
-                    raise HintError(
-                        f"task {Task(stage, kind, mb)} (step {backward}) comes before its forward "
-                        f"{Task(stage, F, mb)} (step {forward})",
-                        where,
-                    )
-            if shape.split_backward and position[Task(stage, W, mb)] < position[Task(stage, I, mb)]:
-                raise HintError(
-                    f"task {Task(stage, W, mb)} comes before {Task(stage, I, mb)}; a weight gradient "
-                    f"needs the input gradient's pass first",
-                    where,
-                )
+                task = Task(stage, kind, mb)
+                for needed in (Task(stage, needed_kind, mb) for needed_kind in needs[(stage, kind)]):
+                    if position[task] < position[needed]:
+                        raise HintError(_out_of_order(task, position[task], needed, position[needed]), where)
+
+
+def _needed_on_stage(task: Task, shape: PipelineShape) -> list[Task]:
+    """The tasks of ``task``'s own stage it needs, directly or through each other (nearest first)."""
+    chain: list[Task] = []
+    todo = [task]
+    while todo:
+        for needed in prerequisites(todo.pop(), shape):
+            if needed.stage == task.stage and needed not in chain:
+                chain.append(needed)
+                todo.append(needed)
+    return chain
+
+
+def _out_of_order(task: Task, step: int, needed: Task, needed_step: int) -> str:
+    if needed.kind is F:
+        return f"task {task} (step {step}) comes before its forward {needed} (step {needed_step})"
+    return (f"task {task} comes before {needed}; a weight gradient needs the input gradient's pass first")
 
 
 def format_grid(

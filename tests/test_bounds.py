@@ -13,7 +13,7 @@ from hypothesis import given, settings, strategies as st
 from hints.orders import applicable_builtins
 from hints.tasks import PLACEMENTS, V, PipelineShape
 from runtime.sched.budget import MemoryBudget
-from runtime.sched.bounds import LowerBound, jackson_preemptive_bound, makespan_lower_bound, split_bound
+from runtime.sched.bounds import jackson_preemptive_bound, LowerBound, makespan_lower_bound, split_bound
 from hints.deps import TaskGraph, prerequisites
 from runtime.sched.simulator import ScheduleDeadlock, simulate
 from runtime.durations.variability import Durations

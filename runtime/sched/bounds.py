@@ -40,7 +40,7 @@ Why the split graph bounds hints with full backwards too: see
 :func:`split_bound`.
 
 Cost: a topological pass for heads (Kahn's algorithm, no recursion), a
-reverse pass for tails, and per rank a sort plus O(n log n) heap work:
+reverse pass for tails (both :func:`hints.paths.longest_paths`), and per rank a sort plus O(n log n) heap work:
 the job in hand is re-keyed only at a release, so a rank of n tasks does
 O(n) heap operations.
 """
@@ -51,8 +51,9 @@ import heapq
 from dataclasses import dataclass, replace
 from typing import Sequence
 
-from hints.tasks import PipelineShape
 from hints.deps import TaskGraph
+from hints.paths import longest_paths
+from hints.tasks import PipelineShape
 from runtime.durations.variability import Durations
 
 
@@ -127,69 +128,8 @@ def jackson_preemptive_bound(release: Sequence[float], processing: Sequence[floa
     return _preemptive_jackson(sorted(zip(release, (-q for q in tail), processing)))
 
 
-def longest_paths(graph: TaskGraph, compute: Sequence[float], transfer: Sequence[float]
-                  ) -> tuple[list[int], list[float], list[float]]:
-    """A topological order of the task ids (Kahn's, sources in id order), and every task's head and tail.
-
-    Also what list-scheduling priorities are made of (:mod:`runtime.sched.priorities`): a task's bottom
-    level is ``compute + tail``.
-    """
-    order, head = _topological_order_and_heads(graph, compute, transfer)
-    return order, head, _tails(graph, compute, transfer, order)
-
-
 def _sum3(a: float, b: float, c: float) -> float:
     return a + b + c
-
-
-def _topological_order_and_heads(graph: TaskGraph, compute: Sequence[float],
-                                 transfer: Sequence[float]) -> tuple[list[int], list[float]]:
-    """Kahn's algorithm; a task's head is final once its last producer is taken."""
-    local_consumers, remote_consumers = graph.local_consumers, graph.remote_consumers
-    waiting = list(graph.prereq_count)
-    head = [0.0] * len(graph)
-    order = [tid for tid, count in enumerate(waiting) if count == 0]
-    for tid in order:  # `order` grows while it is walked: it is Kahn's queue and the result at once
-        ends = head[tid] + compute[tid]
-        for consumer in local_consumers[tid]:
-            if ends > head[consumer]:
-                head[consumer] = ends
-            waiting[consumer] -= 1
-            if not waiting[consumer]:
-                order.append(consumer)
-        remote = remote_consumers[tid]
-        if remote:
-            arrives = ends + transfer[tid]
-            for consumer in remote:
-                if arrives > head[consumer]:
-                    head[consumer] = arrives
-                waiting[consumer] -= 1
-                if not waiting[consumer]:
-                    order.append(consumer)
-    if len(order) != len(graph):
-        raise ValueError("the task graph has a cycle")  # deps.py rules never make one
-    return order, head
-
-
-def _tails(graph: TaskGraph, compute: Sequence[float], transfer: Sequence[float], order: list[int]) -> list[float]:
-    """Reverse topological pass: a task's tail is final once all its consumers are done."""
-    local_consumers, remote_consumers = graph.local_consumers, graph.remote_consumers
-    tail = [0.0] * len(graph)
-    through = [0.0] * len(graph)  # compute + tail: a consumer's cost seen from its producer
-    for tid in reversed(order):
-        longest = 0.0
-        for consumer in local_consumers[tid]:
-            if through[consumer] > longest:
-                longest = through[consumer]
-        remote = remote_consumers[tid]
-        if remote:
-            latency = transfer[tid]
-            for consumer in remote:
-                if through[consumer] + latency > longest:
-                    longest = through[consumer] + latency
-        tail[tid] = longest
-        through[tid] = compute[tid] + longest
-    return tail
 
 
 def _preemptive_jackson(jobs: list[tuple[float, float, float]]) -> float:
@@ -225,4 +165,4 @@ def _preemptive_jackson(jobs: list[tuple[float, float, float]]) -> float:
     return best
 
 
-__all__ = ["LowerBound", "jackson_preemptive_bound", "longest_paths", "makespan_lower_bound", "split_bound"]
+__all__ = ["LowerBound", "jackson_preemptive_bound", "makespan_lower_bound", "split_bound"]

@@ -114,7 +114,7 @@ def builtin_candidates(shape: PipelineShape, table: Durations) -> dict[str, Hint
 
 def _expected_inputs(shape: PipelineShape, table: Durations, priorities: bool):
     """``bfw``'s per-microbatch costs and ``cp``'s per-task priorities, from expected durations only."""
-    from runtime.sched.priorities import cp_priorities
+    from hints.priorities import cp_priorities
 
     expected = table.expected()
     return expected.microbatch_costs, cp_priorities(shape, expected) if priorities else None

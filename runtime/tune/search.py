@@ -51,7 +51,7 @@ from hints.orders import (
 from hints.tasks import LOOPING, PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.sched.evaluate import resolve
-from runtime.sched.priorities import list_priorities
+from hints.priorities import list_priorities
 from runtime.tune.evaluator import Candidate, Evaluator, Objective
 from runtime.durations.variability import Durations
 

@@ -1,8 +1,13 @@
 """List-scheduling priorities computed on the task graph: the bottom levels behind the ``cp`` hint.
 
+The ``cp`` hint is made here and in :func:`hints.orders.by_priority`, which sorts each rank's tasks by
+these priorities; the durations they are computed from are the only thing a caller brings (any table with
+``for_graph(graph) -> (compute, transfer)``: :class:`runtime.durations.variability.Durations`), as the
+``bfw`` hint takes its costs.
+
 A task's *bottom level* is its own duration plus the longest path of
 durations and cross-rank latencies from its end to the end of the iteration
-(:func:`runtime.sched.bounds.longest_paths` gives the tail; the bottom level is
+(:func:`hints.paths.longest_paths` gives the tail; the bottom level is
 ``compute + tail``). Running the ready task with the highest bottom level
 first is HLFET list scheduling (Adam, Chandy and Dickson 1974): the task with
 the most work still hanging behind it goes first.
@@ -23,19 +28,25 @@ under the fixed policy.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Protocol, Sequence
 
-from hints.tasks import PipelineShape, Task
-from runtime.sched.bounds import longest_paths
 from hints.deps import TaskGraph
-from runtime.durations.variability import Durations
+from hints.paths import longest_paths
+from hints.tasks import PipelineShape, Task
 
 
-def cp_priorities(shape: PipelineShape, expected: Durations) -> dict[Task, tuple[float, int]]:
+class TaskDurations(Protocol):
+    """What priorities are computed from: per task id of a graph, seconds of compute and of transfer."""
+
+    def for_graph(self, graph: TaskGraph) -> tuple[Sequence[float], Sequence[float]]: ...
+
+
+def cp_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[Task, tuple[float, int]]:
     """Every task of ``shape`` (split backward) -> ``(bottom level, -topological position)``; higher first."""
     return list_priorities(shape, expected)["longest remaining path"]
 
 
-def list_priorities(shape: PipelineShape, expected: Durations) -> dict[str, dict[Task, tuple[float, int]]]:
+def list_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[str, dict[Task, tuple[float, int]]]:
     """Per-task priorities (higher first) of three list-scheduling rules, on the split-backward graph.
 
     ``longest remaining path`` (the bottom level, ``cp``), ``most remaining work`` (the task's work plus
