@@ -2,8 +2,10 @@
 
 Every package raises :class:`UserError` (or a subclass) for bad input: a hint
 file that does not parse, a shape that does not fit a hint, a negative
-duration. The CLI prints ``error: <where>: <what>`` and exits with code 2;
-anything else is a bug and is reported as such. This module sits at the bottom
+duration. The CLI prints ``error: <where>: <what>`` and exits with code 2.
+A job that ran and failed for a named cause is a :class:`Failure` (exit 1);
+an interrupt is :class:`Interrupted` (130 or 143); anything else is a bug and
+is reported as such. This module sits at the bottom
 of the import graph so ``runtime``, ``profiler`` and ``rrfp_cli`` can all use it.
 """
 
@@ -33,6 +35,18 @@ class HintError(UserError):
 
     Subclasses keep ``UserError``'s constructor so :meth:`UserError.located` can rebuild them.
     """
+
+
+class Failure(Exception):
+    """A job that ran and failed for a cause named in one line (a rank killed, a stall, an injected fault).
+
+    Not bad input (that is :class:`UserError`, exit 2) and not a bug: the CLI prints ``error: <message>``,
+    then ``details`` (what was kept, where the reports are), and exits with code 1.
+    """
+
+    def __init__(self, message: str, details: str = "") -> None:
+        self.details = details
+        super().__init__(message)
 
 
 class Interrupted(KeyboardInterrupt):

@@ -2,7 +2,8 @@
 
 ``main`` is the only place that turns exceptions into exit codes:
 :class:`hints.errors.UserError` and click's usage errors -> one ``error:``
-line on stderr and exit 2;
+line on stderr and exit 2; :class:`hints.errors.Failure` (a run that failed
+for a named cause) -> ``error:`` with the cause, what was kept, and exit 1;
 SIGINT / SIGTERM -> ``interrupted (SIGINT)`` and exit 130 / 143 (what finished
 is kept: each command writes its partial results first); anything else -> one
 ``internal error`` line and exit 1, with the traceback only when
@@ -20,7 +21,7 @@ import threading
 
 import typer
 
-from hints.errors import Interrupted, UserError, raise_interrupted
+from hints.errors import Failure, Interrupted, UserError, raise_interrupted
 from rrfp_cli import cmd_bench, cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_tune
 
 app = typer.Typer(
@@ -52,14 +53,14 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(1)
     except typer.TyperException as err:  # click's usage errors: unknown option, a value out of range...
         _exit_usage_error(err)
-    except UserError as err:
+    except (UserError, Failure) as err:
         if os.environ.get("RRFP_DEBUG") == "1":
             raise
         sys.stderr.write(f"error: {err}\n")
         details = getattr(err, "details", "")
         if details:
             sys.stderr.write(details.rstrip() + "\n")
-        sys.exit(2)
+        sys.exit(1 if isinstance(err, Failure) else 2)
     except KeyboardInterrupt as err:  # outside a command (while parsing arguments)
         _exit_interrupted(err)
     except Exception as err:  # a bug: say so in one line unless debugging

@@ -13,7 +13,7 @@ from typing import Annotated, Any, Optional
 import typer
 from rich.console import Console
 
-from hints.errors import Interrupted, UserError
+from hints.errors import Failure, Interrupted, UserError
 from runtime.config import RunConfig, build_config, load_toml
 from rrfp_cli.options import SPLIT_OVERHEAD_HELP, WORKLOAD_HELP, LookaheadChoice, P2POpt, lookahead_flag, p2p_value
 from rrfp_cli.output import Column, Output, print_table
@@ -154,10 +154,8 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
     began = time.perf_counter()
     try:
         results = launch(jobs, options, config.nproc or config.world_size, checked=True)
-    except RunFailed as err:
-        kept = _keep_what_finished(jobs, config)
-        sys.stderr.write(f"error: run failed: {err}\n{kept}")
-        raise typer.Exit(1) from None
+    except RunFailed as err:  # app.main: the cause, then what was kept; exit 1
+        raise Failure(f"run failed: {err}", _keep_what_finished(jobs, config)) from None
     except Interrupted:
         sys.stderr.write(_keep_what_finished(jobs, config))
         raise

@@ -9,10 +9,9 @@ import typer
 from rich.console import Console
 
 from hints.errors import UserError
-from hints.files.load import hint_placement, resolve_hint
+from hints.files.load import hint_or_baseline, hint_shape, resolve_hint
 from hints.files.torch_names import TORCH_PREFIX
-from hints.orders import BUILTIN_HINTS, baseline_hint_name
-from hints.tasks import LOOPING, PipelineShape, default_chunks
+from hints.orders import BUILTIN_HINTS
 from rrfp_cli.options import (
     BackwardRatio,
     Chunks,
@@ -100,21 +99,21 @@ def simulate(
     workload = workload or WorkloadChoice.uniform
     budget = MemoryBudget.parse(memory_budget)
     asked = placement_value(placement)
-    hint_spec = hint or baseline_hint_name(chunks or default_chunks(asked or LOOPING), asked or LOOPING)
+    hint_spec = hint_or_baseline(hint, chunks, asked)
     file_hint = None
     if hint_spec not in BUILTIN_HINTS and not hint_spec.startswith(TORCH_PREFIX):
         file_hint = resolve_hint(hint_spec, stages, chunks, microbatches, placement=asked)
         stages, chunks, microbatches = (file_hint.shape.ranks, file_hint.shape.chunks,
                                         file_hint.shape.microbatches)
-    placed = file_hint.shape.placement if file_hint else hint_placement(hint_spec, asked)
-    chunks = chunks or default_chunks(placed)
+        asked = file_hint.shape.placement
     if stages is None or microbatches is None:
         raise UserError("give --stages and --microbatches (or a hint file that fixes them)", "rrfp simulate")
     if compare and lookahead is not None:
         raise UserError("--compare runs ready with and without lookahead side by side; drop --lookahead",
                         "--lookahead")
 
-    shape = PipelineShape(stages, chunks, microbatches, placement=placed)
+    shape = hint_shape(hint_spec, stages, chunks, microbatches, asked)
+    placed, chunks = shape.placement, shape.chunks
     if cost_table is not None and durations is not None:
         raise UserError("a recorded table has its own durations; give --cost-table or --durations", "--cost-table")
     if split_overhead is not None and durations is not None:

@@ -205,13 +205,12 @@ def _new_directory(out: Path) -> Path:
 
 def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, count, seed, keep_first, model,
                placement: str | None = None) -> dict[str, Any]:
-    from hints.tasks import LOOPING, PipelineShape, default_chunks
+    from hints.files.load import hint_shape
     from runtime.tune.scenarios import from_model
 
     asked = None
     if stages is not None and microbatches is not None:
-        asked = PipelineShape(stages, chunks or default_chunks(placement), microbatches,
-                              placement=placement or LOOPING)
+        asked = hint_shape(None, stages, chunks, microbatches, placement)
     if runs:
         from profiler.analysis.tune_sources import from_runs
 

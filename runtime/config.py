@@ -17,9 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from hints.errors import UserError
-from hints.files.load import hint_placement
-from hints.orders import baseline_hint_name
-from hints.tasks import LOOPING, PLACEMENTS, PipelineShape, Task, default_chunks
+from hints.files.load import hint_or_baseline, hint_shape
+from hints.tasks import PLACEMENTS, PipelineShape, Task
 from runtime.durations.presets import WORKLOAD_NAMES
 from runtime.durations.variability import check_split_overhead
 from runtime.sched.budget import MemoryBudget
@@ -332,12 +331,9 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], where
 
 def hint_spec(config) -> str:
     """The hint a run follows: ``--hint``, else the baseline order of its chunks and placement."""
-    placement = config.placement or LOOPING
-    return config.hint or baseline_hint_name(config.chunks or default_chunks(placement), placement)
+    return hint_or_baseline(config.hint, config.chunks, config.placement)
 
 
 def run_shape(config) -> PipelineShape:
     """The job's shape (full backward): its placement is the one asked, else the hint's own."""
-    placement = hint_placement(hint_spec(config), config.placement)
-    return PipelineShape(config.stages, config.chunks or default_chunks(placement), config.microbatches,
-                         placement=placement)
+    return hint_shape(hint_spec(config), config.stages, config.chunks, config.microbatches, config.placement)

@@ -16,8 +16,8 @@ from hints.errors import HintError
 from hints.files.hint_json import hint_from_json
 from hints.files.torch_csv import hint_from_torch_rows
 from hints.files.torch_names import TORCH_PREFIX, V_SCHEDULES
-from hints.orders import BUILTIN_HINTS, HintOrder, builtin_hint
-from hints.tasks import LOOPING, V, Task, check_placement, default_chunks
+from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name, builtin_hint
+from hints.tasks import LOOPING, V, PipelineShape, Task, check_placement, default_chunks
 
 def load_hint(path: str | Path, placement: str | None = None) -> HintOrder:
     """Load an ``rrfp-hint/1`` JSON file or a torch CSV (by extension ``.csv``).
@@ -42,6 +42,22 @@ def load_hint(path: str | Path, placement: str | None = None) -> HintOrder:
     except json.JSONDecodeError as err:
         raise HintError(f"not valid JSON: {err.msg} at line {err.lineno}, column {err.colno}", where) from None
     return hint_from_json(data, where)
+
+
+def hint_or_baseline(spec: str | None, chunks: int | None = None, placement: str | None = None) -> str:
+    """The hint a job follows: ``spec``, else the baseline order of its chunks and placement (1F1B, interleaved
+    1F1B with several chunks, ZB-V under V placement: :func:`hints.orders.baseline_hint_name`)."""
+    placement = placement or LOOPING
+    return spec or baseline_hint_name(chunks or default_chunks(placement), placement)
+
+
+def hint_shape(spec: str | None, ranks: int, chunks: int | None, microbatches: int,
+               placement: str | None = None) -> PipelineShape:
+    """The shape (full backward) a job of ``ranks`` x ``microbatches`` runs ``spec`` on: the placement asked,
+    else the hint's own (:func:`hint_placement`; no hint: looping), and the chunks asked, else that
+    placement's default. The one reading of the shape options, for every command."""
+    placed = hint_placement(spec, placement) if spec is not None else (placement or LOOPING)
+    return PipelineShape(ranks, chunks or default_chunks(placed), microbatches, placement=placed)
 
 
 def hint_placement(spec: str, stated: str | None = None) -> str:

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hints.errors import UserError
-from hints.files.load import resolve_hint
+from hints.files.load import hint_shape, resolve_hint
 from hints.orders import (
     BUILTIN_HINTS,
     HintOrder,
@@ -44,7 +44,7 @@ from hints.orders import (
     baseline_hint_name,
     resolve_cost_ranked,
 )
-from hints.tasks import PipelineShape, default_chunks
+from hints.tasks import PipelineShape
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.rules import ArbiterRule, RULES
 from runtime.sched.bounds import LowerBound, split_bound
@@ -76,8 +76,8 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
         return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
     if ranks is None or microbatches is None:
         raise UserError(f"hint {spec!r} needs --stages and --microbatches")
-    placement = placement or builtin.placement
-    shape = PipelineShape(ranks, chunks or default_chunks(placement), microbatches, placement=placement)
+    shape = hint_shape(spec, ranks, chunks, microbatches, placement)
+    placement = shape.placement
     if table is None:
         if not builtin.takes_priorities:
             return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
