@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 
 from hints.orders import BUILTIN_HINTS, applicable_builtins
-from profiler.analysis.core import sensitivity, trace_hint
+from profiler.analysis.replay import sensitivity, trace_hint
 from profiler.trace.reader import read_trace
 from profiler.trace.recorder import merge_run_traces
 from runtime.sched.budget import MemoryBudget

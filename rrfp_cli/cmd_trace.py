@@ -37,8 +37,8 @@ Force = Annotated[bool, typer.Option("--force", help="Overwrite output files tha
 
 
 def _load(run: Path, out: Output, iteration: int | None = None, iterations: str | None = None, select: bool = True):
-    """Read the trace, warn, and keep the chosen iterations ([Note: iteration 0] in profiler.analysis.core)."""
-    from profiler.analysis.core import select_iterations
+    """Read the trace, warn, and keep the chosen iterations ([Note: iteration 0] in profiler.analysis.windows)."""
+    from profiler.analysis.windows import select_iterations
     from profiler.trace.reader import read_trace
 
     window, flag = _window(iteration, iterations)
@@ -136,7 +136,7 @@ def _ms(frame: pl.DataFrame, columns) -> pl.DataFrame:
 @app.command("summary")
 def summary_command(run: RunArg, iterations: Iterations = None, json_mode: JsonFlag = False) -> None:
     """What ran, how long an iteration took, and where idle time went."""
-    from profiler.analysis.core import summary
+    from profiler.analysis.summary import summary
 
     def answer(frames):
         data = summary(frames)
@@ -170,7 +170,7 @@ def bubbles_command(
 ) -> None:
     """Per rank: utilization and idle time split into fill, drain, optimizer step, dependency wait, budget-held,
     dispatch and misalignment."""
-    from profiler.analysis.core import BUBBLE_COLUMNS, bubble_totals, bubbles
+    from profiler.analysis.bubbles import BUBBLE_COLUMNS, bubble_totals, bubbles
 
     def answer(frames):
         frame = bubbles(frames)
@@ -194,7 +194,8 @@ def misalign_command(
     """The idle gaps where a rank waited although another of its tasks was ready (longest first)."""
     import polars as pl
 
-    from profiler.analysis.core import iteration_windows, misalignment_gaps
+    from profiler.analysis.bubbles import misalignment_gaps
+    from profiler.analysis.windows import iteration_windows
 
     def answer(frames):
         gaps = misalignment_gaps(frames)
@@ -220,7 +221,7 @@ def misalign_command(
 def critical_path_command(run: RunArg, iteration: Iteration = None, iterations: Iterations = None,
                           json_mode: JsonFlag = False) -> None:
     """The chain of compute, transfers and waits that set an iteration's makespan (default: the last)."""
-    from profiler.analysis.core import critical_path
+    from profiler.analysis.critical_path import critical_path
 
     def answer(frames):
         path = critical_path(frames)
@@ -250,7 +251,8 @@ def sensitivity_command(
 ) -> None:
     """Replay the trace's realized durations under its own hint and every built-in, fixed and ready."""
     from hints.errors import UserError
-    from profiler.analysis.core import sensitivity, traced_iterations
+    from profiler.analysis.replay import sensitivity
+    from profiler.analysis.windows import traced_iterations
 
     if task_overhead is not None and not task_overhead >= 0:
         raise UserError(f"must be a number >= 0, got {task_overhead}", "--task-overhead")
@@ -333,7 +335,7 @@ def follow_command(
     import polars as pl
 
     from hints.errors import UserError
-    from profiler.analysis.core import follow_latency
+    from profiler.analysis.tp import follow_latency
 
     def answer(frames):
         per_decision, per_rank = follow_latency(frames)
@@ -368,7 +370,7 @@ def compare_command(
     """Two runs side by side: makespan, utilization, idle time per rank and iteration by category."""
     import polars as pl
 
-    from profiler.analysis.core import compare
+    from profiler.analysis.summary import compare
 
     out = Output(json_mode)
     frame = compare(_load(a, out, iterations=iterations), _load(b, out, iterations=iterations))
@@ -460,7 +462,8 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None] | None)
     import shlex
 
     from hints.errors import UserError
-    from profiler.analysis.core import chosen_iterations, pipeline_shape, realized_iterations
+    from profiler.analysis.realized import realized_iterations
+    from profiler.analysis.windows import chosen_iterations, pipeline_shape
     from runtime.durations.tables import write_durations
 
     complete = realized_iterations(frames)  # every complete iteration; the window picks among them
@@ -489,7 +492,7 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None] | None)
 
 
 def _ranges(values: list[int]) -> str:
-    from profiler.analysis.core import ranges
+    from profiler.analysis.windows import ranges
 
     return ranges(values)
 

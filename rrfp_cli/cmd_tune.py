@@ -411,7 +411,7 @@ def _numeric(cell: str) -> bool:
 
 
 def _check(run: Path, report_path: Path, output: Output) -> None:
-    from profiler.analysis.core import complete_iterations, iteration_windows
+    from profiler.analysis.windows import complete_iterations, iteration_windows
     from profiler.trace.reader import read_trace
     from runtime.tune.decide import gain_range
 

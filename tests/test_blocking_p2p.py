@@ -59,13 +59,14 @@ def test_only_blocking_ranks_wait_for_receivers(results):
 
 
 def test_the_trace_records_the_waits_and_bubbles_name_them(results):
-    from profiler.analysis import core as analysis
+    from profiler.analysis.bubbles import BUBBLE_COLUMNS, bubbles, idle_segments
+    from profiler.analysis.summary import summary
     from profiler.trace.reader import read_trace
 
     root, _ = results
     frames = read_trace(root / "run" / "traced")
     assert next(iter(frames.meta.values()))["p2p"] == "blocking"
-    assert analysis.summary(frames)["p2p"] == "blocking"
+    assert summary(frames)["p2p"] == "blocking"
     waits = frames.rendezvous
     assert waits.height > 0 and (waits["end_ns"] >= waits["start_ns"]).all()
     # Each wait names the messages it waited for, as <producer>-><rank>, on the rank that sent them.
@@ -73,12 +74,12 @@ def test_the_trace_records_the_waits_and_bubbles_name_them(results):
         for message in text.split():
             producer, destination = message.split("->")
             assert int(destination) in (rank - 1, rank + 1), message
-    totals = analysis.bubbles(frames)
+    totals = bubbles(frames)
     assert totals["rendezvous_ns"].sum() > 0
-    segments = analysis.idle_segments(frames)
+    segments = idle_segments(frames)
     assert "rendezvous" in segments["cause"].to_list()
     # Every nanosecond still falls in exactly one category.
-    total = totals.select(pl.sum_horizontal("busy_ns", *analysis.BUBBLE_COLUMNS) - pl.col("makespan_ns"))
+    total = totals.select(pl.sum_horizontal("busy_ns", *BUBBLE_COLUMNS) - pl.col("makespan_ns"))
     assert total.to_series().abs().max() <= 1
 
 

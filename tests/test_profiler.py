@@ -9,7 +9,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from hints.errors import UserError
-from profiler.analysis import core as analysis
+from profiler.analysis.bubbles import bubble_totals, bubbles, misalignment_gaps
+from profiler.analysis.conformance import conformance, kendall_tau
+from profiler.analysis.critical_path import critical_path
+from profiler.analysis.realized import (OverheadEstimate, dispatch_overhead, realized_durations,
+                                        realized_iterations, realized_tables)
+from profiler.analysis.replay import sensitivity, trace_hint
+from profiler.analysis.summary import compare, summary
 from profiler.trace.reader import TraceError, read_trace
 from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
 
@@ -40,7 +46,7 @@ def test_round_trip(one_f_one_b):
 
 
 def test_bubbles_of_a_fixed_1f1b(one_f_one_b):
-    frame = analysis.bubbles(read_trace(one_f_one_b)).sort("rank")
+    frame = bubbles(read_trace(one_f_one_b)).sort("rank")
     rank0, rank1 = frame.to_dicts()
     assert rank0["makespan_ns"] == 90 * US and rank0["busy_ns"] == 60 * US
     assert (rank0["fill_ns"], rank0["drain_ns"]) == (0, 0)
@@ -51,14 +57,14 @@ def test_bubbles_of_a_fixed_1f1b(one_f_one_b):
 
 def test_misalignment_is_idle_time_while_another_task_was_ready(misaligned):
     frames = read_trace(misaligned)
-    rank0 = analysis.bubbles(frames).filter(pl.col("rank") == 0).row(0, named=True)
+    rank0 = bubbles(frames).filter(pl.col("rank") == 0).row(0, named=True)
     # 10..40: 0F1 (ready since 0) waits behind the fixed head 0B0; 70..95: nothing ready (0B1 arrives at 95).
     assert rank0["misalignment_ns"] == 30 * US
     assert rank0["dependency_ns"] == 25 * US
-    gaps = analysis.misalignment_gaps(frames)
+    gaps = misalignment_gaps(frames)
     top = gaps.row(0, named=True)
     assert (top["rank"], top["ran_next"], top["ready"], top["misaligned_ns"]) == (0, "0B0", "0F1", 30 * US)
-    totals = analysis.bubble_totals(analysis.bubbles(frames))
+    totals = bubble_totals(bubbles(frames))
     assert totals.filter(pl.col("rank") == "all").row(0, named=True)["misalignment_ns"] == 30 * US
 
 
@@ -67,12 +73,12 @@ def test_overhead_is_idle_time_with_only_the_next_task_ready(tmp_path):
     spec["tasks"] = dict(spec["tasks"])
     spec["tasks"][1] = [("1F0", 15, 25), ("1B0", 25, 37), ("1F1", 37, 47), ("1B1", 47, 67)]  # 0F0 arrived at 12
     frames = read_trace(build_run(tmp_path / "o", **spec))
-    rank1 = analysis.bubbles(frames).filter(pl.col("rank") == 1).row(0, named=True)
+    rank1 = bubbles(frames).filter(pl.col("rank") == 1).row(0, named=True)
     assert rank1["fill_ns"] == 15 * US  # before the first task counts as fill, whatever was ready
 
 
 def test_critical_path(one_f_one_b):
-    path = analysis.critical_path(read_trace(one_f_one_b))
+    path = critical_path(read_trace(one_f_one_b))
     segments = [(kind, task, duration // US) for kind, task, duration in
                 path.segments.select("kind", "task", "duration_ns").iter_rows()]
     assert segments == [("compute", "0F0", 10), ("transfer", "0F0", 2), ("compute", "1F0", 10),
@@ -83,10 +89,10 @@ def test_critical_path(one_f_one_b):
 
 
 def test_conformance_and_kendall_tau(misaligned):
-    assert analysis.kendall_tau([0, 1, 2, 3]) == 1.0
-    assert analysis.kendall_tau([3, 2, 1, 0]) == -1.0
-    assert analysis.kendall_tau([1, 0, 2, 3]) == pytest.approx(1 - 4 / 12)
-    frame = analysis.conformance(read_trace(misaligned))
+    assert kendall_tau([0, 1, 2, 3]) == 1.0
+    assert kendall_tau([3, 2, 1, 0]) == -1.0
+    assert kendall_tau([1, 0, 2, 3]) == pytest.approx(1 - 4 / 12)
+    frame = conformance(read_trace(misaligned))
     assert frame.get_column("kendall_tau").to_list() == [1.0, 1.0]  # ran exactly the hint
     assert frame.get_column("skips").to_list() == [0, 0]
 
@@ -101,7 +107,7 @@ def test_sensitivity_replays_the_realized_durations(tmp_path):
                 transfers=[("0F0", 0, 1, 10, 10, 10), ("0F1", 0, 1, 20, 20, 20), ("1B0", 1, 0, 40, 40, 40),
                            ("1B1", 1, 0, 70, 70, 70)])
     frames = read_trace(build_run(tmp_path / "s", **spec))
-    result = analysis.sensitivity(frames, overhead=0.0)
+    result = sensitivity(frames, overhead=0.0)
     rows = {(r.hint, r.rule): r.makespan for r in result.rows}
     assert rows[("1f1b", "fixed")] == pytest.approx((m + ranks - 1) * 30e-6)
     assert rows[("gpipe", "fixed")] == pytest.approx((m + ranks - 1) * 30e-6)
@@ -124,7 +130,7 @@ def test_sensitivity_calibrates_the_dispatch_overhead(tmp_path):
                 transfers=[("0F0", 0, 1, 15, 15, 15), ("0F1", 0, 1, 30, 30, 30), ("1B0", 1, 0, 55, 56, 60),
                            ("1B1", 1, 0, 95, 96, 100)])
     frames = read_trace(build_run(tmp_path / "o", **spec))
-    result = analysis.sensitivity(frames)
+    result = sensitivity(frames)
     assert result.overhead_s == pytest.approx(5e-6)
     assert result.overhead.samples > 0
     assert result.replayed_s[0] == pytest.approx(result.measured_s[0], rel=1e-6)
@@ -136,13 +142,13 @@ def _seconds(us: float) -> float:
 
 def test_realized_durations_are_the_traced_spans_and_latencies(one_f_one_b):
     frames = read_trace(one_f_one_b)
-    table = analysis.realized_durations(frames, 0)
+    table = realized_durations(frames, 0)
     assert table.forward == [[_seconds(10), _seconds(10)], [_seconds(10), _seconds(10)]]
     assert table.backward == [[_seconds(20), _seconds(20)], [_seconds(15), _seconds(20)]]
     # latency = receiver's recv_end minus the producer's end: 0F0 ends 10, arrives 12; 1B0 ends 37, arrives 40
     assert table.send_forward == [[_seconds(2), _seconds(2)], [0.0, 0.0]]
     assert table.send_backward == [[0.0, 0.0], [_seconds(3), _seconds(3)]]
-    (realized,) = analysis.realized_iterations(frames)
+    (realized,) = realized_iterations(frames)
     assert sorted(realized.measured) == ["0F0", "0F1", "1B0", "1B1"] and realized.filled == ()
 
 
@@ -150,7 +156,7 @@ def test_a_latency_missing_from_the_trace_is_filled_with_the_median_and_said_so(
     frames = read_trace(one_f_one_b)
     frames.transfers = frames.transfers.with_columns(
         pl.when(pl.col("producer") == "1B1").then(None).otherwise(pl.col("recv_end_ns")).alias("recv_end_ns"))
-    (realized,) = analysis.realized_iterations(frames, [0])
+    (realized,) = realized_iterations(frames, [0])
     assert realized.filled == ("1B1",) and sorted(realized.measured) == ["0F0", "0F1", "1B0"]
     assert realized.fill_s == _seconds(2)  # median of 2, 2, 3 us
     assert realized.durations.send_backward[1] == [_seconds(3), _seconds(2)]
@@ -158,10 +164,10 @@ def test_a_latency_missing_from_the_trace_is_filled_with_the_median_and_said_so(
 
 def test_realized_tables_cover_the_complete_iterations(tmp_path):
     frames = read_trace(build_run(tmp_path / "r", **ONE_F_ONE_B, iterations=3, period_us=200))
-    assert [it for it, _ in analysis.realized_tables(frames)] == [0, 1, 2]
-    assert [it for it, _ in analysis.realized_tables(frames, [2, 1])] == [2, 1]
+    assert [it for it, _ in realized_tables(frames)] == [0, 1, 2]
+    assert [it for it, _ in realized_tables(frames, [2, 1])] == [2, 1]
     frames.tasks = frames.tasks.filter((pl.col("iteration") != 1) | (pl.col("task") != "0B1"))
-    assert [it for it, _ in analysis.realized_tables(frames)] == [0, 2]  # iteration 1 lost a task
+    assert [it for it, _ in realized_tables(frames)] == [0, 2]  # iteration 1 lost a task
 
 
 def test_realized_table_written_and_read_back_replays_the_run(one_f_one_b, tmp_path):
@@ -169,14 +175,14 @@ def test_realized_table_written_and_read_back_replays_the_run(one_f_one_b, tmp_p
     from runtime.sched.simulator import simulate
 
     frames = read_trace(one_f_one_b)
-    ((iteration, table),) = analysis.realized_tables(frames)
+    ((iteration, table),) = realized_tables(frames)
     path = tmp_path / "realized.parquet"
     write_durations(path, [(iteration, table)])
     loaded = load_durations(path, 2, 2, iteration=0)
     assert (loaded.forward, loaded.backward, loaded.send_forward, loaded.send_backward) == (
         table.forward, table.backward, table.send_forward, table.send_backward)
     # The hand-built run has no dispatch overhead, so replaying its own hint gives its makespan exactly.
-    result = simulate(analysis.trace_hint(frames, 0), loaded, "fixed")
+    result = simulate(trace_hint(frames, 0), loaded, "fixed")
     assert result.makespan == pytest.approx(90e-6)
 
 
@@ -185,16 +191,16 @@ def test_realized_durations_of_an_incomplete_iteration_is_one_error(one_f_one_b)
     frames.tasks = frames.tasks.filter(pl.col("task") != "1B1")
     with pytest.raises(UserError, match=r"iteration 0 holds 7 of 8 tasks \(truncated trace\?\); the trace holds no "
                        r"complete one"):
-        analysis.realized_durations(frames, 0)
+        realized_durations(frames, 0)
 
 
 def test_realized_durations_point_at_the_complete_iterations(tmp_path):
     frames = read_trace(build_run(tmp_path / "r", **ONE_F_ONE_B, iterations=3, period_us=200))
     frames.tasks = frames.tasks.filter((pl.col("iteration") != 1) | (pl.col("task") != "0B1"))
     with pytest.raises(UserError, match=r"iteration 1 holds 7 of 8 tasks .*; pick a complete one: 0, 2"):
-        analysis.realized_durations(frames, 1)
+        realized_durations(frames, 1)
     with pytest.raises(UserError, match=r"iteration 9 holds 0 of 8 tasks"):
-        analysis.realized_iterations(frames, [0, 9])
+        realized_iterations(frames, [0, 9])
 
 
 # Known dispatch gaps (us), measured from max(previous end, ready) to the start:
@@ -211,28 +217,28 @@ DISPATCH = dict(
 
 def test_dispatch_overhead_is_the_median_gap_before_a_ready_task(tmp_path):
     frames = read_trace(build_run(tmp_path / "d", **DISPATCH))
-    estimate = analysis.dispatch_overhead(frames)
+    estimate = dispatch_overhead(frames)
     assert estimate.samples == 6
     assert estimate.per_task_s == pytest.approx(1.5e-6)  # gaps 1 1 1 2 3 4
     assert estimate.mean_s == pytest.approx(2e-6)
-    assert analysis.dispatch_overhead(frames, [0]) == estimate
+    assert dispatch_overhead(frames, [0]) == estimate
     # A task whose ready time is unknown (its input's arrival is not in the trace) is left out.
     frames.transfers = frames.transfers.filter(pl.col("producer") != "1B1")
-    estimate = analysis.dispatch_overhead(frames)
+    estimate = dispatch_overhead(frames)
     assert estimate.samples == 5 and estimate.per_task_s == pytest.approx(1e-6)  # gaps 1 1 1 3 4
     with pytest.raises(UserError, match="iteration 7 is not in the trace"):
-        analysis.dispatch_overhead(frames, [7])
+        dispatch_overhead(frames, [7])
 
 
 def test_dispatch_overhead_of_a_run_without_overhead_is_zero(one_f_one_b):
-    assert analysis.dispatch_overhead(read_trace(one_f_one_b)) == analysis.OverheadEstimate(0.0, 0.0, 6)
+    assert dispatch_overhead(read_trace(one_f_one_b)) == OverheadEstimate(0.0, 0.0, 6)
 
 def test_summary_and_compare(one_f_one_b, misaligned):
     a, b = read_trace(one_f_one_b), read_trace(misaligned)
-    data = analysis.summary(a)
+    data = summary(a)
     assert data["iterations"] == 1 and data["median_makespan_s"] == pytest.approx(90e-6)
     assert sum(data["idle_share"].values()) == pytest.approx(1.0)
-    frame = analysis.compare(a, b)
+    frame = compare(a, b)
     assert frame.get_column("speedup_vs_A").to_list() == pytest.approx([1.0, 90 / 115])
 
 
@@ -315,6 +321,6 @@ def test_fuzzed_input_never_crashes_the_reader(tmp_path_factory, data):
     from hints.errors import UserError
 
     try:
-        analysis.summary(frames)
+        summary(frames)
     except UserError:
         pass

@@ -7,7 +7,7 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from profiler.analysis.core import bubbles, idle_segments
+from profiler.analysis.bubbles import bubbles, idle_segments
 from profiler.trace.reader import read_trace
 from profiler.draw.timeline import HATCHES, Box, Panel, build_scene, hatch_strokes, task_colour
 from tests.test_trace_commands import one_error, rrfp

@@ -12,7 +12,7 @@ import json
 import pytest
 import torch
 
-from profiler.analysis.core import follow_latency
+from profiler.analysis.tp import follow_latency
 from profiler.trace.reader import read_trace
 from runtime.config import RunConfig
 from runtime.config import run_shape

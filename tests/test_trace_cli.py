@@ -109,7 +109,8 @@ def test_compare_export_timeline(runs, tmp_path):
 
 @pytest.mark.parametrize("which,suffix", [("fixed", ".csv"), ("ready", ".parquet")])
 def test_export_durations_replays_each_iteration_close_to_what_ran(runs, tmp_path, which, suffix):
-    from profiler.analysis import core as analysis
+    from profiler.analysis.replay import trace_hint
+    from profiler.analysis.windows import iteration_windows
     from runtime.sched.budget import MemoryBudget
     from runtime.durations.tables import load_durations
     from runtime.sched.simulator import simulate
@@ -127,10 +128,10 @@ def test_export_durations_replays_each_iteration_close_to_what_ran(runs, tmp_pat
 
     frames = read_trace(run)
     meta = frames.meta[0]
-    measured = dict(analysis.iteration_windows(frames).select("iteration", "makespan_ns").iter_rows())
+    measured = dict(iteration_windows(frames).select("iteration", "makespan_ns").iter_rows())
     for iteration in data["iterations"]:
         table = load_durations(path, 3, 6, iteration=iteration)
-        replay = simulate(analysis.trace_hint(frames, iteration), table, meta["policy"],
+        replay = simulate(trace_hint(frames, iteration), table, meta["policy"],
                           MemoryBudget.parse(meta["memory_budget"]))
         # No dispatch overhead in the simulator yet, so not tighter than this.
         assert replay.makespan == pytest.approx(measured[iteration] * 1e-9, rel=0.25)

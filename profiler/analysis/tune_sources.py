@@ -3,7 +3,7 @@
 For each run directory: every complete traced iteration (iteration 0, which
 pays for start-up, is dropped unless ``keep_first``) becomes a recorded
 scenario: its realized durations and latencies
-(:func:`profiler.analysis.core.realized_iterations`) and, as what could be known
+(:func:`profiler.analysis.realized.realized_iterations`) and, as what could be known
 beforehand, the expectation a cost model fitted on the tuning iterations
 predicts from what each microbatch held (:mod:`profiler.analysis.costs`). Bootstrap
 and hold-out follow :func:`runtime.tune.scenarios.from_recorded`; the iterations
@@ -27,17 +27,10 @@ from typing import Sequence
 from hints.costs import CostModel
 from hints.errors import UserError
 from hints.tasks import PipelineShape
-from profiler.analysis.core import (
-    complete_iterations,
-    dispatch_overhead,
-    iteration_windows,
-    pipeline_shape,
-    realized_iterations,
-    trace_hint,
-    traced_iterations,
-    traced_rule,
-)
 from profiler.analysis.costs import expected_from_model, fit_cost_model, microbatch_features
+from profiler.analysis.realized import dispatch_overhead, realized_iterations
+from profiler.analysis.replay import trace_hint, traced_rule
+from profiler.analysis.windows import complete_iterations, iteration_windows, pipeline_shape, traced_iterations
 from profiler.trace.reader import read_trace
 from runtime.tune.scenarios import ScenarioSet, from_recorded
 

@@ -97,7 +97,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     holds ``makespan``, ``peak`` (microbatches, max over ranks), ``within`` (every rank within the
     budget's slots), and for ready rows ``fixed_makespan``, ``fixed_peak``, ``fixed_within`` of the same
     hint in fixed order (None if that order cannot complete); with ``bubbles`` also ``bubbles`` (seconds
-    by cause, :func:`profiler.analysis.core.simulated_bubbles`).
+    by cause, :func:`profiler.analysis.bubbles.simulated_bubbles`).
     """
     from runtime.sched.budget import MemoryBudget
     from runtime.sched.bounds import split_bound
@@ -147,7 +147,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         out = {"makespan": result.makespan, "peak": max(peaks), "peaks": peaks, "bound": bounds[row.chunks],
                "rule": rule}
         if breakdown:
-            from profiler.analysis.core import simulated_bubbles
+            from profiler.analysis.bubbles import simulated_bubbles
 
             out["bubbles"] = simulated_bubbles(result, table.for_graph(graph)[1])
         cache[key] = out

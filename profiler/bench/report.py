@@ -371,7 +371,7 @@ def results_markdown(data: dict) -> str:
     for w in settings["workloads"]:
         lines += variability_table(data, w)
     lines += ["## Simulation: idle time by cause", "", "Causes as `rrfp trace bubbles` splits a trace "
-              "([Note: bubble categories] in profiler/analysis/core.py), on the simulator's own start and ready times.", ""]
+              "([Note: bubble categories] in profiler/analysis/bubbles.py), on the simulator's own start and ready times.", ""]
     for w in settings["workloads"]:
         lines += bubble_table(data, w)
     lines += real_tables(data) + external_table(data) + paper_table(data)

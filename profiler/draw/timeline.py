@@ -6,7 +6,7 @@ hue says the microbatch, its lightness the kind (``F`` light, ``W`` medium,
 enough. The palette is 32 evenly spaced hues visited in steps of 13, so no
 two of 32 consecutive microbatches share a colour and neighbours are far
 apart on the colour wheel (:func:`task_colour`). Idle time between tasks is
-hatched by its cause ([Note: bubble categories] in :mod:`profiler.analysis.core`):
+hatched by its cause ([Note: bubble categories] in :mod:`profiler.analysis.bubbles`):
 ``dependency`` (nothing was ready), ``budget held`` (only admissions the
 memory budget held back were ready) and ``misalignment`` (a task the budget
 allowed was ready: what readiness-first could still recover), and under
@@ -37,7 +37,8 @@ from xml.sax.saxutils import escape
 import polars as pl
 
 from hints.errors import UserError
-from profiler.analysis.core import idle_segments, traced_iterations
+from profiler.analysis.bubbles import idle_segments
+from profiler.analysis.windows import traced_iterations
 from profiler.trace.reader import TraceFrames
 from profiler.trace.schema import write_atomically
 

@@ -1,0 +1,137 @@
+"""Which iterations of a trace an analysis reads, each one's window, and when each task could have run.
+
+Every other analysis module builds on these; like them, they are pure functions of the frames of
+:mod:`profiler.trace.reader`.
+
+Conventions
+-----------
+* An *iteration window* spans the first task start to the last task end over
+  all ranks; a rank's makespan is that window's length.
+* A task's *ready time* is when its last input was available on its rank:
+  a local prerequisite's end, or a remote one's arrival (the message handed
+  to the executor). The prerequisites are those of ``hints.deps``, the one
+  dependency model. ``F(0, i)`` is ready when its rank's iteration begins.
+* [Note: iteration 0] (in :func:`select_iterations`): analyses leave
+  iteration 0 out by default.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Sequence
+
+import polars as pl
+
+from hints.deps import prerequisites
+from hints.errors import UserError
+from hints.tasks import LOOPING, PipelineShape, Task
+from profiler.trace.reader import TraceFrames
+
+
+def pipeline_shape(frames: TraceFrames) -> PipelineShape:
+    """The trace's pipeline shape, from the rrfp metadata its ranks wrote."""
+    meta = next(iter(frames.meta.values()), None)
+    if meta is None:
+        raise UserError("the trace has no rrfp metadata", frames.path)
+    split = frames.tasks.filter(pl.col("kind").is_in(["I", "W"])).height > 0
+    # Traces written before placement was recorded are all looping.
+    return PipelineShape(int(meta["stages"]), int(meta["chunks"]), int(meta["microbatches"]), split,
+                         meta.get("placement", LOOPING))
+
+
+def traced_iterations(frames: TraceFrames) -> list[int]:
+    """Every iteration the trace holds a task of, in order."""
+    return sorted(frames.tasks.get_column("iteration").unique().drop_nulls().to_list())
+
+
+def complete_iterations(frames: TraceFrames) -> list[int]:
+    """The iterations that hold every task of the shape (not cut short by the end of the trace)."""
+    shape = pipeline_shape(frames)
+    counts = frames.tasks.group_by("iteration").len()
+    complete = sorted(i for i, n in counts.iter_rows() if n == shape.total_tasks)
+    if not complete:
+        raise UserError("no complete iteration in the trace", frames.path)
+    return complete
+
+
+def ranges(values: Sequence[int]) -> str:
+    """``[1, 2, 3, 7]`` as ``1..3, 7``."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)
+
+
+def chosen_iterations(iterations: Sequence[int], window: tuple[int, int | None] | None) -> list[int]:
+    """[Note: iteration 0] The iterations of ``iterations`` an analysis looks at: those in ``window`` (``(A, B)``:
+    ``A..B-1``, ``B`` None for no end), by default every one but iteration 0 unless it is the only one."""
+    if window is None:
+        return [i for i in iterations if i != 0] or list(iterations)
+    start, stop = window
+    return [i for i in iterations if i >= start and (stop is None or i < stop)]
+
+
+def select_iterations(frames: TraceFrames, window: tuple[int, int | None] | None = None,
+                      flag: str = "--iterations") -> tuple[TraceFrames, list[str]]:
+    """``frames`` cut to :func:`chosen_iterations` of its traced ones, and notes for the user.
+
+    [Note: iteration 0]
+        Iteration 0 pays one-off start-up costs (allocations, first
+        communications, lazy initialisation), so every trace analysis leaves
+        it out by default, as ``rrfp run``'s medians do; a trace of iteration
+        0 alone is analysed whole, with a note. ``--iterations A:B`` (or
+        ``-i N``) chooses. Counters are not cut.
+    """
+    traced = traced_iterations(frames)
+    if not traced:
+        return frames, []
+    chosen = chosen_iterations(traced, window)
+    if not chosen:
+        start, stop = window
+        raise UserError(f"no traced iteration in {start}:{'' if stop is None else stop} (traced: {ranges(traced)})",
+                        flag)
+    notes = ["only iteration 0 is traced; it includes start-up costs"] if window is None and chosen == [0] else []
+    keep = pl.col("iteration").is_in(chosen)
+    return replace(frames, tasks=frames.tasks.filter(keep), decisions=frames.decisions.filter(keep),
+                   transfers=frames.transfers.filter(keep), iterations=frames.iterations.filter(keep),
+                   steps=frames.steps.filter(keep), rendezvous=frames.rendezvous.filter(keep),
+                   members=frames.members.filter(keep),
+                   member_decisions=frames.member_decisions.filter(keep)), notes
+
+
+def iteration_windows(frames: TraceFrames) -> pl.DataFrame:
+    """Per iteration: its window (first task start, last task end over all ranks) and ``makespan_ns``."""
+    return (frames.tasks.group_by("iteration")
+            .agg(pl.col("start_ns").min().alias("start_ns"), pl.col("end_ns").max().alias("end_ns"))
+            .with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("makespan_ns"))
+            .sort("iteration"))
+
+
+# -- ready times ---------------------------------------------------------------
+
+
+def ready_times(frames: TraceFrames) -> pl.DataFrame:
+    """Each traced task with ``ready_ns`` (null when an input's producer was not traced)."""
+    shape = pipeline_shape(frames)
+    tasks = frames.tasks
+    ends = {(row[0], row[1]): row[2] for row in tasks.select("iteration", "task", "end_ns").iter_rows()}
+    arrivals = {(row[0], row[1], row[2]): row[3] for row in frames.transfers.filter(
+        pl.col("recv_end_ns").is_not_null()).select("iteration", "producer", "dst", "recv_end_ns").iter_rows()}
+    begins = {(row[0], row[1]): row[2] for row in frames.iterations.select("rank", "iteration", "start_ns").iter_rows()}
+    ready = []
+    for rank, iteration, text in tasks.select("rank", "iteration", "task").iter_rows():
+        task = Task.parse(text)
+        needs = prerequisites(task, shape)
+        times = []
+        for need in needs:
+            if shape.rank_of(need.stage) == rank:
+                times.append(ends.get((iteration, str(need))))
+            else:
+                times.append(arrivals.get((iteration, str(need), rank)))
+        if not needs:
+            times.append(begins.get((rank, iteration)))
+        ready.append(None if any(t is None for t in times) else max(times))
+    return tasks.with_columns(pl.Series("ready_ns", ready, dtype=pl.Int64))
