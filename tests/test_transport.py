@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from hints.tasks import F, Task
-from runtime.comm.transport import (
+from runtime.comm.errors import TransportError
+from runtime.comm.frames import (
     CLOSE,
     DATA,
     FRAME_BYTES,
@@ -25,19 +26,14 @@ from runtime.comm.transport import (
     POSTED,
     PREPOSTED_TAG,
     WIRE_VERSION,
-    Arrival,
-    Inbox,
-    Link,
-    Notice,
-    TransportError,
-    _Message,
-    _Sender,
+    NoticeFields,
     decode_frame,
     encode_frame,
     follow_tag,
     inline_tensors,
-    pipeline_links,
 )
+from runtime.comm.inbox import Arrival, Inbox, Notice
+from runtime.comm.links import Link, Message, Sender, pipeline_links
 
 
 @pytest.mark.parametrize("tensors", [
@@ -89,10 +85,10 @@ def test_a_short_frame_read_into_a_full_size_buffer_round_trips():
 
 
 def test_notices_and_control_messages_are_header_only():
-    notice, _ = encode_frame(NOTICE, 6, 1, Task.parse("1F3"), notice=(2_500_000, True))
+    notice, _ = encode_frame(NOTICE, 6, 1, Task.parse("1F3"), fields=NoticeFields(2_500_000, True))
     assert notice.numel() == HEADER_BYTES
     header = decode_frame(notice)
-    assert (header.kind_of_message, header.producer, header.remaining_ns, header.firm) == \
+    assert (header.kind_of_message, header.producer, header.fields.remaining_ns, header.fields.firm) == \
         (NOTICE, Task.parse("1F3"), 2_500_000, True)
     for kind in (HELLO, CLOSE):
         header = decode_frame(encode_frame(kind, 1)[0])
@@ -186,12 +182,12 @@ def test_a_link_keeps_posting_order_when_some_messages_must_wait():
     # [Note: sending without a hand-off]: a delayed message makes a backlog, and what is posted behind it
     # goes through the link's thread too, so the wire sees the posting order.
     wire, done, failures = _RecordingWire(), [], []
-    sender = _Sender(Link(0, 1, group=None, peer=1), wire, lambda *args: done.append(args[1]), failures.append)
+    sender = Sender(Link(0, 1, group=None, peer=1), wire, lambda *args: done.append(args[1]), failures.append)
     thread = threading.Thread(target=sender.run, name="link-thread")
     thread.start()
     delays = [0.0, 0.05, 0.0, 0.0, 0.02, 0.0]
     for microbatch, delay in enumerate(delays):
-        sender.post(_Message(DATA, 0, Task(0, F, microbatch), delay=delay))
+        sender.post(Message(DATA, 0, Task(0, F, microbatch), delay=delay))
     assert sender.collect().wait(10.0)
     sender.close()
     thread.join(10.0)
@@ -385,7 +381,7 @@ def test_the_socket_reader_rebuilds_frames_whatever_the_reads_cut_them_into():
     # The dispatcher reads what the socket holds, which may end inside a header or a payload.
     import random
 
-    from runtime.comm.transport import _SocketReader
+    from runtime.comm.sockets import SocketReader
 
     messages = [(HELLO, None, ())] + [
         (DATA, Task(0, F, mb), (torch.full((mb % 5, 3), float(mb)), torch.tensor([mb]))) if mb % 3 else
@@ -396,7 +392,7 @@ def test_the_socket_reader_rebuilds_frames_whatever_the_reads_cut_them_into():
     data = _frames(messages, body=1 << 20)
     mine, theirs = socket.socketpair()
     hellos, got = [], []
-    reader = _SocketReader(Link(0, 1, None, 0, theirs), hellos.append)
+    reader = SocketReader(Link(0, 1, None, 0, theirs), hellos.append)
     chunks, rng, at = [], random.Random(3), 0
     while at < len(data):
         size = rng.choice([1, 7, HEADER_BYTES - 1, HEADER_BYTES + 3, 5000, 70000])
@@ -418,15 +414,15 @@ def test_the_socket_reader_rebuilds_frames_whatever_the_reads_cut_them_into():
 
 
 def test_the_socket_reader_refuses_a_frame_out_of_order_and_a_peer_that_hangs_up():
-    from runtime.comm.transport import _SocketReader
+    from runtime.comm.sockets import SocketReader
 
     mine, theirs = socket.socketpair()
-    reader = _SocketReader(Link(0, 1, None, 0, theirs), lambda src: None)
+    reader = SocketReader(Link(0, 1, None, 0, theirs), lambda src: None)
     mine.sendall(bytes(encode_frame(NOTICE, 1, 0, Task.parse("0F0"))[0].tolist()))  # sequence 0 never came
     with pytest.raises(TransportError, match=r"link 0->1: message 1 arrived, expected 0"):
         reader.read([])
     mine2, theirs2 = socket.socketpair()
-    reader = _SocketReader(Link(0, 1, None, 0, theirs2), lambda src: None)
+    reader = SocketReader(Link(0, 1, None, 0, theirs2), lambda src: None)
     mine2.sendall(bytes(encode_frame(HELLO, 0)[0].tolist())[:10])
     mine2.close()  # hangs up inside a frame
     reader.read([])  # the first read takes the 10 bytes; the hang-up wakes the selector again
@@ -512,9 +508,9 @@ def test_waiting_for_sends_reads_the_peers_frames_so_late_receives_get_posted():
 
 
 def test_a_spare_buffer_is_reused_only_once_nobody_else_holds_it():
-    from runtime.comm.transport import _Spares
+    from runtime.comm.sockets import Spares
 
-    spares = _Spares()
+    spares = Spares()
     held = torch.full((64,), 1.0)
     spares.keep(held.untyped_storage())
     dropped = torch.full((64,), 2.0)
@@ -562,7 +558,7 @@ def _recycled(rank: int, port: int, out, body_bytes: int) -> None:
 
 @pytest.mark.parametrize("body_bytes", [0, 1 << 20], ids=["pre-posted", "bodies"])
 def test_buffers_the_executor_still_holds_are_never_received_into_again(body_bytes):
-    from runtime.comm.transport import PREPOSTED_DEPTH
+    from runtime.comm.frames import PREPOSTED_DEPTH
 
     # and however many messages a read takes at once, the slot keeps PREPOSTED_DEPTH receives, as the sender
     # counts them (CLOSE fills each with one byte)
@@ -575,7 +571,7 @@ def test_link_set_up_ignores_a_stranger_and_names_a_rank_that_never_connects(mon
     # a rank that never connects is named once the timeout is over.
     import struct
 
-    import runtime.comm.transport as tr
+    import runtime.comm.bootstrap as bootstrap
 
     def connect(port: int, who: list[bytes]) -> None:
         for greeting in who:
@@ -592,13 +588,13 @@ def test_link_set_up_ignores_a_stranger_and_names_a_rank_that_never_connects(mon
     monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
     monkeypatch.delenv("RRFP_SOCKET_ADDR", raising=False)
     links = {1: Link(1, 0, None, 0)}
-    monkeypatch.setattr(tr, "_gather_addresses", addresses([b"GET / HTTP", struct.pack("=q", 7),
+    monkeypatch.setattr(bootstrap, "_gather_addresses", addresses([b"GET / HTTP", struct.pack("=q", 7),
                                                             struct.pack("=q", 1)]))
-    tr._connect_links(0, {}, links, timeout=10)
+    bootstrap.connect_links(0, {}, links, timeout=10)
     assert links[1].sock is not None
     links[1].sock.close()
     links = {1: Link(1, 0, None, 0), 2: Link(2, 0, None, 0)}
-    monkeypatch.setattr(tr, "_gather_addresses", addresses([struct.pack("=q", 2)]))
+    monkeypatch.setattr(bootstrap, "_gather_addresses", addresses([struct.pack("=q", 2)]))
     with pytest.raises(TransportError, match=r"rank 0: no connection from rank\(s\) \[1\] within 1 s"):
-        tr._connect_links(0, {}, links, timeout=1)
+        bootstrap.connect_links(0, {}, links, timeout=1)
     links[2].sock.close()

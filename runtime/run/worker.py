@@ -115,7 +115,8 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         dist.init_process_group(backend, timeout=group_timeout, **_attempt_store(rank, world, group_timeout),
                                 **({"device_id": ctx.device} if backend == "nccl" else {}))
         from runtime.comm.grid import ProcessGrid, make_groups
-        from runtime.comm.transport import Transport, measure_clock_offset
+        from runtime.comm.clock import measure_clock_offset
+        from runtime.comm.transport import Transport
 
         if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
             ctx.control_group = dist.new_group(backend="gloo")
@@ -238,10 +239,10 @@ def _device_and_backend(config, local_rank: int, world: int):
 
 
 def _link_wire(backend: str) -> str:
-    """What a pipeline link runs over ([Note: dispatcher reads the sockets] in runtime.comm.transport)."""
+    """What a pipeline link runs over ([Note: dispatcher reads the sockets] in runtime.comm.sockets)."""
     if backend != "gloo":
         return backend
-    from runtime.comm.transport import BODY_BYTES
+    from runtime.comm.frames import BODY_BYTES
 
     return f"a TCP connection each (frames, payloads up to {BODY_BYTES >> 20} MiB) and gloo (larger payloads)"
 
@@ -842,7 +843,7 @@ def _report_stall(ctx: RankContext, seconds: float) -> bool:
 
 
 def _report_error(ctx: RankContext, err: BaseException) -> None:
-    from runtime.comm.transport import TransportError
+    from runtime.comm.errors import TransportError
 
     from hints.errors import Interrupted
 
