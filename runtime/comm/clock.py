@@ -1,14 +1,17 @@
 """One clock for every rank's times: the offset of this rank's monotonic clock to rank 0's.
 
 Traces, decisions and per-iteration timings are written on rank 0's clock. :func:`measure_clock_offset`
-measures each rank's offset by ping-pong: a collective over a group that moves CPU tensors, which imports
-torch when called. Times inside messages need no common clock (a NOTICE's are relative), except a
-DECISION's ``decided_ns``, which is on rank 0's.
+measures each rank's offset by ping-pong; :func:`clock_domain` decides which offset a rank applies
+([Note: one clock domain]: none on rank 0's host), :func:`choose_clock_offset` being that rule for one rank.
+Both are collectives over a group that moves CPU tensors; they import torch when called, so the rule
+itself is importable without it. Times inside messages need no common clock (a NOTICE's are relative),
+except a DECISION's ``decided_ns``, which is on rank 0's.
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 
 def measure_clock_offset(rank: int, world: int, rounds: int = 8, group=None) -> tuple[int, int]:
@@ -43,3 +46,39 @@ def measure_clock_offset(rank: int, world: int, rounds: int = 8, group=None) -> 
         if best is None or round_trip < best[1]:
             best = (offset, round_trip)
     return best[0], best[1] // 2
+
+
+def clock_domain(measured: tuple[int, int], group) -> tuple[int, int]:
+    """The offset to rank 0's clock that this rank applies, and its error bound.
+
+    [Note: one clock domain] Ranks on one host read the same monotonic clock
+    (same kernel boot: ``/proc/sys/kernel/random/boot_id``), so their offset
+    is exactly 0: applying the ping-pong's estimate there would only add its
+    error, and make messages arrive before they were sent. Across hosts the
+    measured offset is applied only when it exceeds its error bound. A
+    collective: every rank calls it.
+    """
+    import torch
+    import torch.distributed as dist
+
+    mine = torch.tensor([_boot_id()], dtype=torch.int64)
+    boots = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(boots, mine, group=group)
+    return choose_clock_offset(measured, mine.item(), boots[0].item())
+
+
+def choose_clock_offset(measured: tuple[int, int], boot: int, rank0_boot: int) -> tuple[int, int]:
+    """[Note: one clock domain] for one rank: its measured ``(offset, error)``, its boot and rank 0's."""
+    offset, error = measured
+    if boot != 0 and boot == rank0_boot:
+        return 0, 0
+    return (offset if abs(offset) > error else 0), error
+
+
+def _boot_id() -> int:
+    """This host's boot, as a 63-bit number (0 if unknown: then offsets are measured as across hosts)."""
+    try:
+        text = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        return int(text.replace("-", ""), 16) >> 65 or 1
+    except (OSError, ValueError):
+        return 0
