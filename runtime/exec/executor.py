@@ -270,7 +270,7 @@ class StageExecutor:
                                    f"arrived during iteration {iteration}")
             producer = self.graph.tid(arrival.producer)
             consumer = self.data_consumer[producer]
-            # take(): on CUDA the compute stream waits for the receive first ([Note: CUDA streams] in runtime.comm.links)
+            # take(): on CUDA the compute stream waits for the receive first ([Note: CUDA streams], comm/links.py)
             self.received[consumer] = tuple(t.to(self.device) for t in arrival.take())
             self.recorder.arrival(iteration, arrival)
             if self.forecast is not None:
