@@ -24,7 +24,7 @@ import torch
 from hints.tasks import F, Task
 from runtime.comm.errors import TransportError
 from runtime.comm.frames import INLINE_BYTES, PREPOSTED_DEPTH
-from runtime.comm.inbox import Notice
+from runtime.comm.inbox import Decided, Notice, Posted
 
 START_TIMEOUT = 120.0  # spawning two interpreters and importing torch on a loaded 2-core machine
 
@@ -328,6 +328,59 @@ def test_buffers_the_executor_still_holds_are_never_received_into_again(pair, bo
     # counts them (CLOSE fills each with one byte)
     expected = (True, True, PREPOSTED_DEPTH if body_bytes == 0 else None)
     assert pair.run(functools.partial(_recycled, body_bytes=body_bytes))[1][1] == expected
+
+
+def _describe(item) -> tuple:
+    """What the receiving test compares of an inbox item."""
+    if isinstance(item, Notice):
+        return ("N", item.producer.microbatch, item.firm)
+    if isinstance(item, Decided):
+        return ("decided", str(item.task), item.index, item.decided_ns)
+    if isinstance(item, Posted):
+        return ("posted", str(item.producer))
+    return ("D", item.producer.microbatch,
+            all(torch.equal(a, b) for a, b in zip(item.take(), _payload(item.producer.microbatch))))
+
+
+def _nccl_paths_on_gloo(rank: int):
+    # The NCCL side (runtime.comm.nccl's receiver thread, header-only frames, every tensor on the link's group)
+    # needs no GPU to run: a Transport whose Wire believes the backend is NCCL takes it on gloo, host tensors.
+    import threading
+
+    import torch.distributed as dist
+
+    get_backend = dist.get_backend
+    dist.get_backend = lambda group=None: "nccl"  # read once, when the transport builds its Wire
+    try:
+        transport = _pair_transport(rank)
+    finally:
+        dist.get_backend = get_backend
+    threads = sorted(t.name for t in threading.enumerate() if t.name.startswith("rrfp-"))
+    if rank == 0:
+        for microbatch in range(MESSAGES):
+            task = Task.parse(f"0F{microbatch}")
+            transport.notify(1, 0, task, 0.001 * microbatch, True)
+            transport.send(1, 0, task, _payload(microbatch))
+        transport.decide(1, 0, 3, Task.parse("0B2"), 123_456)
+        transport.posted(1, 0, Task.parse("0W1"))
+        transport.wait_sent(timeout=30)
+        result = (threads, [(s.sequence, s.producer.microbatch) for s in transport.take_sent()])
+    else:
+        got = []
+        while len(got) < 2 * MESSAGES + 2:
+            transport.inbox.wait(5.0)
+            got += transport.inbox.drain()
+        result = (threads, len(transport._readers), [_describe(item) for item in got])
+    return _finish(transport, result)
+
+
+def test_the_nccl_receiver_path_keeps_each_link_in_order_on_gloo(pair):
+    (_, (sender_threads, sent)), (_, (receiver_threads, socket_readers, got)) = pair.run(_nccl_paths_on_gloo)
+    assert sender_threads == ["rrfp-recv-1->0", "rrfp-send-0->1"]  # a receiver thread per incoming link
+    assert receiver_threads == ["rrfp-recv-0->1", "rrfp-send-1->0"] and socket_readers == 0  # no socket read
+    assert sent == [(2 + 2 * mb, mb) for mb in range(MESSAGES)]  # HELLO is 0; a notice, then the data
+    assert got == [item for mb in range(MESSAGES) for item in (("N", mb, True), ("D", mb, True))] + \
+        [("decided", "0B2", 3, 123_456), ("posted", "0W1")]
 
 
 # -- a dead peer: a pair of its own ------------------------------------------------------------------------------------
