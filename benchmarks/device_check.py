@@ -13,7 +13,7 @@
 3. NCCL: a one-rank run (two chunks on one GPU) through the NCCL backend, and
    a two-rank NCCL run, which needs one GPU per rank (a failure only where
    there are two GPUs; otherwise reported as what happened).
-4. Link streams ([Note: CUDA streams] in runtime/comm/transport.py): two ranks
+4. Link streams ([Note: CUDA streams] in runtime/comm/links.py): two ranks
    ping-pong CUDA tensors through the Transport, each reply computed from
    the message before it, while each rank's next receive is already posted.
    Before receives had their own streams this deadlocked under NCCL (the

@@ -34,7 +34,8 @@ from runtime.sched.arbiter import Decision
 from runtime.config import RunConfig
 from runtime.run.launch import launch
 from runtime.exec.recording import RecorderSetup, TaskSpan
-from runtime.comm.transport import Arrival, Sent
+from runtime.comm.inbox import Arrival
+from runtime.comm.links import Sent
 from runtime.run.worker import Job, WorkerOptions
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -20,12 +20,12 @@ until ``wait()``): a bare receiver thread that does blocking receives on a
 group of its own into a ready buffer and wakes the main thread through a
 ``queue.SimpleQueue``, no framing, no bookkeeping. The transport reads its
 frames on the dispatcher instead ([Note: dispatcher reads the sockets] in
-``runtime/comm/transport.py``), so it does not pay that hand-off.
+``runtime/comm/sockets.py``), so it does not pay that hand-off.
 
 ``--breakdown`` runs the transport path alone, rank 0 sending to rank 1, and
 times each step of a one-way message on the clock both ranks share
 (``time.monotonic_ns``, one host): the send call on the sender, in it the
-framing and writing (``_Wire.isend``) and the framing alone, the wire (the
+framing and writing (``Wire.isend``) and the framing alone, the wire (the
 send call's end to the receiver's first read of the message's bytes), the
 reading (from those first bytes until the message is listed for the
 dispatcher), and the rest of the dispatcher's ``wait``/``drain``. The steps
@@ -143,7 +143,7 @@ def worker(sizes: list[int], round_trips: int, rounds: int) -> dict[int, tuple[t
                    tuple(faults[size, name] / len(times[size, name]) for name in PATHS)) for size in sizes}
 
 
-STEPS = ("send call", "  of it: framing and writing (_Wire.isend)", "  of it: framing (_frame)",
+STEPS = ("send call", "  of it: framing and writing (Wire.isend)", "  of it: framing (pack_frame)",
          "wire (send returned -> first bytes read by the receiver)",
          "reading: first bytes read -> message listed", "dispatcher: listed -> drain returned", "one way, in all")
 
@@ -154,8 +154,10 @@ def breakdown_worker(size: int, messages: int) -> list[float]:
     import torch
     import torch.distributed as dist
 
-    import runtime.comm.transport as tr
+    import runtime.comm.links as links
+    import runtime.comm.sockets as sockets
     from hints.tasks import F, Task
+    from runtime.comm.transport import Transport
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -194,11 +196,11 @@ def breakdown_worker(size: int, messages: int) -> list[float]:
             return result
         return wrapper
 
-    tr._frame = timed(tr._frame, "frame")
-    tr._Wire.isend = timed(tr._Wire.isend, "isend")
-    tr._SocketReader._receive = received(tr._SocketReader._receive)
-    tr._SocketReader.read = listed(tr._SocketReader.read)
-    transport = tr.Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30)
+    links.pack_frame = timed(links.pack_frame, "frame")  # the name Wire.isend calls
+    links.Wire.isend = timed(links.Wire.isend, "isend")
+    sockets.SocketReader._receive = received(sockets.SocketReader._receive)
+    sockets.SocketReader.read = listed(sockets.SocketReader.read)
+    transport = Transport(rank, [(0, 1), (1, 0)], torch.device("cpu"), timeout=30)
     transport.start(timeout=30)
     payload, inbox = torch.zeros(size // 4), transport.inbox
     measuring[0] = True
@@ -286,7 +288,7 @@ def main() -> None:
         columns = [elastic_launch(config, breakdown_worker)(size, args.round_trips)[0] for size in sizes]
         for i, step in enumerate(STEPS):
             print(f"| {step} | " + " | ".join(f"{column[i]:.1f}" for column in columns) + " |")
-        from runtime.comm.transport import INLINE_BYTES
+        from runtime.comm.frames import INLINE_BYTES
 
         if any(size > INLINE_BYTES for size in sizes):
             print(f"\nA payload over {INLINE_BYTES} bytes follows its frame as a body: the receiver reads its first "

@@ -254,7 +254,7 @@ def test_nccl_is_chosen_per_node_from_local_world_size(monkeypatch):
 
 
 def test_one_host_is_one_clock_domain_and_offsets_below_their_error_are_not_applied():
-    from runtime.run.worker import _boot_id, choose_clock_offset
+    from runtime.comm.clock import _boot_id, choose_clock_offset
 
     assert _boot_id() > 0  # Linux: /proc/sys/kernel/random/boot_id
     assert choose_clock_offset((40_000, 25_000), boot=7, rank0_boot=7) == (0, 0)  # same host: exact

@@ -17,7 +17,8 @@ from profiler.trace.recorder import TraceRecorder, merge_run_traces
 from runtime.sched.arbiter import Decision
 from runtime.config import RunConfig
 from runtime.exec.recording import RecorderSetup, TaskSpan
-from runtime.comm.transport import Arrival, Sent
+from runtime.comm.inbox import Arrival
+from runtime.comm.links import Sent
 
 US = 1000  # ns per microsecond
 

@@ -76,7 +76,8 @@ from runtime.sched.arbiter import Arbiter
 from hints.deps import TaskGraph
 from runtime.exec.forecast import ArrivalForecast
 from runtime.exec.recording import NullRecorder, Recorder, TaskSpan
-from runtime.comm.transport import Arrival, Decided, Notice, Posted, Transport
+from runtime.comm.inbox import Arrival, Decided, Notice, Posted
+from runtime.comm.transport import Transport
 from runtime.workloads.base import Workload
 
 IDLE_POLL_SECONDS = 0.5  # how long the dispatcher sleeps on the inbox before re-checking faults
@@ -269,7 +270,7 @@ class StageExecutor:
                                    f"arrived during iteration {iteration}")
             producer = self.graph.tid(arrival.producer)
             consumer = self.data_consumer[producer]
-            # take(): on CUDA the compute stream waits for the receive first ([Note: CUDA streams] in transport)
+            # take(): on CUDA the compute stream waits for the receive first ([Note: CUDA streams], comm/links.py)
             self.received[consumer] = tuple(t.to(self.device) for t in arrival.take())
             self.recorder.arrival(iteration, arrival)
             if self.forecast is not None:

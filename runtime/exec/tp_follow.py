@@ -11,7 +11,7 @@ two members running different tasks would hang, or sum the wrong tensors.
     Member 0 of a group, the *leader*, decides with the group's arbiter (its
     ready set, the hint, the memory budget, the lookahead: everything of a
     pipeline-only rank). Before it runs the chosen task it posts one DECISION
-    message to each follower on a dedicated link (:mod:`runtime.comm.transport`:
+    message to each follower on a dedicated link (:mod:`runtime.comm.frames`:
     a header-only frame, task and index; no collective, nothing per poll).
     A follower's arbiter is a :class:`FollowerArbiter`: the leader's
     decisions, in order, are its order; it runs the next one as soon as that

@@ -153,7 +153,8 @@ def preflight(configs: list) -> None:
         check_factory(configs[0])
     _check_device(configs[0])
     if os.environ.get("RRFP_SOCKET_ADDR"):  # the address every rank on this host would listen on
-        from runtime.comm.transport import TransportError, check_socket_address
+        from runtime.comm.bootstrap import check_socket_address
+        from runtime.comm.errors import TransportError
 
         try:
             check_socket_address()

@@ -73,7 +73,8 @@ class ReadyPipeline:
         from runtime.exec.executor import StageExecutor
         from runtime.config import run_shape
         from runtime.run.plan import HintPlan, validate_run
-        from runtime.comm.transport import Transport, pipeline_links
+        from runtime.comm.links import pipeline_links
+        from runtime.comm.transport import Transport
 
         if not dist.is_initialized():
             raise UserError("call torch.distributed.init_process_group first (one process per pipeline rank)",

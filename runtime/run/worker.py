@@ -115,12 +115,13 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         dist.init_process_group(backend, timeout=group_timeout, **_attempt_store(rank, world, group_timeout),
                                 **({"device_id": ctx.device} if backend == "nccl" else {}))
         from runtime.comm.grid import ProcessGrid, make_groups
-        from runtime.comm.transport import Transport, measure_clock_offset
+        from runtime.comm.clock import clock_domain, measure_clock_offset
+        from runtime.comm.transport import Transport
 
         if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
             ctx.control_group = dist.new_group(backend="gloo")
         measured = measure_clock_offset(rank, world, group=ctx.control_group)
-        ctx.clock_offset_ns, ctx.clock_error_ns = _clock_domain(measured, ctx.control_group)
+        ctx.clock_offset_ns, ctx.clock_error_ns = clock_domain(measured, ctx.control_group)
         ctx.grid = ProcessGrid.of(config, rank)
         links = ctx.grid.links([pair for job in jobs for pair in _job_links(job.config)])
         _log_links(ctx, backend, links)
@@ -168,42 +169,6 @@ def _attempt_store(rank: int, world: int, timeout) -> dict[str, Any]:
     return {"store": dist.PrefixStore(f"rrfp/attempt_{attempt}", agent), "rank": rank, "world_size": world}
 
 
-def _clock_domain(measured: tuple[int, int], group) -> tuple[int, int]:
-    """The offset to rank 0's clock that this rank applies, and its error bound.
-
-    [Note: one clock domain] Ranks on one host read the same monotonic clock
-    (same kernel boot: ``/proc/sys/kernel/random/boot_id``), so their offset
-    is exactly 0: applying the ping-pong's estimate there would only add its
-    error, and make messages arrive before they were sent. Across hosts the
-    measured offset is applied only when it exceeds its error bound. A
-    collective: every rank calls it.
-    """
-    import torch
-    import torch.distributed as dist
-
-    mine = torch.tensor([_boot_id()], dtype=torch.int64)
-    boots = [torch.empty_like(mine) for _ in range(dist.get_world_size())]
-    dist.all_gather(boots, mine, group=group)
-    return choose_clock_offset(measured, mine.item(), boots[0].item())
-
-
-def choose_clock_offset(measured: tuple[int, int], boot: int, rank0_boot: int) -> tuple[int, int]:
-    """[Note: one clock domain] for one rank: its measured ``(offset, error)``, its boot and rank 0's."""
-    offset, error = measured
-    if boot != 0 and boot == rank0_boot:
-        return 0, 0
-    return (offset if abs(offset) > error else 0), error
-
-
-def _boot_id() -> int:
-    """This host's boot, as a 63-bit number (0 if unknown: then offsets are measured as across hosts)."""
-    try:
-        text = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-        return int(text.replace("-", ""), 16) >> 65 or 1
-    except (OSError, ValueError):
-        return 0
-
-
 def _job_graph(config):
     """The dependency graph of a job's shape (the links come from it, as every message does)."""
     from hints.deps import TaskGraph
@@ -238,10 +203,10 @@ def _device_and_backend(config, local_rank: int, world: int):
 
 
 def _link_wire(backend: str) -> str:
-    """What a pipeline link runs over ([Note: dispatcher reads the sockets] in runtime.comm.transport)."""
+    """What a pipeline link runs over ([Note: dispatcher reads the sockets] in runtime.comm.sockets)."""
     if backend != "gloo":
         return backend
-    from runtime.comm.transport import BODY_BYTES
+    from runtime.comm.frames import BODY_BYTES
 
     return f"a TCP connection each (frames, payloads up to {BODY_BYTES >> 20} MiB) and gloo (larger payloads)"
 
@@ -844,7 +809,7 @@ def _report_stall(ctx: RankContext, seconds: float) -> bool:
 
 
 def _report_error(ctx: RankContext, err: BaseException) -> None:
-    from runtime.comm.transport import TransportError
+    from runtime.comm.errors import TransportError
 
     from hints.errors import Interrupted
 
