@@ -145,7 +145,7 @@ class HintOrder:
     def cost_ranked(self) -> bool:
         return self.microbatches == "cost-ranked"
 
-    def hint_ranks(self, rank: int) -> dict[Task, int]:
+    def hint_positions(self, rank: int) -> dict[Task, int]:
         """Task -> position in ``rank``'s order (lower runs earlier)."""
         return {task: pos for pos, task in enumerate(self.orders[rank])}
 

@@ -295,7 +295,7 @@ def decisions_command(
     limit: Annotated[int, typer.Option("--limit", min=1, help="At most N rows.")] = 50,
     json_mode: JsonFlag = False,
 ) -> None:
-    """The arbiter's decisions: ready set with hint ranks, the choice, the hint head it skipped."""
+    """The arbiter's decisions: ready set with hint positions, the choice, the hint head it skipped."""
     import polars as pl
 
     def answer(frames):
@@ -318,7 +318,7 @@ def decisions_command(
             "held_back")
         return {"total": total, "decisions": frame.to_dicts()}, lambda console: _table(
             console, shown, f"{len(frame)} of {total} decisions (waited: ms since the rank began to wait; first "
-            f"ready: up to 4 of the ready set, @ hint rank)", keys=("rank", "iteration"))
+            f"ready: up to 4 of the ready set, @ hint position)", keys=("rank", "iteration"))
 
     _answer(run, Output(json_mode), answer, iteration, iterations)
 

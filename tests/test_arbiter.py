@@ -104,7 +104,7 @@ def test_ready_picks_the_lowest_hint_rank_and_records_the_skip():
     assert decision.time == 1.5 and decision.rank == 1
     assert decision.head == Task.parse("1F0")  # skipped: its input has not arrived
     assert [str(t) for t, _ in decision.ready] == ["1F1", "1F2"]
-    assert decision.hint_rank == 2 and decision.in_flight == 1
+    assert decision.hint_position == 2 and decision.in_flight == 1
 
 
 def test_ready_holds_back_admissions_over_budget():

@@ -151,7 +151,7 @@ def test_follower_runs_decisions_in_order_once_inputs_arrive():
     assert (decision.index, decision.leader_ns, decision.decision_arrived_ns) == (0, 5, 7)
     with pytest.raises(RuntimeError, match="expected 1"):
         follower.follow(2, Task.parse("1F1"))
-    with pytest.raises(RuntimeError, match="task of stage rank 0"):
+    with pytest.raises(RuntimeError, match="task of pipeline rank 0"):
         follower.follow(1, Task.parse("0F1"))
 
 

@@ -37,7 +37,7 @@ def follow_latency(frames: TraceFrames) -> tuple[pl.DataFrame, pl.DataFrame]:
     rows = []
     for (rank,), group in decisions.group_by(["rank"], maintain_order=True):
         first = group.row(0, named=True)
-        row = {"rank": rank, "stage_rank": first["pipe_rank"], "tp_rank": first["tp_rank"],
+        row = {"rank": rank, "pipe_rank": first["pipe_rank"], "tp_rank": first["tp_rank"],
                "dp_rank": first["dp_rank"], "decisions": group.height}
         if first["tp_rank"] == 0:
             announce = group.get_column("announce_ns")
@@ -53,12 +53,12 @@ def follow_latency(frames: TraceFrames) -> tuple[pl.DataFrame, pl.DataFrame]:
                     row["follow_p90_us"] = column.quantile(0.9) / 1e3
             row["input_lag_us"] = lag.get(rank)
         rows.append(row)
-    columns = {"rank": pl.Int64, "stage_rank": pl.Int64, "tp_rank": pl.Int64, "dp_rank": pl.Int64,
+    columns = {"rank": pl.Int64, "pipe_rank": pl.Int64, "tp_rank": pl.Int64, "dp_rank": pl.Int64,
                "decisions": pl.Int64, "announce_us": pl.Float64, "announce_p90_us": pl.Float64,
                "announce_share": pl.Float64, "follow_us": pl.Float64, "follow_p90_us": pl.Float64,
                "delivery_us": pl.Float64, "after_arrival_us": pl.Float64, "input_lag_us": pl.Float64}
     per_rank = pl.DataFrame(rows, schema=columns) if rows else pl.DataFrame(schema=columns)
-    return per_decision, per_rank.sort("dp_rank", "stage_rank", "tp_rank")
+    return per_decision, per_rank.sort("dp_rank", "pipe_rank", "tp_rank")
 
 
 def _input_lag(frames: TraceFrames) -> dict[int, float]:

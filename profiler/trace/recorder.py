@@ -362,7 +362,7 @@ class _PacketWriter:
     def _decision(self, event: tuple, offset: int) -> None:
         _, waited_from, now, d, iteration = event
         track = track_uuid(self.rank, "decisions")
-        values = {"iteration": iteration, "hint_rank": d.hint_rank,
+        values = {"iteration": iteration, "hint_rank": d.hint_position,
                   "skipped": str(d.head) if d.head is not None else None,
                   "ready": " ".join(f"{t}@{h}" for t, h in d.ready),
                   "held_back": " ".join(map(str, d.held_back)) or None, "in_flight": d.in_flight,

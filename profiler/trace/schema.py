@@ -16,7 +16,7 @@ track                  events
                        tokens), ``images`` (multimodal)
 ``decisions``          one slice per arbiter decision, from the moment the
                        rank became idle to the decision, named by the chosen
-                       task; ``hint_rank``, ``skipped`` (the hint head it
+                       task; ``hint_rank`` (its hint position), ``skipped`` (the hint head it
                        skipped), ``ready`` (``task@hint_rank`` list),
                        ``held_back`` (admissions the budget held back),
                        ``deferred`` (a better-ranked ready backward the

@@ -112,8 +112,8 @@ class ProcessGrid:
                 for d in range(self.dp) for pipe in range(self.pp) for t in range(1, self.tp)]
 
     def describe(self) -> str:
-        """``stage rank 1, tp 0/2, dp 1/2``: this process's coordinates, for logs."""
-        return f"stage rank {self.pipe_rank}, tp {self.tp_rank}/{self.tp}, dp {self.dp_rank}/{self.dp}"
+        """``pipeline rank 1, tp 0/2, dp 1/2``: this process's coordinates, for logs."""
+        return f"pipeline rank {self.pipe_rank}, tp {self.tp_rank}/{self.tp}, dp {self.dp_rank}/{self.dp}"
 
 
 @dataclass

@@ -97,7 +97,7 @@ class FollowerArbiter(Arbiter):
             raise RuntimeError(f"rank {self.rank}: leader decision {index} arrived, expected {self.followed}")
         tid = self.graph.tid(task)
         if self.graph.rank[tid] != self.rank:
-            raise RuntimeError(f"rank {self.rank}: the leader decided {task}, a task of stage rank "
+            raise RuntimeError(f"rank {self.rank}: the leader decided {task}, a task of pipeline rank "
                                f"{self.graph.rank[tid]}")
         self.followed += 1
         self.pending.append((index, tid, decided_ns, arrived_ns))

@@ -121,9 +121,9 @@ class Decision(NamedTuple):
     time: float
     rank: int
     chosen: Task
-    hint_rank: int
+    hint_position: int  # the chosen task's position in this rank's hint order
     head: Task | None  # the lowest-ranked task not yet started, when the choice skipped it
-    ready: tuple[tuple[Task, int], ...]  # runnable tasks and their hint ranks, chosen included
+    ready: tuple[tuple[Task, int], ...]  # runnable tasks and their hint positions, chosen included
     held_back: tuple[Task, ...]  # input-ready admissions the memory budget held back
     in_flight: int  # microbatch-chunks in flight once the chosen task started
     deferred: Task | None = None  # a better-ranked ready task the lookahead passed over ([Note: lookahead admission])
@@ -142,8 +142,8 @@ Estimates = Sequence[float | None]  # task id -> expected seconds (None: not kno
 class Arbiter:
     """Dependency counting, the ready set and memory accounting for one rank; subclasses choose.
 
-    Tasks of the rank are numbered by hint rank ``h`` (position in the rank's
-    order). The ready set is two binary heaps of hint ranks: admissions
+    Tasks of the rank are numbered by hint position ``h`` (position in the rank's
+    order). The ready set is two binary heaps of hint positions: admissions
     (chunk-0 forwards, which need ``v`` free slots) and everything else, so a
     rule finds the best-ranked candidate of each in O(1) and starts it in
     O(log n).
@@ -169,7 +169,7 @@ class Arbiter:
         self.estimates = estimates
         tids = graph.ids(self.order)
         self.tids = tids
-        # position[task id] = hint rank of that task in its own rank's order. Every task belongs to one
+        # position[task id] = hint position of that task in its own rank's order. Every task belongs to one
         # rank, so the simulator shares one list between all arbiters, each filling in its own tasks.
         if positions is None:
             positions = [0] * len(graph)
@@ -184,17 +184,17 @@ class Arbiter:
         # entries that stay in cache, where a read of a task-sized list is a cache miss at scale.
         self._block_admits, self._block_frees = graph.block_admits, graph.block_frees
         self._block_forward = graph.block_forward
-        # Per hint rank.
+        # Per hint position.
         self.unmet = list(map(graph.prereq_count.__getitem__, tids))
         self.started = [False] * len(tids)  # (lists, not bytearrays: list stores are the interpreter's fast path)
         self._running: int | None = None  # the task id started last and not finished (its rank runs one at a time)
-        self._head = 0  # no hint rank below this one is left to start (see head)
+        self._head = 0  # no hint position below this one is left to start (see head)
         self.finished = 0
         self.in_flight = 0
         self.peak_in_flight = 0
         self.reserved = 0
         self.decisions: list[Decision] | None = [] if record else None
-        # The ready set: input-ready tasks not yet started (held-back admissions included), as hint ranks.
+        # The ready set: input-ready tasks not yet started (held-back admissions included), as hint positions.
         ready = list(compress(range(len(tids)), map(not_, self.unmet)))
         self._others = [h for h in ready if not self._admits[tids[h]]]  # ascending lists are heaps
         self._admissions = [h for h in ready if self._admits[tids[h]]]
@@ -205,7 +205,7 @@ class Arbiter:
 
     @property
     def head(self) -> int:
-        """The lowest hint rank not yet started (``len(order)`` once all started)."""
+        """The lowest hint position not yet started (``len(order)`` once all started)."""
         head, started = self._head, self.started
         end = len(started)
         while head < end and started[head]:  # moves up only: O(1) amortized
@@ -320,7 +320,7 @@ class Arbiter:
 
     # -- internals -------------------------------------------------------
     def _start(self, h: int) -> int:
-        """Start the ready task of hint rank ``h``, already taken off its heap; returns its task id."""
+        """Start the ready task of hint position ``h``, already taken off its heap; returns its task id."""
         self.started[h] = True
         tid = self._running = self.tids[h]
         block = tid // self._block_size
@@ -345,7 +345,7 @@ class Arbiter:
                 time=now,
                 rank=self.rank,
                 chosen=order[h],
-                hint_rank=h,
+                hint_position=h,
                 head=skipped,
                 ready=tuple((order[x], x) for x in sorted(ready_hs)),
                 held_back=tuple(order[x] for x in sorted(held_hs)),
@@ -362,7 +362,7 @@ class FixedArbiter(Arbiter):
         h = self.head
         if h >= len(self.tids) or self.unmet[h]:
             return None
-        # The head is the lowest not-started hint rank, so when it is ready it tops its heap.
+        # The head is the lowest not-started hint position, so when it is ready it tops its heap.
         others, admissions = self._others, self._admissions
         if self.decisions is not None:
             self._record(now, h, others + admissions, ())
@@ -370,7 +370,7 @@ class FixedArbiter(Arbiter):
 
 
 class ReadyArbiter(Arbiter):
-    """The ready task with the lowest hint rank, within the memory budget (the ``greedy`` rule)."""
+    """The ready task with the lowest hint position, within the memory budget (the ``greedy`` rule)."""
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -407,7 +407,7 @@ class LookaheadArbiter(ReadyArbiter):
         super().__init__(*args, **kwargs)
         if self.estimates is None:
             raise ValueError("the lookahead rule needs duration estimates")
-        # Per hint rank of a forward not yet input-ready, the predicted arrival of its input (or None).
+        # Per hint position of a forward not yet input-ready, the predicted arrival of its input (or None).
         self._eta: list[float | None] = [None] * len(self.tids)  # its producer started
         self._eta_relayed: list[float | None] = [None] * len(self.tids)  # its producer's own input is on its way
 
@@ -431,7 +431,7 @@ class LookaheadArbiter(ReadyArbiter):
             self._eta_relayed[h] = eta
 
     def prediction_slots(self) -> tuple[list[int], list[float | None], list[float | None]]:
-        """``(unmet, firm, relayed)`` per hint rank: what the two methods above read and write, for a caller
+        """``(unmet, firm, relayed)`` per hint position: what the two methods above read and write, for a caller
         that writes them inline, by the same rule (the simulator: [Note: inlined predictions])."""
         return self.unmet, self._eta, self._eta_relayed
 

@@ -8,10 +8,10 @@ Rules (:data:`RULES`, the one table every other module derives from):
     order itself decides memory); this is the baseline every speedup is
     measured against.
 ``greedy`` (policy ``ready``, ``--lookahead off``)
-    Readiness-first: among the ready tasks, the one with the lowest hint rank
-    (position in the rank's hint order). A forward that the memory budget
+    Readiness-first: among the ready tasks, the one with the lowest hint
+    position (its place in the rank's hint order). A forward that the memory budget
     cannot take is not ready. Each decision is O(log n) in the ready-set size:
-    two binary heaps keyed by hint rank, one for admissions and one for
+    two binary heaps keyed by hint position, one for admissions and one for
     everything else.
 ``lookahead`` (policy ``ready``, ``--lookahead on``)
     ``greedy`` plus [Note: lookahead admission] (:mod:`runtime.sched.arbiter`): do not start a backward that
@@ -152,7 +152,7 @@ def make_arbiter(
 ) -> Arbiter:
     """Build the arbiter of ``rule`` (see :func:`as_rule`) for ``rank``.
 
-    ``budget`` is that rank's slot count. ``positions`` (task id -> hint rank) may be one list shared
+    ``budget`` is that rank's slot count. ``positions`` (task id -> hint position) may be one list shared
     by the arbiters of all ranks of one process (the simulator); each arbiter fills in its own tasks.
     ``estimates`` (task id -> expected seconds) is needed by the lookahead rule.
     """
