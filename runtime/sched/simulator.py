@@ -208,7 +208,7 @@ class SimResult:
 def simulate(
     hint: HintOrder,
     durations: Durations | tuple[Compute, Transfer],
-    policy: ArbiterRule | Policy | str = Policy.FIXED,
+    rule: ArbiterRule | Policy | str = "fixed",
     budget: MemoryBudget | Sequence[int] | None = None,
     record: bool = False,
     graph: TaskGraph | None = None,
@@ -216,7 +216,8 @@ def simulate(
     estimates: tuple[Compute, Transfer] | None = None,
     p2p: str = "async",
 ) -> SimResult:
-    """Run ``hint`` under ``policy`` (a rule or its name, see :func:`runtime.sched.rules.as_rule`) on ``durations``.
+    """Run ``hint`` under ``rule`` (a rule, its name, or the policy ``ready`` for greedy: see
+    :func:`runtime.sched.rules.as_rule`) on ``durations``.
 
     ``durations`` is a :class:`Durations` table or, per task id of ``graph``,
     ``(compute seconds, latency of the message it sends)``. ``budget`` applies
@@ -227,7 +228,7 @@ def simulate(
     :meth:`Durations.expected`. ``p2p="blocking"`` (the ``fixed`` rule only)
     runs [Note: blocking p2p]; decisions are not recorded then.
     """
-    rule = as_rule(policy)
+    rule = as_rule(rule)
     check_p2p(p2p, rule)
     if p2p == "blocking" and record:
         raise ValueError("blocking p2p replays the order without an arbiter: there are no decisions to record")
