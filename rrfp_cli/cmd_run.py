@@ -129,8 +129,11 @@ def _parse_delays(items: list[str]) -> dict[str, float]:
 
 
 def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = None) -> None:
-    from runtime.run.launch import RunFailed, launch, preflight, under_torchrun
+    from runtime.run.launch import RunFailed, launch, preflight, start_fork_server, under_torchrun
     from runtime.run.worker import Job, WorkerOptions
+
+    if not under_torchrun():
+        start_fork_server()  # its imports (torch, ...) overlap this process's own checks and imports
 
     # [Note: equal memory] in runtime.sched.evaluate: the speedup over fixed 1F1B mixes what the hint's
     # structure gives with what readiness adds; the same hint in fixed order separates the two. The
