@@ -317,12 +317,12 @@ def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: "Watc
     ctx.transport.latency = noise.latency
     executor = StageExecutor(
         pipe, graph, workload, modules, SliceTransport(ctx.transport, grid), ctx.device,
-        recorder=_Tracking(recorder, ctx), delay=noise.extra, fail_at=config.fault("fail_at"),
-        hang_at=config.fault("hang_at"), progress=watchdog.progress, lookahead=rule.lookahead and grid.is_leader,
+        recorder=_Tracking(recorder, ctx), progress=watchdog.progress, lookahead=rule.lookahead and grid.is_leader,
         blocking=config.p2p == "blocking",
     )
     ctx.executor = executor
     reducer = _gradient_reducer(ctx, modules, shape, executor)
+    _install_injections(executor, config, noise)
     bar = _ProgressBar(job, config) if ctx.rank == 0 and options.show_progress else None
     rows, losses, first = [], [], {}
     metrics = MetricsLog(out_dir, resume_at=start) if ctx.rank == 0 else None
@@ -502,8 +502,23 @@ def _gradient_reducer(ctx: RankContext, modules: dict, shape, executor):
     from runtime.run.dp import GradientReducer
 
     reducer = GradientReducer(modules, ctx.groups.dp, ctx.grid.dp, shape.microbatches)
-    reducer.install(executor, shape.split_backward)
+    reducer.install(executor.handlers, shape.split_backward)
     return reducer
+
+
+def _install_injections(executor, config, noise) -> None:
+    """Wrap every handler with the injected delays (``--delay``, noise on real workloads) and, when asked for,
+    the injected faults (``--fail-at``, ``--hang-at``).
+
+    Installed after data parallelism's wrapper and in this order, so a task runs: the fault check, its
+    computation (and the reducer's count), then the sleep.
+    """
+    from runtime.exec.handlers import delay_after, inject_faults
+
+    executor.handlers.wrap(delay_after(noise.extra), "delay")
+    fail_at, hang_at = config.fault("fail_at"), config.fault("hang_at")
+    if fail_at is not None or hang_at is not None:
+        executor.handlers.wrap(inject_faults(fail_at, hang_at), "fault")
 
 
 def _gather_summaries(world: int, result, group, clock_offset_ns: int = 0, reduced=None) -> list[dict[str, Any]]:
