@@ -18,7 +18,7 @@
     from outside, and they always come with reports, so they are ranked
     after it. Among reports: a raised error, then a stall inside a task, then
     any stall, then transport errors; ties by time. Where a silent rank was
-    comes from its status file (``runtime.run.worker.StatusBoard``). The agent
+    comes from its status file (``runtime.run.health.StatusBoard``). The agent
     names only the first process it finds exited, so ranks that fail with a
     report wait a second before exiting (:func:`_elastic_worker`): a rank
     that died outright is always the one the agent sees.
@@ -48,7 +48,8 @@ from typing import Any
 
 from hints.errors import Interrupted, UserError
 from runtime.config import is_factory_path
-from runtime.run.worker import STALL_EXIT_CODE, Job, StatusBoard, WorkerOptions, worker_main
+from runtime.run.health import STALL_EXIT_CODE, StatusBoard
+from runtime.run.worker import Job, WorkerOptions, worker_main
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
