@@ -1,7 +1,9 @@
 """Variability injected into a run: a sleep after each task's compute, and a latency per message.
 
 The noise model is :mod:`runtime.durations.variability`'s (mean-one lognormal
-jitter, stragglers, transfer latency with lognormal jitter), drawn from one
+jitter, stragglers, transfer latency with lognormal jitter), drawn here through
+its own functions (:func:`~runtime.durations.variability.task_noise`,
+:func:`~runtime.durations.variability.transfer_latencies`) from one
 ``random.Random`` per rank, seeded from ``(--seed, rank)``: a seed gives the
 same draws, in the order the rank runs its tasks and sends its messages. A
 checkpoint saves that generator's state (``"noise"``, :mod:`runtime.run.checkpoint`).
@@ -23,6 +25,7 @@ from __future__ import annotations
 import random
 
 from hints.tasks import Task
+from runtime.durations.variability import task_noise, transfer_latencies
 from runtime.workloads.base import mix_seed
 
 NOISE_SEED_SALT = 104729  # the injected-noise stream of a rank: mix_seed(seed, NOISE_SEED_SALT, rank)
@@ -45,11 +48,7 @@ class NoiseInjector:
         if self.emulated:
             return extra
         c = self.config
-        factor = 1.0
-        if c.jitter > 0:
-            factor *= self.rng.lognormvariate(-c.jitter * c.jitter / 2, c.jitter)
-        if c.straggler_prob > 0 and self.rng.random() < c.straggler_prob:
-            factor *= c.straggler_slowdown
+        factor = task_noise([1.0], self.rng.random, c.jitter, c.straggler_prob, c.straggler_slowdown)[0]
         return extra + max(0.0, elapsed * (factor - 1.0))
 
     def latency(self, dst: int, producer: Task) -> float:
@@ -59,8 +58,4 @@ class NoiseInjector:
             sends = table.send_forward if producer.kind.value == "F" else table.send_backward
             return sends[producer.stage][producer.microbatch]
         c = self.config
-        if c.comm_latency <= 0:
-            return 0.0
-        if c.comm_jitter > 0:
-            return c.comm_latency * self.rng.lognormvariate(-c.comm_jitter ** 2 / 2, c.comm_jitter)
-        return c.comm_latency
+        return transfer_latencies(1, self.rng.random, c.comm_latency, c.comm_jitter)[0]
