@@ -11,7 +11,7 @@
 * :func:`report_error`: a rank that raises (or is interrupted) writes ``failures/rank<r>-error.json``.
 * :func:`step_allowed` and :class:`NonFiniteLoss`: [Note: non-finite losses].
 
-:mod:`runtime.run.launch` reads these files and names the root cause of a failed run.
+:mod:`runtime.run.diagnose` reads these files and names the root cause of a failed run.
 """
 
 from __future__ import annotations

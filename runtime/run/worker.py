@@ -13,7 +13,7 @@ beside it in :mod:`runtime.run`:
 * :mod:`runtime.run.health`: where the rank is (``status/rank<r>``), the
   watchdog, the failure reports (``failures/rank<r>-error.json``,
   ``-stall.json``) and non-finite losses. The launcher turns these files into
-  one message naming the root cause (:mod:`runtime.run.launch`).
+  one message naming the root cause (:mod:`runtime.run.diagnose`).
 * :mod:`runtime.run.metrics`: the job's inputs and per-iteration metrics on disk.
 * :mod:`runtime.run.noise`: injected jitter, stragglers, latencies and ``--delay``.
 * :mod:`runtime.run.collect`: the results a job hands back (what tests compare).
