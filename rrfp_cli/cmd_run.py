@@ -259,7 +259,7 @@ def _keep_what_finished(jobs, config: RunConfig) -> str:
     Returns what was kept, a line per job, for the message. Under ``torchrun`` only rank 0 does this.
     """
     from runtime.run.launch import under_torchrun
-    from runtime.run.worker import salvage_metrics
+    from runtime.run.metrics import salvage_metrics
 
     if under_torchrun() and os.environ.get("RANK") != "0":
         return ""

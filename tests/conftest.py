@@ -95,7 +95,7 @@ def alive(pid: int) -> bool:
 
 def live_ranks(run: Path) -> list[int]:
     """The ranks of a run directory whose processes still run (from their status files' pids)."""
-    from runtime.run.worker import StatusBoard
+    from runtime.run.health import StatusBoard
 
     boards = sorted((run / "status").glob("rank*"))
     assert boards, f"no status files in {run}"

@@ -21,8 +21,10 @@ import polars as pl
 import pytest
 
 from runtime.config import RunConfig
-from runtime.run.launch import diagnose, free_port
-from runtime.run.worker import StatusBoard, Watchdog, salvage_metrics
+from runtime.run.diagnose import diagnose
+from runtime.run.health import StatusBoard, Watchdog
+from runtime.run.launch import free_port
+from runtime.run.metrics import salvage_metrics
 from tests.conftest import REPO, _INHERITED, alive, run_rrfp
 
 LONG_RUN = ("run", "--workload", "emulated", "-p", "3", "-m", "6", "--forward-time", "0.004", "--iters", "400")

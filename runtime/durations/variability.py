@@ -488,6 +488,26 @@ def _noisy(bases: list[float], draw, mu: float, sigma: float, prob: float, slowd
     return out
 
 
+def task_noise(bases: list[float], draw, jitter: float, straggler_prob: float,
+               straggler_slowdown: float) -> list[float]:
+    """The task noise of the module docstring on each of ``bases``: times a mean-one lognormal with log-sd
+    ``jitter``, then ``straggler_slowdown`` times with probability ``straggler_prob``.
+
+    ``draw`` is a ``random.Random``'s ``random``; per base, the jitter's draws, then the straggler's (none
+    for a knob at 0). The model's one writing: :func:`sample_durations` and the runtime's injected noise on
+    real workloads (:mod:`runtime.run.noise`) both draw through it.
+    """
+    return _noisy(bases, draw, -jitter * jitter / 2.0, jitter, straggler_prob, straggler_slowdown)
+
+
+def transfer_latencies(count: int, draw, comm_latency: float, comm_jitter: float) -> list[float]:
+    """``count`` transfer latencies: ``comm_latency`` times a mean-one lognormal with log-sd ``comm_jitter``
+    (no draw when the latency or the jitter is 0). ``draw`` as for :func:`task_noise`."""
+    if comm_latency == 0:
+        return [0.0] * count
+    return _noisy([comm_latency] * count, draw, -comm_jitter ** 2 / 2.0, comm_jitter, 0.0, 1.0)
+
+
 def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -> Durations:
     """Sample every task's duration and every transfer's latency for ``shape`` under ``model``."""
     stages, m = shape.stages, shape.microbatches
@@ -502,15 +522,10 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
     # task.
 
     def noisy(bases: list[float]) -> list[float]:
-        jitter = model.jitter
-        return _noisy(bases, noise.random, -jitter * jitter / 2.0, jitter, model.straggler_prob,
-                      model.straggler_slowdown)
+        return task_noise(bases, noise.random, model.jitter, model.straggler_prob, model.straggler_slowdown)
 
     def latencies(count: int) -> list[float]:
-        if model.comm_latency == 0:
-            return [0.0] * count
-        return _noisy([model.comm_latency] * count, comm.random, -model.comm_jitter ** 2 / 2.0, model.comm_jitter,
-                      0.0, 1.0)
+        return transfer_latencies(count, comm.random, model.comm_latency, model.comm_jitter)
 
     rows, row_of = _stage_cost_rows(model, specs, stages)
     forward_bases = [[per_stage * cost for cost in row] for row in rows]

@@ -48,7 +48,7 @@ iteration ``step``). It holds the files of ``torch.distributed.checkpoint``
     (rank 0 clears them before the first iteration of the next attempt).
     Checkpoints are written after the end-of-iteration all-gather, which no
     rank passes when the loss was NaN or infinite ([Note: non-finite losses]
-    in :mod:`runtime.run.worker`), so no checkpoint holds a step taken on one.
+    in :mod:`runtime.run.health`), so no checkpoint holds a step taken on one.
 
 :func:`check_resumable` runs before any rank starts: it refuses a directory
 without a checkpoint, or a checkpoint of another shape (stages, chunks,

@@ -4,13 +4,14 @@ With ``--dp N`` the whole pipeline runs N times (replicas, :class:`runtime.comm.
 share of the data (:class:`runtime.workloads.base.Workload` ``replica``). Every stage's gradients must be the
 mean over the replicas before the optimizer step, and a stage's gradients are final as soon as its *last*
 gradient-writing task of the iteration has run (``B``; ``W`` when backwards are split; ``m`` of them per
-stage). :class:`GradientReducer` counts them per stage, through a wrapper around the executor's ``B`` and
-``W`` handlers (the executor's handler table is the seam: the loop does not change), and at the last one
-launches asynchronous ``torch.distributed.all_reduce`` calls on the stage's DP group, one per *bucket*
-(the stage's gradients flattened in reverse registration order into buckets of about ``bucket_bytes``, as
-DDP's reducer does). They run on the backend's threads while this rank's remaining backwards (other chunks'
-stages) and the other ranks' drain go on; :meth:`GradientReducer.finish`, after the rank's last task,
-waits for them, divides by N and writes the gradients back.
+stage). :class:`GradientReducer` counts them per stage, through a wrapper around the executor's ``B`` or
+``W`` handler (installed with :meth:`runtime.exec.handlers.HandlerTable.wrap`, the table's one seam: the loop
+does not change), and at the last one launches asynchronous ``torch.distributed.all_reduce`` calls on the
+stage's DP group, one per *bucket* (the stage's gradients flattened in reverse registration order into
+buckets of about ``bucket_bytes``, as DDP's reducer does). They run on the backend's threads while this
+rank's remaining backwards (other chunks' stages) and the other ranks' drain go on;
+:meth:`GradientReducer.finish`, after the rank's last task, waits for them, divides by N and writes the
+gradients back.
 
 Why not DDP itself: DDP's reducer fires from autograd hooks on ``loss.backward()`` over one module, and
 needs ``no_sync`` for all but the last microbatch; a pipeline stage runs ``m`` backwards in an order the
@@ -26,12 +27,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
-
 import torch
 import torch.distributed as dist
 
 from hints.tasks import B, W, Task
+from runtime.exec.handlers import Handler, HandlerTable
 
 BUCKET_BYTES = 1 << 18
 
@@ -62,22 +62,19 @@ class GradientReducer:
         self.left = {stage: self.microbatches for stage in self.buckets}
         self.pending, self.launched_ns = [], None
 
-    def wrap(self, handler: Callable, writes_grads: bool) -> Callable:
-        """``handler`` (an executor handler), counting the stage's gradient-writing tasks when ``writes_grads``."""
-        if not writes_grads:
-            return handler
+    def counting(self, handler: Handler) -> Handler:
+        """``handler`` (a gradient-writing one), then count its task towards its stage's reduction."""
 
-        def counted(task: Task, tid: int):
-            outputs = handler(task, tid)
+        def counted(iteration: int, task: Task, tid: int):
+            outputs = handler(iteration, task, tid)
             self.task_done(task)
             return outputs
 
         return counted
 
-    def install(self, executor, split: bool) -> None:
-        """Wrap the executor's gradient-writing handlers: ``W`` when backwards are split, else ``B``."""
-        for kind in (B, W):
-            executor.handlers[kind] = self.wrap(executor.handlers[kind], writes_grads=(kind is W) == split)
+    def install(self, handlers: HandlerTable, split: bool) -> None:
+        """Wrap the executor's gradient-writing handler: ``W`` when backwards are split, else ``B``."""
+        handlers.wrap(self.counting, "dp", kinds=(W if split else B,))
 
     def task_done(self, task: Task) -> None:
         self.left[task.stage] -= 1

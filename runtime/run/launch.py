@@ -9,19 +9,8 @@
   ``elastic_launch`` (c10d rendezvous on a free local port, no restarts). If
   any rank fails, the elastic agent stops the others at once; we then read
   the ranks' failure reports (``failures/rank<r>-*.json``) and raise
-  :class:`RunFailed` naming the root cause (:func:`diagnose`).
-
-[Note: root cause]
-    A rank that died without writing a report (killed by a signal, or an
-    exit the runtime did not make) is the root cause: its neighbours'
-    transport errors and failed collectives are what its death looks like
-    from outside, and they always come with reports, so they are ranked
-    after it. Among reports: a raised error, then a stall inside a task, then
-    any stall, then transport errors; ties by time. Where a silent rank was
-    comes from its status file (``runtime.run.worker.StatusBoard``). The agent
-    names only the first process it finds exited, so ranks that fail with a
-    report wait a second before exiting (:func:`_elastic_worker`): a rank
-    that died outright is always the one the agent sees.
+  :class:`RunFailed` naming the root cause (:func:`runtime.run.diagnose.diagnose`;
+  [Note: root cause] in :mod:`runtime.run.diagnose`).
 
 [Note: ranks fork from a server that has imported torch]
     A rank started as a fresh interpreter (``spawn``) imports torch, and at
@@ -50,7 +39,6 @@ the signal.
 from __future__ import annotations
 
 import dataclasses
-import json
 import logging
 import os
 import signal
@@ -64,7 +52,8 @@ from typing import Any
 
 from hints.errors import Interrupted, UserError
 from runtime.config import is_factory_path
-from runtime.run.worker import STALL_EXIT_CODE, Job, StatusBoard, WorkerOptions, worker_main
+from runtime.run.diagnose import diagnose, failure_reports
+from runtime.run.worker import Job, WorkerOptions, worker_main
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # What every rank imports, imported once by the fork server ([Note: ranks fork from a server that has imported
@@ -167,7 +156,7 @@ class _FirstSignal:
 
 def _all_interrupted(out_root: Path, began: float, failures: dict[int, Any]) -> bool:
     """Every rank that ended wrote an ``interrupt`` report (the signal reached the ranks before the launcher)."""
-    reports = {r["rank"]: r["kind"] for r in _reports(out_root, began)}
+    reports = {r["rank"]: r["kind"] for r in failure_reports(out_root, began)}
     return bool(failures) and all(reports.get(rank) == "interrupt" for rank in failures)
 
 
@@ -219,8 +208,9 @@ def _elastic_worker(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     interpreter shutdown would join threads blocked in a collective and the
     agent's SIGTERM would land in its exit handlers. A failed rank first
     waits :data:`REPORTED_EXIT_DELAY`: the agent names only the *first*
-    process it finds exited, and a rank killed outright ([Note: root cause])
-    must be that one, not the neighbour whose transport error it caused.
+    process it finds exited, and a rank killed outright ([Note: root cause]
+    in :mod:`runtime.run.diagnose`) must be that one, not the neighbour whose
+    transport error it caused.
     """
     try:
         return worker_main(jobs, options)
@@ -255,106 +245,6 @@ def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, An
     except (Exception, Interrupted) as err:
         _ignore_interrupts()  # torchrun now stops the other ranks: let this one finish its diagnosis
         time.sleep(REPORTED_EXIT_DELAY)  # the rank that failed first has written its report by now
-        if isinstance(err, Interrupted) and not _reports(out_root, began, exclude_kinds=("interrupt",)):
+        if isinstance(err, Interrupted) and not failure_reports(out_root, began, exclude_kinds=("interrupt",)):
             raise  # a real interrupt: no rank failed
         raise RunFailed(diagnose(out_root, {}, began, world, config)) from None
-
-
-def _reports(out_root: Path, began: float, exclude_kinds: tuple[str, ...] = ()) -> list[dict]:
-    """The failure reports written since ``began``."""
-    reports = []
-    for path in sorted((out_root / "failures").glob("rank*-*.json")):
-        try:
-            report = json.loads(path.read_text())
-        except (OSError, json.JSONDecodeError):
-            continue
-        if report.get("time", 0) >= began - 1 and report.get("kind") not in exclude_kinds:
-            reports.append(report)
-    return reports
-
-
-def diagnose(out_root: Path, failures: dict[int, Any], began: float, nproc: int, config=None) -> str:
-    """One message: the root cause first ([Note: root cause]), then what the other ranks reported."""
-    reports = _reports(out_root, began, exclude_kinds=("interrupt",))
-
-    def rank_of_report(r: dict) -> tuple:
-        kind = {"error": 0, "stall": 1 if r.get("task") else 2, "transport": 3}.get(r["kind"], 4)
-        return kind, r.get("time", 0)
-
-    reports.sort(key=rank_of_report)
-    reported = {r["rank"] for r in reports}
-    silent = sorted((f for f in failures.values() if f.local_rank not in reported),
-                    key=lambda f: (f.timestamp, f.local_rank))
-    if silent:
-        message = _describe_silent(silent[0], out_root, config)
-        others = [f"rank {f.local_rank} {_how(f)}" for f in silent[1:]] + [f"rank {r['rank']} {r['kind']}"
-                                                                          for r in reports]
-        accounted = {f.local_rank for f in silent} | reported
-    elif reports:
-        message = _describe(reports[0])
-        others = [f"rank {r['rank']} {r['kind']}" for r in reports[1:]]
-        accounted = reported
-    else:
-        return "a rank failed without a report; see " + str(out_root / "logs")
-    tail = []
-    if others:
-        tail.append("also reported: " + "; ".join(others))
-    stopped = sorted(set(range(nproc)) - accounted)
-    if stopped:
-        tail.append(f"rank {stopped[0]} was stopped" if len(stopped) == 1
-                    else f"ranks {', '.join(map(str, stopped))} were stopped")
-    tail.append(f"reports: {out_root / 'failures'}; logs: {out_root / 'logs'}")
-    return "\n".join([message, *tail])
-
-
-def _how(failure) -> str:
-    if failure.exitcode == STALL_EXIT_CODE:
-        return f"stalled (exit code {STALL_EXIT_CODE})"
-    if failure.exitcode < 0:
-        try:
-            return f"was killed by {signal.Signals(-failure.exitcode).name}"
-        except ValueError:
-            return f"was killed by signal {-failure.exitcode}"
-    return f"exited with code {failure.exitcode} without a report"
-
-
-def _describe_silent(failure, out_root: Path, config) -> str:
-    """``rank 2 (stage 2) was killed by SIGKILL during 2B5, iteration 3 of job ready-1f1b@1f1b``."""
-    rank = failure.local_rank
-    where = f"rank {rank}"
-    if config is not None:
-        from runtime.config import run_shape
-
-        stages = list(run_shape(config).stages_of_rank(rank))
-        where += f" ({'stage' if len(stages) == 1 else 'stages'} {', '.join(map(str, stages))})"
-    line = f"{where} {_how(failure)}"
-    status = StatusBoard.read(out_root / "status" / f"rank{rank}")
-    if status is None or status["iteration"] is None:
-        line += " before its first iteration"
-    elif status["state"] != "finished":
-        if status["task"]:
-            line += f" {'during' if status['state'] == 'running' else 'after'} {status['task']},"
-        line += f" iteration {status['iteration']} of job {status['job']}"
-    message = failure.message if isinstance(failure.message, str) else ""
-    if failure.exitcode >= 0 and message and not message.startswith("To enable traceback"):
-        line += f": {message}"
-    return line
-
-
-def _describe(report: dict) -> str:
-    where = f"rank {report['rank']}"
-    if report.get("task"):
-        where += f" in task {report['task']}"
-    if "iteration" in report:
-        where += f" (iteration {report['iteration']} of job {report.get('job')})"
-    if report["kind"] == "stall":
-        lines = [f"{where} stalled: no progress for {report['seconds_without_progress']:.1f} s"]
-        if report.get("ready") is not None:
-            lines.append(f"  ready: {', '.join(report['ready']) or 'nothing'}")
-        if report.get("waiting_for"):
-            lines.append(f"  waiting for: {'; '.join(report['waiting_for'])}")
-    else:
-        lines = [f"{where} failed: {report['error']}"]
-    if report.get("recent_decisions"):
-        lines.append("  last decisions: " + " | ".join(report["recent_decisions"][-4:]))
-    return "\n".join(lines)

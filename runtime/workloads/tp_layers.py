@@ -150,6 +150,12 @@ def sharded_layouts(module: nn.Module) -> dict[str, tuple[int, int]]:
     return out
 
 
+def stage_sharded_layouts(modules: dict[int, nn.Module], prefix: str = "") -> dict[str, tuple[int, int]]:
+    """``{"<prefix><stage>.<parameter>": layout}`` of the sharded parameters of a rank's stage modules."""
+    return {f"{prefix}{stage}.{name}": layout
+            for stage, m in modules.items() for name, layout in sharded_layouts(m).items()}
+
+
 class ParallelEmulatedStage(nn.Module):
     """The emulated stage over a TP group: a row-parallel linear layer (each member its share of the input
     features, partial outputs all-reduced on the group: a real collective in ``F``, and one in the input's

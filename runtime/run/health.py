@@ -1,0 +1,246 @@
+"""A rank's health: where it is, whether it progresses, and the reports it leaves when it fails.
+
+* :class:`StatusBoard`: where the rank is (job, iteration, task) in ``status/rank<r>``, a small
+  memory-mapped file that outlives the process, so the launcher can say where a rank killed outright was.
+* :class:`TrackingRecorder`: the recorder wrapper that keeps the status board, the current task and the
+  last decisions up to date from the executor's own recorder calls.
+* :class:`Watchdog`: a rank whose iteration makes no progress for ``timeout`` seconds writes
+  ``failures/rank<r>-stall.json`` (:func:`report_stall`: ready set, inputs it still waits for, last
+  decisions) and exits with :data:`STALL_EXIT_CODE`, unless progress resumes first, which withdraws the
+  report.
+* :func:`report_error`: a rank that raises (or is interrupted) writes ``failures/rank<r>-error.json``.
+* :func:`step_allowed` and :class:`NonFiniteLoss`: [Note: non-finite losses].
+
+:mod:`runtime.run.diagnose` reads these files and names the root cause of a failed run.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import threading
+import time
+import traceback
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from runtime.run.worker import RankContext
+
+STALL_EXIT_CODE = 75
+
+
+class TrackingRecorder:
+    """Recorder wrapper that also keeps what a fault report needs (current task, recent decisions) and the
+    rank's status board."""
+
+    def __init__(self, inner, ctx: RankContext) -> None:
+        self.inner, self.ctx = inner, ctx
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def decision(self, iteration, decision, wait_ns):
+        self.ctx.recent.append(f"it{iteration} t={decision.time:.6f} ran {decision.chosen}"
+                               + (f" (skipped {decision.head})" if decision.head else "")
+                               + f" ready={[str(t) for t, _ in decision.ready][:8]}")
+        self.inner.decision(iteration, decision, wait_ns)
+
+    def task_started(self, iteration, task, now_ns):
+        self.ctx.current["task"] = text = str(task)
+        self.ctx.status.running(text)
+        self.inner.task_started(iteration, task, now_ns)
+
+    def task_finished(self, span):
+        self.ctx.current.pop("task", None)
+        self.ctx.status.idle()
+        self.inner.task_finished(span)
+
+
+class Watchdog:
+    """Reports a stall when nothing progressed for ``timeout`` seconds of an iteration, then ends the process.
+
+    Armed only while an iteration runs (:meth:`arm` / :meth:`disarm`), so
+    per-job set-up on a loaded machine is never taken for a stall. Every
+    stalled rank writes its report at the same moment; a rank stuck *inside*
+    a task (the likely root cause) exits one second later, an idle rank
+    (waiting on others) only after a further grace period, so the root cause
+    exits first and the others' reports are already on disk when the
+    launcher stops them. If progress resumes before the exit, the report is
+    withdrawn, so a later failure is never blamed on a stale stall.
+    """
+
+    def __init__(self, timeout: float, report, withdraw) -> None:
+        self.timeout, self.report = timeout, report  # report(seconds) -> True if stuck inside a task
+        self.withdraw = withdraw  # () -> None: delete the report
+        self.last = time.monotonic()
+        self.armed = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="rrfp-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self.last = time.monotonic()
+        self._thread.start()
+
+    def arm(self) -> None:
+        self.last = time.monotonic()
+        self.armed = True
+
+    def disarm(self) -> None:
+        self.armed = False
+
+    def progress(self) -> None:
+        self.last = time.monotonic()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        exit_at = None
+        while not self._stop.wait(min(0.5, self.timeout / 4)):
+            exit_at = self.check(time.monotonic(), exit_at)
+
+    def check(self, now: float, exit_at: float | None) -> float | None:
+        """One look at the clock; returns when to exit (None: no stall pending)."""
+        silent = now - self.last
+        if not self.armed or silent <= self.timeout:
+            if exit_at is not None:  # progress resumed after a report
+                self.withdraw()
+            return None
+        if exit_at is None:
+            in_task = self.report(silent)
+            return now + (1.0 if in_task else max(2.0, self.timeout / 2))
+        if now >= exit_at:
+            os._exit(STALL_EXIT_CODE)
+        return exit_at
+
+
+class StatusBoard:
+    """Where a rank is (job, iteration, task, running or not), in a small memory-mapped file.
+
+    A rank killed outright (SIGKILL, the OOM killer) writes no report, but the
+    pages of a shared file mapping outlive the process, so the launcher can
+    still say "killed during 2B5, iteration 3". Updating it is a store into
+    memory, no system call: the first byte is the state (``R`` running,
+    ``I`` between tasks, ``F`` finished, ``S`` before the first iteration),
+    then ``pid<TAB>job<TAB>iteration<TAB>task``.
+    """
+
+    SIZE = 256
+    STATES = {ord("S"): "starting", ord("R"): "running", ord("I"): "idle", ord("F"): "finished"}
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            os.ftruncate(fd, self.SIZE)
+            self.map = mmap.mmap(fd, self.SIZE)
+        finally:
+            os.close(fd)
+        self.pid = os.getpid()
+        self.prefix = f"{self.pid}\t\t\t".encode()
+        self._write(b"S", b"")
+
+    def iteration(self, job: str, iteration: int) -> None:
+        self.prefix = f"{self.pid}\t{job}\t{iteration}\t".encode()
+        self._write(b"I", b"")
+
+    def running(self, task: str) -> None:
+        self._write(b"R", task.encode())
+
+    def idle(self) -> None:
+        self.map[0] = ord("I")  # the last task stays: "after 2B5"
+
+    def finished(self) -> None:
+        self.map[0] = ord("F")
+
+    def _write(self, state: bytes, task: bytes) -> None:
+        data = (state + self.prefix + task)[: self.SIZE - 1] + b"\0"
+        self.map[: len(data)] = data
+
+    @classmethod
+    def read(cls, path: Path) -> dict[str, Any] | None:
+        """``{"state", "pid", "job", "iteration", "task"}`` as last written (None if there is no such file)."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:
+            return None
+        fields = raw[1:].split(b"\0", 1)[0].decode(errors="replace").split("\t")
+        if not raw or raw[0] not in cls.STATES or len(fields) != 4 or not fields[0].isdigit():
+            return None
+        pid, job, iteration, task = fields
+        return {"state": cls.STATES[raw[0]], "pid": int(pid), "job": job or None,
+                "iteration": int(iteration) if iteration.isdigit() else None, "task": task or None}
+
+
+def failure_path(ctx: RankContext, kind: str) -> Path:
+    folder = ctx.out_root / "failures"
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder / f"rank{ctx.rank}-{kind}.json"
+
+
+def report_stall(ctx: RankContext, seconds: float) -> bool:
+    report: dict[str, Any] = {"rank": ctx.rank, "kind": "stall", "time": time.time(),
+                              "seconds_without_progress": seconds, **ctx.current,
+                              "recent_decisions": list(ctx.recent)}
+    executor = ctx.executor
+    if executor is not None and executor.arbiter is not None:
+        arbiter = executor.arbiter
+        report["ready"] = [str(t) for t in arbiter.ready_tasks()]
+        report["waiting_for"] = [f"{task} needs {', '.join(map(str, needs))}"
+                                 for task, needs in arbiter.waiting_on()[:8]]
+        pending = getattr(arbiter, "pending", None)  # a TP follower: the leader's decisions it has yet to run
+        if pending is not None:
+            report["following"] = {"decisions_received": arbiter.followed,
+                                   "next": [str(arbiter.graph.tasks[tid]) for _, tid, _, _ in list(pending)[:4]]}
+    failure_path(ctx, "stall").write_text(json.dumps(report, indent=1))
+    return "task" in ctx.current
+
+
+def report_error(ctx: RankContext, err: BaseException) -> None:
+    from runtime.comm.errors import TransportError
+
+    from hints.errors import Interrupted
+
+    kind = ("interrupt" if isinstance(err, Interrupted) else "transport" if isinstance(err, TransportError)
+            else "error")
+    report = {"rank": ctx.rank, "kind": kind,
+              "time": time.time(), "error": f"{type(err).__name__}: {err}", **ctx.current,
+              "recent_decisions": list(ctx.recent), "traceback": traceback.format_exc()}
+    try:
+        failure_path(ctx, "error").write_text(json.dumps(report, indent=1))
+    except OSError:
+        pass
+
+
+class NonFiniteLoss(RuntimeError):
+    """The loss was NaN or infinite (the run stops before the optimizer step; see :func:`step_allowed`)."""
+
+
+def step_allowed(ctx: RankContext, config, result, iteration: int) -> bool:
+    """Whether this iteration's optimizer step may run: no when its loss was NaN or infinite.
+
+    [Note: non-finite losses] The loss is known on the rank of the last stage
+    only. By default that rank raises :class:`NonFiniteLoss` here, before
+    the end-of-iteration all-gather: no rank gets past that barrier, so no
+    checkpoint is written after the bad step ([Note: atomic checkpoints] in
+    :mod:`runtime.run.checkpoint`) and the launcher names this error as the root
+    cause. With ``--skip-nonfinite`` every rank learns it from one small
+    all-reduce and skips the step (the gradients are dropped, the optimizer's
+    state is untouched), and the metrics row says ``skipped_step``.
+    """
+    import math
+
+    bad = result.loss is not None and not math.isfinite(result.loss)
+    if not config.skip_nonfinite:
+        if bad:
+            raise NonFiniteLoss(f"the loss is {result.loss} at iteration {iteration}; stopped before the optimizer "
+                                f"step, so no checkpoint holds it (--skip-nonfinite skips such steps instead)")
+        return True
+    import torch
+    import torch.distributed as dist
+
+    flag = torch.tensor([1.0 if bad else 0.0])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=ctx.control_group)
+    return flag.item() == 0.0
