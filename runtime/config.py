@@ -13,6 +13,7 @@ import difflib
 import math
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +21,7 @@ from hints.errors import UserError
 from hints.files.load import hint_or_baseline, hint_shape
 from hints.tasks import PLACEMENTS, PipelineShape, Task
 from runtime.durations.presets import WORKLOAD_NAMES
-from runtime.durations.variability import check_split_overhead
+from runtime.durations.variability import VariabilityModel, check_split_overhead
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.rules import P2P_MODES, ArbiterRule, Policy, check_p2p, rule_for
 
@@ -199,6 +200,18 @@ class RunConfig:
     def rule(self) -> ArbiterRule:
         """The arbiter rule ``policy`` and ``lookahead`` select (raises for lookahead under ``fixed``)."""
         return rule_for(self.policy, self.lookahead, self.hint)
+
+    @cached_property
+    def variability(self) -> VariabilityModel:
+        """The run's duration and noise model: what the emulated workload samples its durations from
+        (``--emulate`` and its knobs), and the jitter, stragglers and message latency injected into any other
+        workload (:mod:`runtime.run.noise`). The one place a run's variability options become the model
+        ``rrfp simulate`` uses."""
+        return VariabilityModel(workload=self.emulate, forward_time=self.forward_time,
+                                backward_ratio=self.backward_ratio, jitter=self.jitter,
+                                straggler_prob=self.straggler_prob, straggler_slowdown=self.straggler_slowdown,
+                                comm_latency=self.comm_latency, comm_jitter=self.comm_jitter, samples=self.samples,
+                                split_overhead=self.split_overhead)
 
     @property
     def world_size(self) -> int:

@@ -47,8 +47,8 @@ class NoiseInjector:
         extra = self.delays.get(task, 0.0)
         if self.emulated:
             return extra
-        c = self.config
-        factor = task_noise([1.0], self.rng.random, c.jitter, c.straggler_prob, c.straggler_slowdown)[0]
+        model = self.config.variability
+        factor = task_noise([1.0], self.rng.random, model.jitter, model.straggler_prob, model.straggler_slowdown)[0]
         return extra + max(0.0, elapsed * (factor - 1.0))
 
     def latency(self, dst: int, producer: Task) -> float:
@@ -57,5 +57,5 @@ class NoiseInjector:
             table = self.workload.durations(self.iteration)
             sends = table.send_forward if producer.kind.value == "F" else table.send_backward
             return sends[producer.stage][producer.microbatch]
-        c = self.config
-        return transfer_latencies(1, self.rng.random, c.comm_latency, c.comm_jitter)[0]
+        model = self.config.variability
+        return transfer_latencies(1, self.rng.random, model.comm_latency, model.comm_jitter)[0]

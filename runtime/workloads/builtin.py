@@ -285,11 +285,7 @@ class EmulatedWorkload(Workload):
         self._durations: dict[int, Durations] = {}
 
     def variability(self) -> VariabilityModel:
-        c = self.config
-        return VariabilityModel(workload=c.emulate, forward_time=c.forward_time, backward_ratio=c.backward_ratio,
-                                jitter=c.jitter, straggler_prob=c.straggler_prob,
-                                straggler_slowdown=c.straggler_slowdown, comm_latency=c.comm_latency,
-                                comm_jitter=c.comm_jitter, samples=c.samples, split_overhead=c.split_overhead)
+        return self.config.variability
 
     def durations(self, iteration: int) -> Durations:
         if iteration not in self._durations:

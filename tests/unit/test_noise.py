@@ -10,14 +10,14 @@ from types import SimpleNamespace
 import pytest
 
 from hints.tasks import Task
+from runtime.config import RunConfig
 from runtime.run.noise import NOISE_SEED_SALT, NoiseInjector
 from runtime.workloads.base import mix_seed
 
 
 def _config(**knobs):
-    values = dict(seed=7, jitter=0.0, straggler_prob=0.0, straggler_slowdown=4.0, comm_latency=0.0, comm_jitter=0.0)
-    values.update(knobs)
-    return SimpleNamespace(**values, delays_by_task=lambda: {Task.parse("1B0"): 0.3})
+    """A real run configuration (the injector reads its knobs through ``config.variability``)."""
+    return RunConfig(workload="gpt", seed=7, delay={"1B0": 0.3}, **knobs)
 
 
 class _Reference:
