@@ -288,7 +288,7 @@ def _job_name(config: RunConfig) -> str:
     rule = config.rule()
     budget = f"@{config.memory_budget}" if rule.uses_budget else ""
     greedy = "-greedy" if rule.policy.value == "ready" and not rule.lookahead else ""
-    blocking = "-blocking" if config.p2p == "blocking" else ""  # [Note: blocking p2p] in runtime.sched.simulator
+    blocking = "-blocking" if config.p2p == "blocking" else ""  # [Note: blocking p2p] in runtime.sched.fixed_order
     return f"{config.policy}{greedy}{blocking}-{name}{budget}"
 
 

@@ -57,7 +57,7 @@ class RunConfig:
     hint: str | None = None  # None: 1f1b (interleaved-1f1b with chunks >= 2, zbv under V placement)
     policy: str = "ready"
     lookahead: bool | None = None  # ready policy: None = the hint's default (runtime.sched.rules.rule_for)
-    p2p: str = "async"  # fixed policy: "blocking" waits for peers as Megatron does ([Note: blocking p2p])
+    p2p: str = "async"  # fixed policy: "blocking" waits for peers as Megatron does ([Note: blocking p2p] in runtime.sched.fixed_order)
     memory_budget: str = "1f1b"
     iters: int = 5
     seed: int = 0

@@ -15,7 +15,8 @@ from hints.tasks import PLACEMENTS, V, PipelineShape
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.bounds import jackson_preemptive_bound, LowerBound, makespan_lower_bound, split_bound
 from hints.deps import TaskGraph, prerequisites
-from runtime.sched.simulator import ScheduleDeadlock, simulate
+from runtime.sched.results import ScheduleDeadlock
+from runtime.sched.simulator import simulate
 from runtime.durations.variability import Durations
 from tests.conftest import unit_durations
 from tests.test_properties import random_order_hint

@@ -20,7 +20,8 @@ from hints.orders import HintOrder, applicable_builtins, builtin_hint
 from hints.tasks import PLACEMENTS, V, PipelineShape
 from runtime.sched.budget import MemoryBudget
 from hints.deps import TaskGraph, prerequisites
-from runtime.sched.simulator import ScheduleDeadlock, simulate
+from runtime.sched.results import ScheduleDeadlock
+from runtime.sched.simulator import simulate
 
 
 def random_durations(graph: TaskGraph, seed: int, latency: float):

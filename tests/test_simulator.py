@@ -11,7 +11,8 @@ from hints.orders import BUILTIN_HINTS, builtin_hint
 from hints.errors import HintError, UserError
 from hints.tasks import Kind, Task
 from hints.deps import TaskGraph
-from runtime.sched.simulator import ScheduleDeadlock, check_completes, simulate
+from runtime.sched.results import ScheduleDeadlock
+from runtime.sched.simulator import check_completes, simulate
 from runtime.durations.variability import VariabilityModel, sample_durations
 from tests.conftest import hint_from_text, unit_durations
 

@@ -242,7 +242,7 @@ def idle_segments(frames: TraceFrames, dispatch_s: float | None = None) -> pl.Da
 def simulated_bubbles(result, transfer: Sequence[float]) -> dict[str, float]:
     """A simulation's idle time split by [Note: bubble categories], in seconds summed over ranks.
 
-    ``result`` is a :class:`runtime.sched.simulator.SimResult` run with ``record=True`` (the decisions say what
+    ``result`` is a :class:`runtime.sched.results.SimResult` run with ``record=True`` (the decisions say what
     the budget held back) and ``transfer`` the per-task latencies it ran on. Ready times follow the
     simulator's semantics (a producer's end, plus its latency when it is on another rank); the gaps are
     split by the same code as a trace's (:func:`split_gap`), with no dispatch overhead (the simulator

@@ -102,7 +102,8 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     from runtime.sched.budget import MemoryBudget
     from runtime.sched.bounds import split_bound
     from hints.deps import TaskGraph
-    from runtime.sched.simulator import ScheduleDeadlock, simulate
+    from runtime.sched.results import ScheduleDeadlock
+    from runtime.sched.simulator import simulate
     from runtime.durations.variability import VariabilityModel, sample_durations
 
     m = MICROBATCHES_PER_RANK * ranks

@@ -30,7 +30,7 @@ loop (before choosing a task, and after each task).
 
 [Note: blocking p2p in the runtime]
     ``--policy fixed --p2p blocking`` runs [Note: blocking p2p] of
-    :mod:`runtime.sched.simulator` (Megatron's paired blocking send/receive) on
+    :mod:`runtime.sched.fixed_order` (Megatron's paired blocking send/receive) on
     the same buffered transport, whose receiver threads always receive at
     once, by one small control message: after a task, the rank sends its
     outputs, then posts the receives its next task in the order needs by

@@ -66,7 +66,7 @@ def validate_run(config) -> HintOrder:
     if rule.exact_order:
         from runtime.sched.simulator import check_completes
 
-        check_completes(hint, config.p2p)  # [Note: blocking p2p]: a deadlock is refused here too
+        check_completes(hint, config.p2p)  # [Note: blocking p2p] (runtime.sched.fixed_order): a deadlock is refused here too
     return hint
 
 

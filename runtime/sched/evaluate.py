@@ -49,7 +49,8 @@ from runtime.sched.budget import MemoryBudget
 from runtime.sched.rules import ArbiterRule, RULES
 from runtime.sched.bounds import LowerBound, split_bound
 from hints.deps import TaskGraph
-from runtime.sched.simulator import ScheduleDeadlock, SimResult, simulate
+from runtime.sched.results import ScheduleDeadlock, SimResult
+from runtime.sched.simulator import simulate
 from runtime.durations.variability import Durations, VariabilityModel, sample_durations
 
 

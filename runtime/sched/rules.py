@@ -108,14 +108,14 @@ def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | 
     return RULES["lookahead" if lookahead else "greedy"]
 
 
-P2P_MODES = ("async", "blocking")  # --p2p: how a fixed order's messages meet ([Note: blocking p2p] in runtime.sched.simulator)
+P2P_MODES = ("async", "blocking")  # --p2p: how a fixed order's messages meet ([Note: blocking p2p] in runtime.sched.fixed_order)
 
 
 def check_p2p(p2p: str, rule: ArbiterRule) -> str:
     """``--p2p`` for ``rule``: ``async`` (buffered links, every rule) or ``blocking`` (``fixed`` only).
 
     Blocking point-to-point is Megatron's 1F1B baseline: a rank waits after each task until its peers
-    took its messages ([Note: blocking p2p] in :mod:`runtime.sched.simulator`). A readiness-first rule runs
+    took its messages ([Note: blocking p2p] in :mod:`runtime.sched.fixed_order`). A readiness-first rule runs
     whatever has arrived, so a receive posted before a chosen task means nothing to it: refused.
     """
     if p2p not in P2P_MODES:

@@ -46,7 +46,8 @@ from runtime.sched.rules import RULES
 from hints.deps import TaskGraph
 from runtime.sched.evaluate import concrete, resolve
 from runtime.tune.scenarios import ScenarioSet
-from runtime.sched.simulator import ScheduleDeadlock, SimResult, simulate
+from runtime.sched.results import ScheduleDeadlock, SimResult
+from runtime.sched.simulator import simulate
 
 
 @dataclass(frozen=True)
