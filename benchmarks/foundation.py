@@ -35,12 +35,21 @@ import tempfile
 import time
 from pathlib import Path
 
-# Only APIs every revision has: the --against worker imports this file against an older tree.
+# Only APIs every revision has: the --against worker imports this file against an older tree, whose
+# modules may sit where they sat before runtime/ was split into rooms (1a37c5e and earlier).
 from hints.orders import builtin_hint
-from runtime.sched.rules import make_arbiter
-from hints.deps import TaskGraph
-from runtime.sched.simulator import simulate
-from runtime.durations.variability import VariabilityModel, sample_durations
+
+try:
+    import runtime.sched.simulator as simulator_module
+    from hints.deps import TaskGraph
+    from runtime.durations.variability import VariabilityModel, sample_durations
+    from runtime.sched.rules import make_arbiter
+except ImportError:  # a tree from before the rooms
+    import runtime.simulator as simulator_module
+    from runtime.arbiter import make_arbiter
+    from runtime.deps import TaskGraph
+    from runtime.variability import VariabilityModel, sample_durations
+simulate = simulator_module.simulate
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -152,7 +161,6 @@ class _Worker:
 
 def _worker_main() -> None:
     """--e2e-worker: announce the tree, then answer "ranks microbatches rule" lines with the seconds taken."""
-    import runtime.sched.simulator
     tiny = builtin_hint("1f1b", 2, 1, 2)
     names = {}  # rule asked for -> rule this revision runs: older ones know only "fixed" and "ready" (greedy)
     for rule in E2E_RULES:
@@ -161,7 +169,7 @@ def _worker_main() -> None:
             names[rule] = rule
         except Exception:
             names[rule] = "ready"
-    print(json.dumps({"simulator": runtime.sched.simulator.__file__, "rules": names}), flush=True)
+    print(json.dumps({"simulator": simulator_module.__file__, "rules": names}), flush=True)
     for line in sys.stdin:
         ranks, microbatches, rule = line.split()
         print(json.dumps({"seconds": end_to_end(int(ranks), int(microbatches), names[rule])}), flush=True)
