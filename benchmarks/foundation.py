@@ -36,15 +36,17 @@ import time
 from pathlib import Path
 
 # Only APIs every revision has: the --against worker imports this file against an older tree, whose
-# modules may sit where they sat before runtime/ was split into rooms (1a37c5e and earlier).
+# modules may sit where they sat before runtime/ was split into rooms (1a37c5e and earlier). The layout is
+# read off the tree that `runtime` came from: an editable install elsewhere would otherwise fill the gaps.
+import runtime
 from hints.orders import builtin_hint
 
-try:
+if (Path(runtime.__file__).parent / "sched").is_dir():
     import runtime.sched.simulator as simulator_module
     from hints.deps import TaskGraph
     from runtime.durations.variability import VariabilityModel, sample_durations
     from runtime.sched.rules import make_arbiter
-except ImportError:  # a tree from before the rooms
+else:  # a tree from before the rooms
     import runtime.simulator as simulator_module
     from runtime.arbiter import make_arbiter
     from runtime.deps import TaskGraph
