@@ -1,7 +1,17 @@
-"""Hint orders: the task model, built-in schedules, hint files and torch import.
+"""What should run, in which order: the bottom of rrfp's import graph. Pure Python, no torch
+(``files.torch_import`` imports torch lazily, when called). Modules, in import order:
 
-The bottom of rrfp's import graph: pure Python, no torch (``torch_import``
-imports torch lazily, when called). See ``docs/ARCHITECTURE.md``.
+* :mod:`~hints.errors` -- the errors every package raises for bad input, failures and interrupts;
+* :mod:`~hints.tasks` -- the task IR: pipeline shapes, placement, tasks in torch's action grammar;
+* :mod:`~hints.deps` -- the one dependency model, compiled per shape into a task graph;
+* :mod:`~hints.paths`, :mod:`~hints.priorities` -- longest paths on that graph, and the ``cp`` hint's
+  list-scheduling priorities;
+* :mod:`~hints.costs` -- per-(stage, kind) cost models, for cost-ranked hints;
+* :mod:`~hints.orders` -- hint orders as data, and the built-in generators;
+* :mod:`~hints.validate` -- structural checks derived from the dependency model, and the rank-by-step grid;
+* :mod:`hints.files` -- hint files, torch's CSV and schedules, and the reading of a ``--hint`` value.
+
+This package re-exports the names a user's script needs. See docs/ARCHITECTURE.md.
 """
 
 from hints.errors import HintError, UserError

@@ -1,0 +1,3 @@
+"""One rank's executor: the loop (:mod:`~runtime.exec.executor`), its handlers and their wrappers
+(:mod:`~runtime.exec.handlers`), the lookahead rule's forecasts (:mod:`~runtime.exec.forecast`), TP
+coordination (:mod:`~runtime.exec.tp_follow`) and what the loop reports (:mod:`~runtime.exec.recording`)."""

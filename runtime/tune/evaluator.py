@@ -1,4 +1,6 @@
-"""Hint tuning: search for the hint order that makes a distribution of scenarios finish soonest.
+"""What a tuning candidate scores: the objective, the candidates, and the evaluator that simulates them on scenarios.
+
+Hint tuning searches for the hint order that makes a distribution of scenarios finish soonest.
 
 What is optimized: an :class:`Objective` (mean, p90 or CVaR) of the
 simulated makespans of one candidate over a :class:`runtime.tune.scenarios.ScenarioSet`'s
