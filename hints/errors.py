@@ -11,18 +11,50 @@ of the import graph so ``runtime``, ``profiler`` and ``rrfp_cli`` can all use it
 
 from __future__ import annotations
 
+import re
+from typing import Callable
+
+# [Note: inputs in messages]
+#     A message names an input its caller gave by the input's name in the library, in backticks:
+#     ``memory_budget``, ``ranks``, written with :func:`input_name`, in ``where`` (the input the message is
+#     about) or in ``what`` ("use `chunks` >= 2"). The library says what is wrong and where in its own
+#     terms; a front end renders the names in its own (:meth:`UserError.render`): the CLI as its flags
+#     (``--memory-budget``), through one table in rrfp_cli. A caller of the library reads them as they are.
+_INPUT = re.compile(r"`([a-z][a-z0-9_]*)`")
+
+
+def input_name(name: str) -> str:
+    """How a message names the input ``name`` ([Note: inputs in messages])."""
+    return f"`{name}`"
+
+
+def as_flag(name: str) -> str:
+    """A command-line flag for the input ``name``: its name with dashes (``memory_budget`` -> ``--memory-budget``),
+    the convention rrfp's front ends follow; each keeps a table of the few that differ."""
+    return "--" + name.replace("_", "-")
+
+
+def render_inputs(text: str, name_of: Callable[[str], str]) -> str:
+    """``text`` with every input named as ``name_of`` says ([Note: inputs in messages])."""
+    return _INPUT.sub(lambda match: name_of(match.group(1)), text)
+
 
 class UserError(Exception):
     """Bad input, explained in one line.
 
-    ``where`` names the place (a file, ``file: rank 2``, an option such as
-    ``--memory-budget``); ``what`` says what is wrong there.
+    ``where`` names the place (a file, ``file: rank 2``, an input such as
+    ``memory_budget``: [Note: inputs in messages]); ``what`` says what is
+    wrong there.
     """
 
     def __init__(self, what: str, where: str | None = None) -> None:
         self.what = what
         self.where = where
         super().__init__(f"{where}: {what}" if where else what)
+
+    def render(self, name_of: Callable[[str], str]) -> str:
+        """The message with its inputs named by ``name_of`` (a front end's names for them)."""
+        return render_inputs(str(self), name_of)
 
     def located(self, where: str) -> "UserError":
         """The same error with ``where`` prefixed by an outer location (e.g. a file name)."""

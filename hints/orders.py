@@ -316,7 +316,7 @@ def one_f_one_b(ranks: int, chunks: int, microbatches: int) -> RankOrders:
     """Non-interleaved 1F1B; needs one chunk per rank."""
     if chunks != 1:
         raise HintError(
-            f"1f1b runs one chunk per rank (got --chunks {chunks}); use interleaved-1f1b for chunks >= 2"
+            f"1f1b runs one chunk per rank (got `chunks` {chunks}); use interleaved-1f1b for chunks >= 2"
         )
     return [
         _one_f_one_b_rank(rank, ranks, 1, microbatches, ranks - 1 - rank, None)
@@ -327,7 +327,7 @@ def one_f_one_b(ranks: int, chunks: int, microbatches: int) -> RankOrders:
 def interleaved_one_f_one_b(ranks: int, chunks: int, microbatches: int) -> RankOrders:
     """Megatron/torch interleaved 1F1B; needs two or more chunks per rank."""
     if chunks < 2:
-        raise HintError("interleaved-1f1b needs --chunks >= 2; use 1f1b for one chunk per rank")
+        raise HintError("interleaved-1f1b needs `chunks` >= 2; use 1f1b for one chunk per rank")
     per_round = microbatches_per_round(ranks, microbatches)
     return [
         _one_f_one_b_rank(
@@ -352,7 +352,7 @@ def zero_bubble_v(ranks: int, chunks: int, microbatches: int) -> RankOrders:
     """ZB-V ([Note: zbv]): V placement, two chunks per rank, split backward (torch's ``ScheduleZBVZeroBubble``)."""
     if chunks != 2:
         raise HintError(f"zbv places two chunks on each rank in a V (2p = {2 * ranks} stages); "
-                        f"got --chunks {chunks}")
+                        f"got `chunks` {chunks}")
     return [_zbv_rank(rank, ranks, microbatches) for rank in range(ranks)]
 
 
@@ -446,10 +446,10 @@ class BuiltinHint:
         priorities: Mapping[Task, Sequence[float]] | None = None,
         placement: str | None = None,
     ) -> HintOrder:
-        placement = self.placements[0] if placement is None else check_placement(placement, "--placement")
+        placement = self.placements[0] if placement is None else check_placement(placement, "`placement`")
         if placement not in self.placements:
             raise HintError(f"{self.name} places stages {_PLACED[self.placements[0]]}; it has no "
-                            f"{placement} order (use --placement {self.placements[0]}, or a hint for {placement})")
+                            f"{placement} order (use `placement` {self.placements[0]}, or a hint for {placement})")
         shape = PipelineShape(ranks, chunks, microbatches, self.split_backward, placement)
         extra = {"placement": placement} if len(self.placements) > 1 else {}
         if self.takes_costs:

@@ -2,7 +2,8 @@
 
 ``main`` is the only place that turns exceptions into exit codes:
 :class:`hints.errors.UserError` and click's usage errors -> one ``error:``
-line on stderr and exit 2; :class:`hints.errors.Failure` (a run that failed
+line on stderr, the library's names for inputs shown as flags
+(:func:`rrfp_cli.output.in_cli_terms`), and exit 2; :class:`hints.errors.Failure` (a run that failed
 for a named cause) -> ``error:`` with the cause, what was kept, and exit 1;
 SIGINT / SIGTERM -> ``interrupted (SIGINT)`` and exit 130 / 143 (what finished
 is kept: each command writes its partial results first); anything else -> one
@@ -23,6 +24,7 @@ import typer
 
 from hints.errors import Failure, Interrupted, UserError, raise_interrupted
 from rrfp_cli import cmd_bench, cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_tune
+from rrfp_cli.output import in_cli_terms
 
 app = typer.Typer(
     name="rrfp",
@@ -56,10 +58,10 @@ def main(argv: list[str] | None = None) -> None:
     except (UserError, Failure) as err:
         if os.environ.get("RRFP_DEBUG") == "1":
             raise
-        sys.stderr.write(f"error: {err}\n")
+        sys.stderr.write(f"error: {in_cli_terms(str(err))}\n")  # library terms -> flags
         details = getattr(err, "details", "")
         if details:
-            sys.stderr.write(details.rstrip() + "\n")
+            sys.stderr.write(in_cli_terms(details.rstrip()) + "\n")
         sys.exit(1 if isinstance(err, Failure) else 2)
     except KeyboardInterrupt as err:  # outside a command (while parsing arguments)
         _exit_interrupted(err)

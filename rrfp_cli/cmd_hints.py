@@ -13,7 +13,7 @@ from hints.files.hint_json import hint_to_json, save_hint
 from hints.files.torch_csv import save_torch_csv
 from hints.orders import BUILTIN_HINTS, HintOrder
 from hints.files.torch_names import TORCH_SCHEDULES
-from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Stages, placement_value
+from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Ranks, placement_value
 from rrfp_cli.output import Column, Output, print_table
 
 app = typer.Typer(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
@@ -60,7 +60,7 @@ def list_hints(json_mode: JsonFlag = False) -> None:
 @app.command("show")
 def show(
     hint: HintArg,
-    stages: Stages = None,
+    stages: Ranks = None,
     microbatches: Microbatches = None,
     chunks: Chunks = None,
     placement: Placement = None,
@@ -74,7 +74,7 @@ def show(
 @app.command("check")
 def check(
     hint: HintArg,
-    stages: Stages = None,
+    stages: Ranks = None,
     microbatches: Microbatches = None,
     chunks: Chunks = None,
     placement: Placement = None,
@@ -96,7 +96,7 @@ def check(
 @app.command("export")
 def export(
     hint: HintArg,
-    stages: Stages = None,
+    stages: Ranks = None,
     microbatches: Microbatches = None,
     chunks: Chunks = None,
     placement: Placement = None,

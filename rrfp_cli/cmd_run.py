@@ -33,7 +33,7 @@ def _opt(*names: str, help: str, panel: str = RUN, **kw):
 
 def run(
     workload: Annotated[Optional[str], _opt("--workload", help=f"gpt, multimodal, emulated, or your model's package.module:factory [default {D.workload}]")] = None,
-    stages: Annotated[Optional[int], _opt("--stages", "-p", help=f"Pipeline ranks [default {D.stages}]")] = None,
+    stages: Annotated[Optional[int], _opt("--ranks", "-p", "--stages", help=f"Pipeline ranks; the model has ranks x chunks stages (--stages: its older name) [default {D.stages}]")] = None,
     chunks: Annotated[Optional[int], _opt("--chunks", "-v", help="Model chunks per rank [default 1; 2 under V placement]")] = None,
     microbatches: Annotated[Optional[int], _opt("--microbatches", "-m", help=f"Per iteration [default {D.microbatches}]")] = None,
     placement: Annotated[Optional[str], _opt("--placement", help="looping (stage k on rank k % p) or v (rank r holds stages r and 2p-1-r) [default: the hint's own]")] = None,

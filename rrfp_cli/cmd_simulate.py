@@ -31,7 +31,7 @@ from rrfp_cli.options import (
     PolicyOpt,
     Seed,
     SplitOverhead,
-    Stages,
+    Ranks,
     StragglerProb,
     StragglerSlowdown,
     TaskOverhead,
@@ -46,7 +46,7 @@ from rrfp_cli.output import Column, Output, format_seconds, print_pairs, print_t
 
 
 def simulate(
-    stages: Stages = None,
+    stages: Ranks = None,
     chunks: Chunks = None,
     microbatches: Microbatches = None,
     placement: Placement = None,
@@ -107,7 +107,7 @@ def simulate(
                                         file_hint.shape.microbatches)
         asked = file_hint.shape.placement
     if stages is None or microbatches is None:
-        raise UserError("give --stages and --microbatches (or a hint file that fixes them)", "rrfp simulate")
+        raise UserError("give --ranks and --microbatches (or a hint file that fixes them)", "rrfp simulate")
     if compare and lookahead is not None:
         raise UserError("--compare runs ready with and without lookahead side by side; drop --lookahead",
                         "--lookahead")

@@ -477,7 +477,7 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None] | None)
     shape = pipeline_shape(frames)
     meta = next(iter(frames.meta.values()))
     replay = ["rrfp", "simulate", "--durations", str(path), "--durations-iteration", str(realized[0].iteration),
-              "--stages", str(shape.ranks), "--chunks", str(shape.chunks), "--microbatches", str(shape.microbatches),
+              "--ranks", str(shape.ranks), "--chunks", str(shape.chunks), "--microbatches", str(shape.microbatches),
               "--placement", shape.placement, "--hint", str(meta.get("hint")), "--policy", str(meta.get("policy"))]
     if meta.get("policy") == "ready":
         replay += ["--memory-budget", str(meta.get("memory_budget"))]

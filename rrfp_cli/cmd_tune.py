@@ -36,7 +36,7 @@ from rrfp_cli.options import (
     Placement,
     PolicyChoice,
     PolicyOpt,
-    Stages,
+    Ranks,
     SplitOverhead,
     StragglerProb,
     StragglerSlowdown,
@@ -65,7 +65,7 @@ def tune_hint(
     workload: Annotated[Optional[WorkloadChoice], typer.Option(
         "--workload", help=f"Tune on a duration model instead: {WORKLOAD_HELP}.",
         rich_help_panel=SOURCE)] = None,
-    stages: Stages = None,
+    stages: Ranks = None,
     chunks: Chunks = None,
     microbatches: Microbatches = None,
     placement: Placement = None,
@@ -221,12 +221,12 @@ def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout,
                 "meta": traced.meta, "inputs": {"runs": [str(r) for r in runs]}}
     if durations:
         if asked is None:
-            raise UserError("a duration table does not know the rank count: give --stages and --microbatches "
+            raise UserError("a duration table does not know the rank count: give --ranks and --microbatches "
                             "(and --chunks)", "--durations")
         return {"set": _from_tables(durations, asked, holdout, count, seed), "overhead": 0.0, "cost_model": None,
                 "traced": None, "config": None, "meta": None, "inputs": {"durations": [str(d) for d in durations]}}
     if asked is None:
-        raise UserError("a workload model needs --stages and --microbatches", "--workload")
+        raise UserError("a workload model needs --ranks and --microbatches", "--workload")
     return {"set": from_model(model, asked, count, count, seed), "overhead": 0.0, "cost_model": None, "traced": None,
             "config": None, "meta": None, "model": model,
             "inputs": {"workload": model.workload, "model": model.__dict__}}
@@ -234,7 +234,7 @@ def _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout,
 
 def _check_shape_flags(shape, stages, chunks, microbatches, placement=None) -> None:
     """Each of -p/-v/-m/--placement given beside a trace must match it (-p/-v/-m together: from_runs)."""
-    for flag, given, actual in (("--stages", stages, shape.ranks), ("--chunks", chunks, shape.chunks),
+    for flag, given, actual in (("--ranks", stages, shape.ranks), ("--chunks", chunks, shape.chunks),
                                 ("--microbatches", microbatches, shape.microbatches),
                                 ("--placement", placement, shape.placement)):
         if given is not None and given != actual:

@@ -44,9 +44,10 @@ WORKLOAD_HELP = (f"uniform; presets {', '.join(PRESET_NAMES)} (docs/workloads.md
                  f"{', '.join(LEGACY_ALIASES.values())} (aliases {', '.join(LEGACY_ALIASES)})")
 
 
-Stages = Annotated[
+Ranks = Annotated[
     Optional[int],
-    typer.Option("--stages", "-p", min=1, help="Pipeline ranks (pipeline-parallel degree).", rich_help_panel=SHAPE),
+    typer.Option("--ranks", "-p", "--stages", min=1, help="Pipeline ranks (pipeline-parallel degree; the model has "
+                 "ranks x chunks stages). --stages is its older name.", rich_help_panel=SHAPE),
 ]
 Chunks = Annotated[
     Optional[int],

@@ -18,7 +18,13 @@ from typing import Any, Callable, Iterator
 
 from rich.console import Console
 
-from hints.errors import UserError
+from hints.errors import UserError, as_flag, render_inputs
+
+def in_cli_terms(message: str) -> str:
+    """A library message with its inputs named by this CLI's flags ([Note: inputs in messages] in hints.errors):
+    every flag is its input's name with dashes (``memory_budget`` -> ``--memory-budget``). Every error the
+    CLI prints goes through here."""
+    return render_inputs(message, as_flag)
 
 
 class Output:

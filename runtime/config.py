@@ -17,7 +17,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from hints.errors import UserError
+from hints.errors import UserError, input_name
 from hints.files.load import hint_or_baseline, hint_shape
 from hints.tasks import PLACEMENTS, PipelineShape, Task
 from runtime.durations.presets import WORKLOAD_NAMES
@@ -109,7 +109,7 @@ class RunConfig:
             object.__setattr__(self, "memory_budget", str(self.memory_budget))  # TOML slots: memory-budget = 6
         if not isinstance(self.memory_budget, str):
             raise UserError(f"must be 1f1b, a multiple such as 2x, or slots, got {self.memory_budget!r}",
-                            "--memory-budget")
+                            "`memory_budget`")
         MemoryBudget.parse(self.memory_budget)  # checked under every policy: a typo is never ignored
         if not is_factory_path(self.workload):
             _check_choice("workload", self.workload, RUN_WORKLOADS + ("package.module:factory",))
@@ -130,52 +130,52 @@ class RunConfig:
         if self.checkpoint_every is not None:
             _check_int("checkpoint_every", self.checkpoint_every, 1)
         if not isinstance(self.skip_nonfinite, bool):
-            raise UserError(f"must be true or false, got {self.skip_nonfinite!r}", "--skip-nonfinite")
+            raise UserError(f"must be true or false, got {self.skip_nonfinite!r}", "`skip_nonfinite`")
         if self.seq_len is not None:
             _check_int("seq_len", self.seq_len, 1)
             if self.seq_len > 128:
-                raise UserError(f"at most 128 (the position table), got {self.seq_len}", "--seq-len")
+                raise UserError(f"at most 128 (the position table), got {self.seq_len}", "`seq_len`")
         for name in ("lr", "forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter"):
             _check_number(name, getattr(self, name), 0.0)
         _check_number("timeout", self.timeout, 0.001)
         if self.split_overhead is not None:
-            check_split_overhead(self.split_overhead, "--split-overhead")
+            check_split_overhead(self.split_overhead, "`split_overhead`")
         _check_number("straggler_slowdown", self.straggler_slowdown, 1.0)
         _check_number("straggler_prob", self.straggler_prob, 0.0)
         if self.straggler_prob > 1:
-            raise UserError(f"must be between 0 and 1, got {self.straggler_prob}", "--straggler-prob")
+            raise UserError(f"must be between 0 and 1, got {self.straggler_prob}", "`straggler_prob`")
         if self.hidden % self.heads:
-            raise UserError(f"--hidden {self.hidden} must be a multiple of --heads {self.heads}", "--hidden")
+            raise UserError(f"`hidden` {self.hidden} must be a multiple of `heads` {self.heads}", "`hidden`")
         self._check_tp()
         if self.workload == "multimodal" and self.stages * (self.chunks or 1) < 2:
-            raise UserError("the multimodal model needs at least 2 model stages (vision, language)", "--stages")
+            raise UserError("the multimodal model needs at least 2 model stages (vision, language)", "`ranks`")
         if not isinstance(self.delay, dict):
-            raise UserError("must map tasks to seconds, e.g. {\"1B0\" = 0.3}", "--delay")
+            raise UserError("must map tasks to seconds, e.g. {\"1B0\" = 0.3}", "`delay`")
         for text, seconds in self.delay.items():
-            _parse_task(text, "--delay")
+            _parse_task(text, "`delay`")
             _check_number(f"delay {text}", seconds, 0.0)
         for name in ("fail_at", "hang_at"):
             if getattr(self, name) is not None and self.fault(name)[1] >= self.iters:
                 raise UserError(f"{getattr(self, name)!r} is never reached: the run has {self.iters} iterations",
                                 _flag(name))
         if not isinstance(self.trace, bool):
-            raise UserError(f"must be true or false, got {self.trace!r}", "--trace")
+            raise UserError(f"must be true or false, got {self.trace!r}", "`trace`")
         if isinstance(self.lookahead, str) and self.lookahead.lower() in ("on", "off"):  # TOML, like the flag
             object.__setattr__(self, "lookahead", self.lookahead.lower() == "on")
         if self.lookahead is not None and not isinstance(self.lookahead, bool):
-            raise UserError(f"must be on, off, true or false, got {self.lookahead!r}", "--lookahead")
+            raise UserError(f"must be on, off, true or false, got {self.lookahead!r}", "`lookahead`")
         self.rule()
         _check_choice("p2p", self.p2p, P2P_MODES)
         check_p2p(self.p2p, self.rule())
         if self.p2p == "blocking" and self.tp > 1:
-            raise UserError("blocking is built for pipeline (and --dp) jobs: a TP follower learns its next task "
-                            "from its leader, too late to post its receives first; use --tp 1", "--p2p")
+            raise UserError("blocking is built for pipeline (and `dp`) jobs: a TP follower learns its next task "
+                            "from its leader, too late to post its receives first; use `tp` 1", "`p2p`")
         if self.trace_iters is not None and self.trace_window()[0] >= self.iters:
             raise UserError(f"{self.trace_iters!r} traces nothing: the run has {self.iters} iterations "
-                            f"(0..{self.iters - 1})", "--trace-iters")
+                            f"(0..{self.iters - 1})", "`trace_iters`")
         if self.nproc is not None and self.nproc != self.world_size:
             raise UserError(f"{self.nproc} processes cannot run {self.stages} stages x tp {self.tp} x dp {self.dp} "
-                            f"= {self.world_size} ranks", "--nproc")
+                            f"= {self.world_size} ranks", "`nproc`")
 
     def _check_tp(self) -> None:
         """``--tp`` must split what is sharded (:mod:`runtime.workloads.tp_layers`): attention heads, or the emulated layer.
@@ -185,17 +185,17 @@ class RunConfig:
         """
         if self.tp == 1 and self.dp == 1:
             return
-        which = "--tp" if self.tp != 1 else "--dp"
+        which = "`tp`" if self.tp != 1 else "`dp`"
         if is_factory_path(self.workload):
             raise UserError("a model of your own (package.module:factory) runs pipeline-parallel only for now; "
-                            "use --tp 1 --dp 1", which)
+                            "use `tp` 1 `dp` 1", which)
         if self.tp == 1:
             return
         if self.workload == "emulated":
             if EMULATED_WIDTH % self.tp:
-                raise UserError(f"{self.tp} does not divide the emulated layer's {EMULATED_WIDTH} features", "--tp")
+                raise UserError(f"{self.tp} does not divide the emulated layer's {EMULATED_WIDTH} features", "`tp`")
         elif self.heads % self.tp:
-            raise UserError(f"{self.tp} does not divide the model's {self.heads} attention heads (--heads)", "--tp")
+            raise UserError(f"{self.tp} does not divide the model's {self.heads} attention heads (`heads`)", "`tp`")
 
     def rule(self) -> ArbiterRule:
         """The arbiter rule ``policy`` and ``lookahead`` select (raises for lookahead under ``fixed``)."""
@@ -225,7 +225,7 @@ class RunConfig:
 
     def trace_window(self) -> tuple[int, int | None]:
         """``--trace-iters A:B`` as ``(A, B)``; ``B`` None means to the end."""
-        return parse_window(self.trace_iters, "--trace-iters")
+        return parse_window(self.trace_iters, "`trace_iters`")
 
     def traces(self, iteration: int) -> bool:
         start, stop = self.trace_window()
@@ -272,7 +272,8 @@ def parse_window(spec: str | None, flag: str) -> tuple[int, int | None]:
 
 
 def _flag(name: str) -> str:
-    return "--" + name.replace("_", "-")
+    """How an error names the field ``name`` ([Note: inputs in messages] in :mod:`hints.errors`)."""
+    return input_name(name)
 
 
 def _check_choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
@@ -322,7 +323,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
         name = key.replace("-", "_")
         if name not in FIELD_NAMES:
             close = difflib.get_close_matches(name, FIELD_NAMES, n=1)
-            hint = f"; did you mean {_flag(close[0])[2:]!r}?" if close else ""
+            hint = f"; did you mean {close[0].replace('_', '-')!r}?" if close else ""
             raise UserError(f"unknown key {key!r}{hint}", where)
         values[name] = value
     hint = values.get("hint")

@@ -25,7 +25,7 @@ def test_budget_parse(text, factor, slots):
 def test_budget_parse_rejects(text):
     with pytest.raises(UserError) as caught:
         MemoryBudget.parse(text)
-    assert caught.value.where == "--memory-budget"
+    assert caught.value.where == "`memory_budget`"  # the library's name for it; the CLI shows --memory-budget
 
 
 @pytest.mark.parametrize("p,v,m", [(4, 1, 8), (4, 1, 2), (8, 1, 32), (4, 2, 8), (4, 2, 12), (3, 3, 6), (2, 2, 1)])
@@ -169,7 +169,7 @@ def test_decision_records_cover_every_task():
 def test_builtin_requirements_are_clear():
     with pytest.raises(HintError, match="interleaved-1f1b"):
         builtin_hint("1f1b", 4, 2, 8)
-    with pytest.raises(HintError, match="--chunks >= 2"):
+    with pytest.raises(HintError, match="`chunks` >= 2"):
         builtin_hint("interleaved-1f1b", 4, 1, 8)
     with pytest.raises(HintError, match="multiple of 2"):
         builtin_hint("interleaved-1f1b", 4, 2, 9)
@@ -279,7 +279,7 @@ def test_rules_from_policy_and_lookahead():
     assert rule_for("ready").name == "lookahead"  # the default
     assert rule_for("ready", lookahead=False).name == "greedy"
     assert rule_for("fixed").name == "fixed"
-    with pytest.raises(UserError, match="--policy ready"):
+    with pytest.raises(UserError, match="`policy` ready"):
         rule_for("fixed", lookahead=True)
     with pytest.raises(UserError, match="not a policy"):
         rule_for("eager")

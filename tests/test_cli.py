@@ -414,7 +414,7 @@ def test_error_negative_task_overhead(tmp_path):
 
 def test_error_simulate_without_shape(tmp_path):
     line = user_error(tmp_path, "simulate")
-    assert "--stages" in line and "--microbatches" in line
+    assert "--ranks" in line and "--microbatches" in line
 
 
 # -- deadlock report ---------------------------------------------------------------------
@@ -476,7 +476,7 @@ def test_error_hints_export_where_it_cannot_write(tmp_path, flag, target, why):
 
 
 @pytest.mark.parametrize("args, line", [
-    (["simulate", "-p", "0"], "error: Invalid value for '--stages' / '-p': Input should be greater than or equal to 1 "
+    (["simulate", "-p", "0"], "error: Invalid value for '--ranks' / '-p' / '--stages': Input should be greater than or equal to 1 "
                               "(see rrfp simulate --help)"),
     (["run", "--nope"], "error: No such option: --nope (Possible options: --compare, --no-trace, --nproc) "
                         "(see rrfp run --help)"),

@@ -170,7 +170,7 @@ def test_text_in_a_number_column_names_its_own_row(tmp_path, cells, message):
 def test_latency_column_and_comm_latency_are_ambiguous(tmp_path):
     path = tmp_path / "d.csv"
     write_frame(path, rows_2x1())
-    with pytest.raises(UserError, match=r"holds latencies .* --comm-latency 0.5 would be ambiguous") as caught:
+    with pytest.raises(UserError, match=r"holds latencies .* `comm_latency` 0.5 would be ambiguous") as caught:
         load_durations(path, 2, 1, comm_latency=0.5)
     assert caught.value.where == str(path)
 

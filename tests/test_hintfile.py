@@ -518,7 +518,7 @@ def test_resolve_builtin_name():
 
 
 def test_resolve_builtin_needs_a_shape():
-    with pytest.raises(HintError, match="needs --stages and --microbatches"):
+    with pytest.raises(HintError, match="needs `ranks` and `microbatches`"):
         resolve_hint("1f1b")
 
 
@@ -566,13 +566,13 @@ def test_resolve_placement(tmp_path):
         resolve_hint("zbv", 2, 1, 4)
     path = tmp_path / "v.json"
     save_hint(builtin_hint("zbv", 2, 2, 4), path)
-    with pytest.raises(HintError, match="the file is for placement v but --placement looping was asked"):
+    with pytest.raises(HintError, match="the file is for placement v but `placement` looping was asked"):
         resolve_hint(str(path), placement="looping")
 
 
 @pytest.mark.parametrize(
     "ranks, chunks, microbatches, label",
-    [(4, None, 16, "microbatches"), (2, None, 8, "stages"), (None, 2, None, "chunks")],
+    [(4, None, 16, "microbatches"), (2, None, 8, "ranks"), (None, 2, None, "chunks")],
 )
 def test_resolve_file_whose_shape_disagrees(tmp_path, ranks, chunks, microbatches, label):
     path = tmp_path / "h.json"
@@ -581,7 +581,7 @@ def test_resolve_file_whose_shape_disagrees(tmp_path, ranks, chunks, microbatche
         resolve_hint(str(path), ranks, chunks, microbatches)
     message = str(info.value)
     assert message.startswith(f"{path}: the file is for {label} ")
-    assert f"--{label}" in message
+    assert f"but `{label}` " in message  # the input, by its library name
 
 
 def test_task_parse_and_text_agree():

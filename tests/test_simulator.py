@@ -308,7 +308,7 @@ def test_blocking_is_refused_under_the_ready_policy():
     hint = builtin_hint("1f1b", 2, 1, 4)
     graph = TaskGraph.build(hint.shape)
     for rule in ("ready", "greedy", "lookahead"):
-        with pytest.raises(UserError, match="--p2p: blocking applies to --policy fixed only"):
+        with pytest.raises(UserError, match="`p2p`: blocking applies to `policy` fixed only"):
             simulate(hint, unit_durations(graph), rule, graph=graph, p2p="blocking")
     with pytest.raises(UserError, match="'eager' is not one of async, blocking"):
         simulate(hint, unit_durations(graph), "fixed", graph=graph, p2p="eager")

@@ -29,7 +29,7 @@ def test_objectives():
     assert Objective.parse("p90")(values) == pytest.approx(9.1)
     assert Objective.parse("cvar:0.8")(values) == pytest.approx(9.5)  # mean of the worst 20%: 9 and 10
     for bad in ("median", "p0", "p100", "cvar:1", "cvar:x"):
-        with pytest.raises(Exception, match="--objective"):
+        with pytest.raises(Exception, match="`objective`"):
             Objective.parse(bad)
 
 
@@ -295,13 +295,13 @@ def test_tune_hint_bad_input(traced_run, tmp_path):
     root, run = traced_run
     cases = [
         (["tune-hint", str(run), "--out", "x", "-p", "4", "-m", "6"], "was asked"),
-        (["tune-hint", str(run), "--out", "x", "-p", "4"], "--stages: the trace is of"),  # one flag alone too
+        (["tune-hint", str(run), "--out", "x", "-p", "4"], "--ranks: the trace is of"),  # one flag alone too
         (["tune-hint", str(run), "--out", "/proc/x"], "cannot write in /proc"),  # before the search, not after
         (["tune-hint", str(run), "--out", "x", "--time-budget", "0"], "--time-budget"),
         (["tune-hint", str(run), "--out", str(run)], "already exists"),
         (["tune-hint", "--out", "x"], "give one source"),
         (["tune-hint", str(run), "--workload", "uniform", "-p", "3", "-m", "6", "--out", "x"], "give one source"),
-        (["tune-hint", "--durations", "d.csv", "--out", "x"], "--stages and --microbatches"),
+        (["tune-hint", "--durations", "d.csv", "--out", "x"], "--ranks and --microbatches"),
         (["tune-hint", "--check", str(run)], "go together"),
     ]
     empty = tmp_path / "empty"

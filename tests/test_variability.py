@@ -111,7 +111,7 @@ def test_model_rejects_bad_knobs():
         VariabilityModel(workload="video")
     with pytest.raises(UserError) as caught:
         VariabilityModel(jitter=-1)
-    assert caught.value.where == "jitter"
+    assert caught.value.where == "`jitter`"  # [Note: inputs in messages]
     with pytest.raises(UserError):
         VariabilityModel(straggler_prob=2)
 
@@ -222,4 +222,4 @@ def test_split_overhead_one_is_the_legacy_halves_exactly():
 def test_split_overhead_rejects_bad_values(bad):
     with pytest.raises(UserError) as caught:
         VariabilityModel(split_overhead=bad)
-    assert caught.value.where == "split-overhead"
+    assert caught.value.where == "`split_overhead`"  # the library's name for it ([Note: inputs in messages])

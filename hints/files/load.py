@@ -12,7 +12,7 @@ import json
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from hints.errors import HintError
+from hints.errors import HintError, input_name
 from hints.files.hint_json import hint_from_json
 from hints.files.torch_csv import hint_from_torch_rows
 from hints.files.torch_names import TORCH_PREFIX, V_SCHEDULES
@@ -67,7 +67,7 @@ def hint_placement(spec: str, stated: str | None = None) -> str:
     import then checks it against torch's stage ids), a file's, or looping.
     """
     if stated is not None:
-        return check_placement(stated, "--placement")
+        return check_placement(stated, "`placement`")
     if spec in BUILTIN_HINTS:
         return BUILTIN_HINTS[spec].placement
     if spec.startswith(TORCH_PREFIX):
@@ -96,10 +96,10 @@ def resolve_hint(
     None is 2 under V placement, else 1.
     """
     if placement is not None:
-        check_placement(placement, "--placement")
+        check_placement(placement, "`placement`")
     if spec in BUILTIN_HINTS or spec.startswith(TORCH_PREFIX):
         if ranks is None or microbatches is None:
-            raise HintError(f"hint {spec!r} needs --stages and --microbatches")
+            raise HintError(f"hint {spec!r} needs `ranks` and `microbatches`")
         if spec in BUILTIN_HINTS:
             chunks = chunks or default_chunks(placement or BUILTIN_HINTS[spec].placement)
             return builtin_hint(spec, ranks, chunks, microbatches, costs, priorities, placement)
@@ -113,12 +113,12 @@ def resolve_hint(
             f"and no such file"
         )
     hint = load_hint(path, placement)
-    for label, given, actual in (
-        ("--stages", ranks, hint.shape.ranks),
-        ("--chunks", chunks, hint.shape.chunks),
-        ("--microbatches", microbatches, hint.shape.microbatches),
-        ("--placement", placement, hint.shape.placement),
+    for name, given, actual in (
+        ("ranks", ranks, hint.shape.ranks),
+        ("chunks", chunks, hint.shape.chunks),
+        ("microbatches", microbatches, hint.shape.microbatches),
+        ("placement", placement, hint.shape.placement),
     ):
         if given is not None and given != actual:
-            raise HintError(f"the file is for {label.lstrip('-')} {actual} but {label} {given} was asked", spec)
+            raise HintError(f"the file is for {name} {actual} but {input_name(name)} {given} was asked", spec)
     return hint

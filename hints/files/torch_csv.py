@@ -94,7 +94,7 @@ def infer_placement(orders: Sequence[Sequence[Task]], chunks: int, where: str, s
     no placement is a :class:`HintError` naming a stage that is on the wrong rank for each of them.
     """
     ranks = len(orders)
-    candidates = [check_placement(stated, "--placement")] if stated is not None else list(PLACEMENTS)
+    candidates = [check_placement(stated, "`placement`")] if stated is not None else list(PLACEMENTS)
     placed = {task.stage: rank for rank, order in enumerate(orders) for task in order}
     reasons = []
     for placement in candidates:

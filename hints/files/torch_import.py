@@ -72,9 +72,9 @@ def import_torch_schedule(name: str, ranks: int, microbatches: int, chunks: int 
     if chunks is None:
         chunks = 1 if single else 2
     if single and chunks != 1:
-        raise HintError(f"torch schedule {name!r} runs one stage per rank; use --chunks 1")
+        raise HintError(f"torch schedule {name!r} runs one stage per rank; use `chunks` 1")
     if not single and chunks < 2:
-        raise HintError(f"torch schedule {name!r} runs several stages per rank; use --chunks >= 2")
+        raise HintError(f"torch schedule {name!r} runs several stages per rank; use `chunks` >= 2")
     try:
         actions = get_schedule_ops(schedule_class, ranks, microbatches, chunks)
     except Exception as err:  # torch raises ValueError/AssertionError/RuntimeError for bad shapes

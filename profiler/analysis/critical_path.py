@@ -47,7 +47,7 @@ def critical_path(frames: TraceFrames, iteration: int | None = None) -> Critical
     if iteration is None:
         iteration = iterations[-1]
     if iteration not in iterations:
-        raise UserError(f"iteration {iteration} is not in the trace (traced: {iterations})", "--iteration")
+        raise UserError(f"iteration {iteration} is not in the trace (traced: {iterations})", "`iteration`")
     tasks = frames.tasks.filter(pl.col("iteration") == iteration).sort("start_ns")
     info = {text: (rank, start, end) for text, rank, start, end in
             tasks.select("task", "rank", "start_ns", "end_ns").iter_rows()}

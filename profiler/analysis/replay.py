@@ -30,7 +30,7 @@ def trace_hint(frames: TraceFrames, iteration: int) -> HintOrder:
     missing = [rank for rank in range(shape.ranks) if not hints.get(rank)]
     if missing:
         raise UserError(f"iteration {iteration}: rank {missing[0]}'s iteration record (its hint order) is missing "
-                        f"from the trace (cut short?); replay other iterations with --iterations", frames.path)
+                        f"from the trace (cut short?); replay other iterations with `iterations`", frames.path)
     orders = tuple(tuple(Task.parse(t) for t in hints[rank].split()) for rank in range(shape.ranks))
     name = next(iter(frames.meta.values())).get("hint", "trace")
     return HintOrder(shape, orders, f"{name} (traced)")
@@ -106,7 +106,7 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     incomplete = [i for i in iterations if i not in complete]
     if incomplete:
         raise UserError(f"iteration {incomplete[0]} is not a complete traced iteration "
-                        f"(complete: {', '.join(map(str, complete))})", "--iterations")
+                        f"(complete: {', '.join(map(str, complete))})", "`iterations`")
     calibration = None
     if overhead is None:
         calibration = dispatch_overhead(frames, iterations)

@@ -75,7 +75,7 @@ def chosen_iterations(iterations: Sequence[int], window: tuple[int, int | None] 
 
 
 def select_iterations(frames: TraceFrames, window: tuple[int, int | None] | None = None,
-                      flag: str = "--iterations") -> tuple[TraceFrames, list[str]]:
+                      flag: str = "`iterations`") -> tuple[TraceFrames, list[str]]:
     """``frames`` cut to :func:`chosen_iterations` of its traced ones, and notes for the user.
 
     [Note: iteration 0]

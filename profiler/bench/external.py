@@ -85,7 +85,7 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # befor
 
 import torch
 
-from hints.errors import HintError, UserError
+from hints.errors import HintError, UserError, as_flag, render_inputs
 from hints.orders import peak_in_flight
 from hints.tasks import LOOPING, V, B, PipelineShape, W
 from hints.files.torch_import import import_torch_schedule
@@ -446,8 +446,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         try:
             torch_peaks(name, args.stages, args.microbatches)
         except HintError as err:
-            parser.error(str(err))
+            parser.error(in_script_terms(str(err)))
     return args
+
+
+def in_script_terms(message: str) -> str:
+    """A library message with its inputs named by this script's flags ([Note: inputs in messages] in
+    hints.errors): the pipeline's ranks are ``--stages`` here."""
+    return render_inputs(message, lambda name: "--stages" if name == "ranks" else as_flag(name))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -463,7 +469,7 @@ def main(argv: list[str] | None = None) -> None:
                 preflight([job.config for job in plan_case(case, args.schedules, args.hints, args.budgets,
                                                            args.layers_per_rank, Path(tmp)).jobs])
     except (UserError, HintError) as err:
-        print(f"error: {err}", file=sys.stderr)
+        print(f"error: {in_script_terms(str(err))}", file=sys.stderr)
         sys.exit(2)
     began = time.perf_counter()
     print("## torch.distributed.pipelining vs rrfp run\n")

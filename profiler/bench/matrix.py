@@ -136,28 +136,28 @@ def check_settings(settings: Settings) -> None:
 
     for name in settings.workloads:
         if name not in KNOWN:
-            raise UserError(f"unknown workload {name!r}; choose from {', '.join(KNOWN)}", "--workloads")
+            raise UserError(f"unknown workload {name!r}; choose from {', '.join(KNOWN)}", "`workloads`")
     if not settings.workloads:
-        raise UserError("give at least one workload", "--workloads")
+        raise UserError("give at least one workload", "`workloads`")
     if not settings.ranks or any(r < 2 for r in settings.ranks):
-        raise UserError(f"every rank count must be at least 2, got {list(settings.ranks)}", "--ranks")
+        raise UserError(f"every rank count must be at least 2, got {list(settings.ranks)}", "`ranks`")
     if not settings.budgets:
-        raise UserError("give at least one budget, e.g. 1f1b,2x", "--budgets")
+        raise UserError("give at least one budget, e.g. 1f1b,2x", "`budgets`")
     chunks = max(row.chunks for row in MATRIX_ROWS)
     for ranks in settings.ranks:  # a budget too small for some cell is refused now, not at that cell
         shape = PipelineShape(ranks, chunks, MICROBATCHES_PER_RANK * ranks)
         for budget in settings.budgets:
             MemoryBudget.parse(budget).per_rank(shape)
     if settings.seeds < 1 or settings.iterations < 1:
-        raise UserError("need at least one seed and one iteration", "--seeds")
+        raise UserError("need at least one seed and one iteration", "`seeds`")
     if settings.jitter < 0 or any(j < 0 for j in settings.variability_jitters):
-        raise UserError("jitter must be >= 0", "--jitter")
+        raise UserError("jitter must be >= 0", "`jitter`")
     if settings.tune_seconds < 0:
-        raise UserError("must be >= 0 (0 skips the tuned row)", "--tune-seconds")
+        raise UserError("must be >= 0 (0 skips the tuned row)", "`tune_seconds`")
     if settings.split_overhead is not None:
         from runtime.durations.variability import check_split_overhead
 
-        check_split_overhead(settings.split_overhead, "--split-overhead")
+        check_split_overhead(settings.split_overhead, "`split_overhead`")
 
 
 def parse_ranks(text: str) -> tuple[int, ...]:
@@ -165,9 +165,9 @@ def parse_ranks(text: str) -> tuple[int, ...]:
     try:
         ranks = tuple(int(part) for part in text.split(",") if part.strip())
     except ValueError:
-        raise UserError(f"{text!r} is not a comma-separated list of integers, e.g. 8,16,32", "--ranks") from None
+        raise UserError(f"{text!r} is not a comma-separated list of integers, e.g. 8,16,32", "`ranks`") from None
     if not ranks or any(r < 2 for r in ranks):
-        raise UserError(f"{text!r}: give rank counts of at least 2, e.g. 8,16,32", "--ranks")
+        raise UserError(f"{text!r}: give rank counts of at least 2, e.g. 8,16,32", "`ranks`")
     return tuple(sorted(set(ranks)))
 
 

@@ -139,16 +139,16 @@ def _jsonable(value):
 def check_out(out: Path, force: bool) -> None:
     """The results folder: new, or holding none of the suite's files unless ``force``; writable."""
     if out.exists() and not out.is_dir():
-        raise UserError("is a file; give a directory", f"--out {out}")
+        raise UserError("is a file; give a directory", f"`out` {out}")
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
-        raise UserError(f"no such directory {str(parent)!r}", f"--out {out}")
+        raise UserError(f"no such directory {str(parent)!r}", f"`out` {out}")
     clash = [name for name in OUTPUT_NAMES if (out / name).exists()]
     if clash and not force:
-        raise UserError(f"already holds {clash[0]}; pass --force to overwrite", f"--out {out}")
+        raise UserError(f"already holds {clash[0]}; pass `force` to overwrite", f"`out` {out}")
     try:  # created now, and probed with a file: os.access says yes to root in read-only places (/proc)
         out.mkdir(exist_ok=True)
         with tempfile.TemporaryFile(dir=out):
             pass
     except OSError as err:
-        raise UserError(f"cannot write there: {err.strerror or err}", f"--out {out}") from None
+        raise UserError(f"cannot write there: {err.strerror or err}", f"`out` {out}") from None

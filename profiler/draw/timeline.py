@@ -137,7 +137,7 @@ def panels_for(runs: Sequence[tuple[str, TraceFrames]], iteration: int | None) -
             raise UserError("the trace holds no tasks to draw", frames.path)
         chosen = iterations[-1] if iteration is None else iteration
         if chosen not in iterations:
-            raise UserError(f"iteration {chosen} is not in the trace (traced: {iterations})", "--iteration")
+            raise UserError(f"iteration {chosen} is not in the trace (traced: {iterations})", "`iteration`")
         panels.append(Panel(title, frames, chosen))
     return panels
 

@@ -165,7 +165,7 @@ def locate_trace(path: str | Path) -> tuple[list[Path], str | None]:
     if jobs:
         names = ", ".join(job.name for job in jobs)
         raise TraceError(f"holds several jobs ({names}); give one of them, e.g. {jobs[0]}", str(path))
-    raise TraceError("holds no trace (trace.pftrace or trace/rank*.pftrace); was it run with --no-trace?",
+    raise TraceError("holds no trace (trace.pftrace or trace/rank*.pftrace); was it run with `no_trace`?",
                      str(path))
 
 

@@ -94,8 +94,8 @@ def load_durations(path: str | Path, stages: int, microbatches: int, comm_latenc
         raise UserError(f"missing column {missing[0]!r} (needs {', '.join(COLUMNS)})", where)
     has_latency = LATENCY in frame.columns
     if has_latency and comm_latency != 0:
-        raise UserError(f"the table holds latencies (a {LATENCY!r} column), so --comm-latency {comm_latency:g} "
-                        f"would be ambiguous; leave --comm-latency at 0", where)
+        raise UserError(f"the table holds latencies (a {LATENCY!r} column), so `comm_latency` {comm_latency:g} "
+                        f"would be ambiguous; leave `comm_latency` at 0", where)
     frame = frame.with_row_index(_ROW, offset=2)
     if ITERATION in frame.columns:
         present = sorted(frame.get_column(ITERATION).unique().to_list(), key=lambda x: (x is None, x))
@@ -105,7 +105,7 @@ def load_durations(path: str | Path, stages: int, microbatches: int, comm_latenc
         frame = frame.filter(pl.col(ITERATION) == chosen)
         where = f"{where} (iteration {chosen})"
     elif iteration is not None:
-        raise UserError("has no iteration column, so --durations-iteration does not apply", where)
+        raise UserError("has no iteration column, so `durations_iteration` does not apply", where)
 
     table: dict[str, list[list[float | None]]] = {k: [[None] * microbatches for _ in range(stages)] for k in "FBIW"}
     latency: dict[tuple[int, str, int], tuple[float | None, int]] = {}  # task -> (latency, row number)

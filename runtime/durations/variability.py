@@ -66,7 +66,7 @@ from dataclasses import dataclass, field, fields
 from itertools import chain
 from typing import Callable, Sequence
 
-from hints.errors import UserError
+from hints.errors import UserError, input_name
 from hints.tasks import B, F, I, PipelineShape
 from hints.deps import TaskGraph
 from runtime.durations.presets import (
@@ -113,14 +113,14 @@ class VariabilityModel:
 
     def __post_init__(self) -> None:
         if self.workload not in WORKLOADS:
-            raise UserError(f"unknown workload {self.workload!r}; choose from {', '.join(WORKLOADS)}", "workload")
+            raise UserError(f"unknown workload {self.workload!r}; choose from {', '.join(WORKLOADS)}", "`workload`")
         if self.split_overhead is None:
             object.__setattr__(self, "split_overhead", default_split_overhead(self.workload))
         if self.samples is None:
             object.__setattr__(self, "samples", self.preset.samples if self.preset is not None else 4)
         if self.cost_table is not None and self.preset is None:
             raise UserError(f"a cost table is costed with a preset's cost model; choose one of "
-                            f"{', '.join(PRESETS)}, not {self.workload!r}", "--workload")
+                            f"{', '.join(PRESETS)}, not {self.workload!r}", "`workload`")
         if self.cost_table is not None:
             self.cost_table.means(self.preset)  # a table the preset cannot weigh is refused here, not mid-run
         nonneg = ("forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter",
@@ -128,18 +128,18 @@ class VariabilityModel:
         for name in nonneg:
             value = getattr(self, name)
             if not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
-                raise UserError(f"must be a number >= 0, got {value!r}", name.replace("_", "-"))
+                raise UserError(f"must be a number >= 0, got {value!r}", input_name(name))
         if not 0.0 <= self.straggler_prob <= 1.0:
-            raise UserError(f"must be between 0 and 1, got {self.straggler_prob!r}", "straggler-prob")
+            raise UserError(f"must be between 0 and 1, got {self.straggler_prob!r}", "`straggler_prob`")
         if self.straggler_slowdown < 1.0:
-            raise UserError(f"must be >= 1, got {self.straggler_slowdown!r}", "straggler-slowdown")
+            raise UserError(f"must be >= 1, got {self.straggler_slowdown!r}", "`straggler_slowdown`")
         if self.attention > 1.0:
-            raise UserError(f"must be between 0 and 1, got {self.attention!r}", "attention")
+            raise UserError(f"must be between 0 and 1, got {self.attention!r}", "`attention`")
         for name in ("samples", "seq_len_min", "seq_len_max", "seq_len_median", "text_tokens", "image_tokens"):
             if getattr(self, name) < 1:
-                raise UserError(f"must be >= 1, got {getattr(self, name)!r}", name.replace("_", "-"))
+                raise UserError(f"must be >= 1, got {getattr(self, name)!r}", input_name(name))
         if self.seq_len_min > self.seq_len_max:
-            raise UserError("seq-len-min is above seq-len-max", "seq-len-min")
+            raise UserError("`seq_len_min` is above `seq_len_max`", "`seq_len_min`")
         check_split_overhead(self.split_overhead)
 
     @classmethod
@@ -169,12 +169,12 @@ class VariabilityModel:
             return 0
         if self.vision_stages is not None:
             if not 1 <= self.vision_stages < max(2, stages):
-                raise UserError(f"must be between 1 and {stages - 1} for {stages} stages", "vision-stages")
+                raise UserError(f"must be between 1 and {stages - 1} for {stages} stages", "`vision_stages`")
             return self.vision_stages
         return max(1, stages // 4) if stages > 1 else 1
 
 
-def check_split_overhead(value: object, where: str = "split-overhead") -> None:
+def check_split_overhead(value: object, where: str = "`split_overhead`") -> None:
     """A split backward does at least the fused one's work: ``split_overhead`` is a finite number >= 1."""
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1.0:
         raise UserError(f"must be a finite number >= 1 (I + W over B), got {value!r}", where)

@@ -91,7 +91,7 @@ def inject_faults(fail_at: tuple[Task, int] | None, hang_at: tuple[Task, int] | 
     def wrapper(handler: Handler) -> Handler:
         def faulty(iteration: int, task: Task, tid: int) -> Outputs:
             if (task, iteration) == fail_at:
-                raise InjectedFault(f"injected failure in task {task} of iteration {iteration} (--fail-at)")
+                raise InjectedFault(f"injected failure in task {task} of iteration {iteration} (`fail_at`)")
             if (task, iteration) == hang_at:
                 while True:
                     time.sleep(1.0)

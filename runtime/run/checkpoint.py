@@ -118,14 +118,14 @@ def manifest_for(config, step: int) -> dict[str, Any]:
             "model": {name: getattr(config, name) for name in MODEL_FIELDS}}
 
 
-def check_resumable(config, run_dir: str | Path, flag: str = "--resume") -> Path:
+def check_resumable(config, run_dir: str | Path, flag: str = "`resume`") -> Path:
     """The checkpoint ``config`` resumes from in ``run_dir``; ``UserError`` if there is none or it does not fit."""
     run_dir = Path(run_dir)
     if not run_dir.is_dir():
         raise UserError(f"{run_dir} is not a directory", flag)
     path = latest(run_dir)
     if path is None:
-        raise UserError(f"{run_dir} holds no checkpoint (run with --checkpoint-every K to write them)", flag)
+        raise UserError(f"{run_dir} holds no checkpoint (run with `checkpoint_every` K to write them)", flag)
     manifest = read_manifest(path)
     for group, here in (("shape", _shape(config)), ("model", {name: getattr(config, name) for name in MODEL_FIELDS})):
         saved = manifest.get(group, {})
@@ -136,7 +136,7 @@ def check_resumable(config, run_dir: str | Path, flag: str = "--resume") -> Path
     _check_parameters(config, path, flag)
     if manifest["step"] >= config.iters:
         raise UserError(f"{path.name} has already trained {manifest['step']} iterations and the run has "
-                        f"{config.iters}; give --iters > {manifest['step']}", flag)
+                        f"{config.iters}; give `iters` > {manifest['step']}", flag)
     return path
 
 

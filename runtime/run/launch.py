@@ -190,11 +190,11 @@ def _check_device(config) -> None:
     import torch
 
     if not torch.cuda.is_available():
-        what, flag = ("cuda", "--device") if config.device == "cuda" else ("nccl", "--backend")
+        what, flag = ("cuda", "`device`") if config.device == "cuda" else ("nccl", "`backend`")
         raise UserError(f"{what} needs CUDA, which this machine does not have (torch {torch.__version__}); "
-                        f"use --device cpu --backend gloo", flag)
+                        f"use `device` cpu `backend` gloo", flag)
     if config.backend == "nccl" and config.device == "cpu":
-        raise UserError("nccl moves CUDA tensors only; use --device cuda or --backend gloo", "--backend")
+        raise UserError("nccl moves CUDA tensors only; use `device` cuda or `backend` gloo", "`backend`")
 
 
 REPORTED_EXIT_DELAY = 1.0  # seconds: > the agent's monitor interval (0.1 s), with room for a loaded machine
@@ -237,7 +237,7 @@ def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, An
     if world != config.world_size:
         raise UserError(f"torchrun started {world} processes but {config.stages} stages x tp {config.tp} x "
                         f"dp {config.dp} need {config.world_size}; use --nproc-per-node (x nodes) = "
-                        f"{config.world_size}", "--stages")
+                        f"{config.world_size}", "`ranks`")
     out_root = Path(options.out_root)
     began = time.time()
     try:

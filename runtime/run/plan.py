@@ -14,7 +14,7 @@ iteration starts (``Workload.expected``); every other hint is built once.
 
 from __future__ import annotations
 
-from hints.errors import UserError
+from hints.errors import UserError, input_name
 from hints.orders import BUILTIN_HINTS, HintOrder
 from hints.tasks import PipelineShape
 from runtime.config import hint_spec, run_shape
@@ -58,7 +58,7 @@ def validate_run(config) -> HintOrder:
             (run.ranks, run.chunks, run.microbatches, run.placement):
         from hints.errors import HintError
 
-        raise HintError(f"the hint is for {shape.describe()} but the run has {run.describe()}", "--hint")
+        raise HintError(f"the hint is for {shape.describe()} but the run has {run.describe()}", "`hint`")
     _check_task_flags(config, shape)
     rule = config.rule()
     if rule.uses_budget:
@@ -72,9 +72,9 @@ def validate_run(config) -> HintOrder:
 
 def _check_task_flags(config, shape: PipelineShape) -> None:
     """``--fail-at``, ``--hang-at`` and ``--delay`` name tasks of this job (else they would silently never fire)."""
-    faults = [("--fail-at", config.fault("fail_at")), ("--hang-at", config.fault("hang_at"))]
-    named = [(flag, fault[0]) for flag, fault in faults if fault]
-    named += [("--delay", task) for task in config.delays_by_task()]
-    for flag, task in named:
+    faults = [(name, config.fault(name)) for name in ("fail_at", "hang_at")]
+    named = [(name, fault[0]) for name, fault in faults if fault]
+    named += [("delay", task) for task in config.delays_by_task()]
+    for name, task in named:
         if not shape.contains(task):
-            raise UserError(f"{task} is not a task of this run ({shape.describe()})", flag)
+            raise UserError(f"{task} is not a task of this run ({shape.describe()})", input_name(name))

@@ -191,7 +191,7 @@ def _device_and_backend(config, local_rank: int, world: int):
 
     use_cuda = config.device == "cuda" or (config.device == "auto" and torch.cuda.is_available())
     if use_cuda and not torch.cuda.is_available():
-        raise RuntimeError("--device cuda asked for, but CUDA is not available")
+        raise RuntimeError("`device` cuda asked for, but CUDA is not available")
     device = torch.device("cuda", local_rank % torch.cuda.device_count()) if use_cuda else torch.device("cpu")
     if use_cuda:
         torch.cuda.set_device(device)

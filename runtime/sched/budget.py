@@ -42,13 +42,13 @@ class MemoryBudget:
         if scaled:
             factor = float(scaled.group(1))
             if factor < 1.0:
-                raise UserError(f"{text!r}: a multiple below 1x would starve 1F1B's own order", "--memory-budget")
+                raise UserError(f"{text!r}: a multiple below 1x would starve 1F1B's own order", "`memory_budget`")
             return cls(raw, factor=factor)
         if raw.isdigit():
             return cls(raw, slots=int(raw))
         raise UserError(
             f"{text!r} is not a budget; use 1f1b, a multiple such as 2x, or a slot count such as 6",
-            "--memory-budget",
+            "`memory_budget`",
         )
 
     def per_rank(self, shape: PipelineShape) -> list[int]:
@@ -65,7 +65,7 @@ class MemoryBudget:
             raise UserError(
                 f"{self.spec} gives {smallest} slot(s) on some rank, below the smallest that can complete: "
                 f"one microbatch needs {shape.chunks} slot(s) (one per chunk) on every rank",
-                "--memory-budget",
+                "`memory_budget`",
             )
         return budgets
 

@@ -76,7 +76,7 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
     if builtin is None or not (builtin.takes_costs or builtin.takes_priorities):
         return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
     if ranks is None or microbatches is None:
-        raise UserError(f"hint {spec!r} needs --stages and --microbatches")
+        raise UserError(f"hint {spec!r} needs `ranks` and `microbatches`")
     shape = hint_shape(spec, ranks, chunks, microbatches, placement)
     placement = shape.placement
     if table is None:

@@ -97,11 +97,11 @@ def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | 
         policy = Policy(str(policy))
     except ValueError:
         raise UserError(f"{policy!r} is not a policy; choose from {', '.join(p.value for p in Policy)}",
-                        "--policy") from None
+                        "`policy`") from None
     if policy is Policy.FIXED:
         if lookahead is not None:
-            raise UserError("applies to --policy ready only: the fixed policy runs the hint exactly",
-                            "--lookahead")
+            raise UserError("applies to `policy` ready only: the fixed policy runs the hint exactly",
+                            "`lookahead`")
         return RULES["fixed"]
     if lookahead is None:
         lookahead = hint not in LOOKAHEAD_OFF_BY_DEFAULT
@@ -119,10 +119,10 @@ def check_p2p(p2p: str, rule: ArbiterRule) -> str:
     whatever has arrived, so a receive posted before a chosen task means nothing to it: refused.
     """
     if p2p not in P2P_MODES:
-        raise UserError(f"{p2p!r} is not one of {', '.join(P2P_MODES)}", "--p2p")
+        raise UserError(f"{p2p!r} is not one of {', '.join(P2P_MODES)}", "`p2p`")
     if p2p == "blocking" and not rule.exact_order:
-        raise UserError(f"blocking applies to --policy fixed only (this is {rule.policy}): readiness-first runs "
-                        f"whatever message has arrived, so it cannot post its receives in a fixed order", "--p2p")
+        raise UserError(f"blocking applies to `policy` fixed only (this is {rule.policy}): readiness-first runs "
+                        f"whatever message has arrived, so it cannot post its receives in a fixed order", "`p2p`")
     return p2p
 
 

@@ -105,7 +105,7 @@ def simulate(
     else:
         compute, transfer = durations
     if overhead < 0 or overhead != overhead:
-        raise UserError(f"must be a number >= 0, got {overhead!r}", "--task-overhead")
+        raise UserError(f"must be a number >= 0, got {overhead!r}", "`task_overhead`")
     lookahead = rule.lookahead
     if lookahead and estimates is None:
         raise ValueError("the lookahead rule needs estimates when durations are given as raw lists")

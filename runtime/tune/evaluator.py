@@ -73,7 +73,7 @@ class Objective:
                 level = -1.0
             if 0.0 < level < 1.0:
                 return cls("cvar", level)
-        raise UserError(f"{text!r} is not an objective; use mean, p90 (any pNN) or cvar:0.9", "--objective")
+        raise UserError(f"{text!r} is not an objective; use mean, p90 (any pNN) or cvar:0.9", "`objective`")
 
     def __str__(self) -> str:
         if self.kind == "mean":

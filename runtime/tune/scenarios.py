@@ -91,7 +91,7 @@ def from_recorded(shape: PipelineShape, recorded: Sequence[tuple[int, Durations,
     if not recorded:
         raise UserError("no recorded iteration to tune on", source)
     if not 0.0 < holdout < 1.0:
-        raise UserError(f"must be between 0 and 1 (exclusive), got {holdout}", "--holdout")
+        raise UserError(f"must be between 0 and 1 (exclusive), got {holdout}", "`holdout`")
     ordered = sorted(recorded, key=lambda r: r[0])
     cut = len(ordered) - max(1, math.floor(len(ordered) * holdout + 0.5)) if len(ordered) > 1 else 1
     tune_pool, hold_pool = ordered[:cut], ordered[cut:] or ordered[:cut]

@@ -96,7 +96,7 @@ class PipelineModel:
     vision_stages: int = 0
 
 
-def load_factory(path: str, flag: str = "--workload") -> Callable[[ModelContext], PipelineModel]:
+def load_factory(path: str, flag: str = "`workload`") -> Callable[[ModelContext], PipelineModel]:
     """``package.module:factory`` -> the callable; ``UserError`` when it does not import or is not callable.
 
     The current directory is searched first, as ``python -m`` does, so ``rrfp run`` finds a module
@@ -116,7 +116,7 @@ def load_factory(path: str, flag: str = "--workload") -> Callable[[ModelContext]
     return factory
 
 
-def build_model(factory, ctx: ModelContext, flag: str = "--workload") -> PipelineModel:
+def build_model(factory, ctx: ModelContext, flag: str = "`workload`") -> PipelineModel:
     """Call the factory and check what it returned against ``ctx``."""
     try:
         model = factory(ctx)

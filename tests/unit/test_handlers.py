@@ -54,7 +54,7 @@ def test_injected_fault_fires_on_its_task_and_iteration_only():
     table.wrap(inject_faults((Task.parse("1F2"), 1), None), "fault")
     table[F](0, Task.parse("1F2"), 0)  # another iteration
     table[F](1, Task.parse("1F1"), 0)  # another task
-    with pytest.raises(InjectedFault, match=r"injected failure in task 1F2 of iteration 1 \(--fail-at\)"):
+    with pytest.raises(InjectedFault, match=r"injected failure in task 1F2 of iteration 1 \(`fail_at`\)"):
         table[F](1, Task.parse("1F2"), 0)
     assert events == [("run", "1F2"), ("run", "1F1")]  # the failing task never ran
 
