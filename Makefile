@@ -22,7 +22,7 @@ $(STAMP): pyproject.toml
 	@touch $@
 
 demo: $(STAMP)
-	$(BIN)/rrfp run --workload emulated --emulate vlm-mixed --stages 4 --microbatches 16 --iters 6 --hint bfw --memory-budget 1f1b --compare
+	$(BIN)/rrfp run --workload emulated --emulate vlm-mixed --ranks 4 --microbatches 16 --iters 6 --hint bfw --memory-budget 1f1b --compare
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -58,7 +58,7 @@ def correctness(lines: list[str], work: Path, device: str) -> bool:
         for chunks, hints in ((1, ("1f1b", "zb")), (2, ("interleaved-1f1b", "bfw", "zbv"))):
             for hint in hints:
                 for policy in ("fixed", "ready"):
-                    config = RunConfig(workload=workload, stages=2, chunks=chunks, microbatches=4, hint=hint,
+                    config = RunConfig(workload=workload, ranks=2, chunks=chunks, microbatches=4, hint=hint,
                                        policy=policy, iters=2, device=device)  # zbv: V placement (its own)
                     name = f"{workload}-v{chunks}-{hint}-{policy}"
                     jobs.append(Job(name, config, str(work / name), collect_grads=True))

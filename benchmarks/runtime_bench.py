@@ -47,7 +47,7 @@ BUDGETS = ("1f1b", "2x")
 
 def jobs_for(args, stages: int, out: Path) -> list[Job]:
     m = args.microbatches_per_rank * stages
-    base = dict(workload="emulated", stages=stages, microbatches=m, iters=args.iters, forward_time=args.forward_time,
+    base = dict(workload="emulated", ranks=stages, microbatches=m, iters=args.iters, forward_time=args.forward_time,
                 seed=args.seed)
     jobs = []
 
@@ -80,7 +80,7 @@ def sampled_agreement(job: Job, rows, frames) -> list[float]:
     c = job.config
     errors = []
     for row in rows[1:]:
-        table = load_durations(Path(job.out_dir) / "durations.parquet", c.stages, c.microbatches,
+        table = load_durations(Path(job.out_dir) / "durations.parquet", c.ranks * (c.chunks or 1), c.microbatches,
                                iteration=row["iteration"])
         hint = trace_hint(frames, row["iteration"])
         result = simulate(hint, table, c.rule(), MemoryBudget.parse(c.memory_budget))

@@ -54,7 +54,7 @@ TRACE_RECORDER = "profiler.trace.recorder:TraceRecorder"  # what `rrfp run` reco
 
 
 def jobs_for(workload: str, args: argparse.Namespace, out_root: Path) -> list[Job]:
-    base = RunConfig(workload=workload, stages=args.stages, microbatches=args.microbatches,
+    base = RunConfig(workload=workload, ranks=args.stages, microbatches=args.microbatches,
                      iters=args.warmup + args.iters, seed=args.seed, policy="fixed", hidden=args.hidden,
                      layers_per_stage=args.layers_per_stage, samples=args.samples, trace=True,
                      seq_len=args.seq_len if workload == "gpt" else None)

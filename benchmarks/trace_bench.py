@@ -43,7 +43,7 @@ TRACER = "profiler.trace.recorder:TraceRecorder"
 
 
 def overhead(args, out: Path) -> dict[str, str]:
-    base = dict(workload="emulated", emulate="multimodal", stages=args.stages, microbatches=args.microbatches,
+    base = dict(workload="emulated", emulate="multimodal", ranks=args.stages, microbatches=args.microbatches,
                 iters=args.iters, forward_time=args.forward_time, seed=1)
     configs = {"fixed-1f1b": RunConfig(**base, hint="1f1b", policy="fixed"),
                "ready-zb@2x": RunConfig(**base, hint="zb", policy="ready", memory_budget="2x")}
@@ -72,7 +72,7 @@ def synthetic_trace(out: Path, events: int) -> int:
     ranks, microbatches = 8, 64
     per_task = 11  # task 2 + decision 2 + counters 3 + about 2 send + 2 receive packets
     iterations = max(1, events // (ranks * microbatches * 2 * per_task))
-    config = RunConfig(workload="emulated", stages=ranks, microbatches=microbatches, iters=iterations)
+    config = RunConfig(workload="emulated", ranks=ranks, microbatches=microbatches, iters=iterations)
     tasks = 0
     for rank in range(ranks):
         setup = RecorderSetup(rank, ranks, str(out), "synthetic", config, torch.device("cpu"), 0, 0, None)

@@ -134,7 +134,7 @@ def _side_by_side(out: Path, job_toml: Path, builtin: dict, emulate: str, budget
     from runtime.run.worker import Job, WorkerOptions
 
     tuned = build_config(load_toml(job_toml), {"seed": 1, "iters": 10, "trace": False})
-    common = dict(workload="emulated", emulate=emulate, stages=8, microbatches=32, iters=10, jitter=0.1, seed=1,
+    common = dict(workload="emulated", emulate=emulate, ranks=8, microbatches=32, iters=10, jitter=0.1, seed=1,
                   forward_time=tuned.forward_time, trace=False)
     rule = builtin["rule"]
     hint = builtin["hint"].removesuffix(" (traced)")

@@ -2,7 +2,7 @@
 
 Run it from the repository root (no make, CPU is enough)::
 
-    rrfp run --workload examples.llama_pipeline:build --stages 2 --microbatches 4 --iters 10
+    rrfp run --workload examples.llama_pipeline:build --ranks 2 --microbatches 4 --iters 10
     rrfp run --workload examples.llama_pipeline:build -p 2 -v 2 -m 8 --hint cp --checkpoint-every 5
 
 The model: token embedding on the first stage; ``--layers-per-stage``

@@ -15,7 +15,8 @@ from rich.console import Console
 
 from hints.errors import Failure, Interrupted, UserError
 from runtime.config import RunConfig, build_config, load_toml
-from rrfp_cli.options import SPLIT_OVERHEAD_HELP, WORKLOAD_HELP, LookaheadChoice, P2POpt, lookahead_flag, p2p_value
+from rrfp_cli.options import (SPLIT_OVERHEAD_HELP, VARIABILITY_HELP, WORKLOAD_HELP, LookaheadChoice, P2POpt, lookahead_flag,
+                              p2p_value)
 from rrfp_cli.output import Column, Output, print_table
 
 RUN = "Run"
@@ -28,12 +29,13 @@ TRACE_RECORDER = "profiler.trace.recorder:TraceRecorder"
 
 
 def _opt(*names: str, help: str, panel: str = RUN, **kw):
-    return typer.Option(*names, help=help, rich_help_panel=panel, show_default=False, **kw)
+    # "[default ...]" is literal text: escaped, or rich reads it as markup and drops it from --help.
+    return typer.Option(*names, help=help.replace("[", "\\["), rich_help_panel=panel, show_default=False, **kw)
 
 
 def run(
     workload: Annotated[Optional[str], _opt("--workload", help=f"gpt, multimodal, emulated, or your model's package.module:factory [default {D.workload}]")] = None,
-    stages: Annotated[Optional[int], _opt("--ranks", "-p", "--stages", help=f"Pipeline ranks; the model has ranks x chunks stages (--stages: its older name) [default {D.stages}]")] = None,
+    ranks: Annotated[Optional[int], _opt("--ranks", "-p", "--stages", help=f"Pipeline ranks; the model has ranks x chunks stages (--stages: its older name) [default {D.ranks}]")] = None,
     chunks: Annotated[Optional[int], _opt("--chunks", "-v", help="Model chunks per rank [default 1; 2 under V placement]")] = None,
     microbatches: Annotated[Optional[int], _opt("--microbatches", "-m", help=f"Per iteration [default {D.microbatches}]")] = None,
     placement: Annotated[Optional[str], _opt("--placement", help="looping (stage k on rank k % p) or v (rank r holds stages r and 2p-1-r) [default: the hint's own]")] = None,
@@ -54,19 +56,19 @@ def run(
     samples: Annotated[Optional[int], _opt("--samples", help="Samples per microbatch [default: an emulated preset's own, else 2]", panel=MODEL)] = None,
     seq_len: Annotated[Optional[int], _opt("--seq-len", help="gpt: fixed sequence length [default variable]", panel=MODEL)] = None,
     emulate: Annotated[Optional[str], _opt("--emulate", help=f"Duration model of --workload emulated: {WORKLOAD_HELP} [default {D.emulate}]", panel=VAR)] = None,
-    forward_time: Annotated[Optional[float], _opt("--forward-time", help=f"Emulated forward seconds per rank [default {D.forward_time}]", panel=VAR)] = None,
-    backward_ratio: Annotated[Optional[float], _opt("--backward-ratio", help="Emulated backward / forward [default 2]", panel=VAR)] = None,
+    forward_time: Annotated[Optional[float], _opt("--forward-time", help=f"{VARIABILITY_HELP['forward_time']} Emulated only [default {D.forward_time}]", panel=VAR)] = None,
+    backward_ratio: Annotated[Optional[float], _opt("--backward-ratio", help=f"{VARIABILITY_HELP['backward_ratio']} Emulated only [default {D.backward_ratio:g}]", panel=VAR)] = None,
     split_overhead: Annotated[Optional[float], _opt("--split-overhead", help=f"Emulated workloads only. {SPLIT_OVERHEAD_HELP}", panel=VAR)] = None,
-    jitter: Annotated[Optional[float], _opt("--jitter", help="Log-sd of lognormal noise per task", panel=VAR)] = None,
-    straggler_prob: Annotated[Optional[float], _opt("--straggler-prob", help="Chance a task straggles", panel=VAR)] = None,
-    straggler_slowdown: Annotated[Optional[float], _opt("--straggler-slowdown", help="Slowdown of a straggling task [default 4]", panel=VAR)] = None,
-    comm_latency: Annotated[Optional[float], _opt("--comm-latency", help="Extra seconds per message", panel=VAR)] = None,
-    comm_jitter: Annotated[Optional[float], _opt("--comm-jitter", help="Log-sd of noise on each message's latency", panel=VAR)] = None,
+    jitter: Annotated[Optional[float], _opt("--jitter", help=VARIABILITY_HELP["jitter"], panel=VAR)] = None,
+    straggler_prob: Annotated[Optional[float], _opt("--straggler-prob", help=VARIABILITY_HELP["straggler_prob"], panel=VAR)] = None,
+    straggler_slowdown: Annotated[Optional[float], _opt("--straggler-slowdown", help=f"{VARIABILITY_HELP['straggler_slowdown']} [default {D.straggler_slowdown:g}]", panel=VAR)] = None,
+    comm_latency: Annotated[Optional[float], _opt("--comm-latency", help=VARIABILITY_HELP["comm_latency"], panel=VAR)] = None,
+    comm_jitter: Annotated[Optional[float], _opt("--comm-jitter", help=VARIABILITY_HELP["comm_jitter"], panel=VAR)] = None,
     delay: Annotated[Optional[list[str]], _opt("--delay", help="TASK=SECONDS extra time for one task, e.g. 1B0=0.3 (repeatable)", panel=VAR)] = None,
     fail_at: Annotated[Optional[str], _opt("--fail-at", help="Raise inside this task: 1F2 (first iteration) or 1F2@3 (iteration 3)", panel=TEST)] = None,
     hang_at: Annotated[Optional[str], _opt("--hang-at", help="Never return from this task (same form as --fail-at)", panel=TEST)] = None,
     timeout: Annotated[Optional[float], _opt("--timeout", help="Seconds without progress before a rank reports a stall and the run stops [default 60]")] = None,
-    nproc: Annotated[Optional[int], _opt("--nproc", help="Processes [default stages x tp x dp]")] = None,
+    nproc: Annotated[Optional[int], _opt("--nproc", help="Processes [default ranks x tp x dp]")] = None,
     device: Annotated[Optional[str], _opt("--device", help="auto, cpu or cuda [default auto]")] = None,
     backend: Annotated[Optional[str], _opt("--backend", help="auto, gloo or nccl [default auto: nccl with one GPU per rank]")] = None,
     out: Annotated[Optional[str], _opt("--out", help="Run directory, new or empty [default runs/<timestamp>-<workload>, with -2, -3... if taken]")] = None,

@@ -308,7 +308,7 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
             if model.split_overhead != default_split_overhead(model.workload):  # else the emulated model's own
                 job["split_overhead"] = model.split_overhead
         shape = outcome.evaluator.shape
-        job.update(stages=shape.ranks, chunks=shape.chunks, microbatches=shape.microbatches,
+        job.update(ranks=shape.ranks, chunks=shape.chunks, microbatches=shape.microbatches,
                    placement=shape.placement, hint=candidate.builtin or "hint.json", policy=str(rule.policy),
                    memory_budget=outcome.budget)
         if rule.policy.value == "ready":

@@ -104,34 +104,40 @@ Workload = Annotated[
     typer.Option("--workload", help="Duration model: " + WORKLOAD_HELP + ". Default uniform.",
                  rich_help_panel=VARIABILITY),
 ]
+# What each knob of the variability model means (runtime.durations.variability.VariabilityModel; RunConfig's
+# fields of the same names become one through RunConfig.variability): one text per knob, for every command.
+VARIABILITY_HELP = {
+    "forward_time": "Seconds of forward per rank for a typical microbatch.",
+    "backward_ratio": "Backward time over forward time.",
+    "jitter": "Log-sd of mean-one lognormal noise on every task.",
+    "straggler_prob": "Chance that a task straggles.",
+    "straggler_slowdown": "How many times slower a straggling task runs.",
+    "comm_latency": "Seconds per cross-rank transfer.",
+    "comm_jitter": "Log-sd of lognormal noise on each transfer.",
+}
 ForwardTime = Annotated[
-    float,
-    typer.Option("--forward-time", min=0.0, help="Seconds of forward per rank for a typical microbatch.",
-                 rich_help_panel=VARIABILITY),
+    float, typer.Option("--forward-time", min=0.0, help=VARIABILITY_HELP["forward_time"], rich_help_panel=VARIABILITY),
 ]
 BackwardRatio = Annotated[
-    float, typer.Option("--backward-ratio", min=0.0, help="Backward time over forward time.",
+    float, typer.Option("--backward-ratio", min=0.0, help=VARIABILITY_HELP["backward_ratio"],
                         rich_help_panel=VARIABILITY),
 ]
 Jitter = Annotated[
-    float, typer.Option("--jitter", min=0.0, help="Log-sd of mean-one lognormal noise on every task.",
-                        rich_help_panel=VARIABILITY),
+    float, typer.Option("--jitter", min=0.0, help=VARIABILITY_HELP["jitter"], rich_help_panel=VARIABILITY),
 ]
 StragglerProb = Annotated[
-    float, typer.Option("--straggler-prob", min=0.0, max=1.0, help="Chance that a task straggles.",
+    float, typer.Option("--straggler-prob", min=0.0, max=1.0, help=VARIABILITY_HELP["straggler_prob"],
                         rich_help_panel=VARIABILITY),
 ]
 StragglerSlowdown = Annotated[
-    float, typer.Option("--straggler-slowdown", min=1.0, help="How many times slower a straggling task runs.",
+    float, typer.Option("--straggler-slowdown", min=1.0, help=VARIABILITY_HELP["straggler_slowdown"],
                         rich_help_panel=VARIABILITY),
 ]
 CommLatency = Annotated[
-    float, typer.Option("--comm-latency", min=0.0, help="Seconds per cross-rank transfer.",
-                        rich_help_panel=VARIABILITY),
+    float, typer.Option("--comm-latency", min=0.0, help=VARIABILITY_HELP["comm_latency"], rich_help_panel=VARIABILITY),
 ]
 CommJitter = Annotated[
-    float, typer.Option("--comm-jitter", min=0.0, help="Log-sd of lognormal noise on each transfer.",
-                        rich_help_panel=VARIABILITY),
+    float, typer.Option("--comm-jitter", min=0.0, help=VARIABILITY_HELP["comm_jitter"], rich_help_panel=VARIABILITY),
 ]
 CostTableFile = Annotated[
     Optional[Path],

@@ -48,7 +48,7 @@ class RunConfig:
     """Everything one ``rrfp run`` job needs. Field names are the flags with ``_`` for ``-``."""
 
     workload: str = "gpt"
-    stages: int = 2
+    ranks: int = 2  # pipeline ranks (the model has ranks x chunks stages); "stages" in files is its older name
     chunks: int | None = None  # None: 1, or 2 under V placement (runtime.config.run_shape)
     microbatches: int = 8
     placement: str | None = None  # looping or v; None: the hint's own (hints.files.load.hint_placement)
@@ -119,7 +119,7 @@ class RunConfig:
         _check_choice("backend", self.backend, BACKENDS)
         if self.placement is not None:
             _check_choice("placement", self.placement, PLACEMENTS)
-        for name in ("stages", "microbatches", "iters", "hidden", "heads", "layers_per_stage",
+        for name in ("ranks", "microbatches", "iters", "hidden", "heads", "layers_per_stage",
                      "vocab", "samples", "tp", "dp"):
             _check_int(name, getattr(self, name), 1)
         if self.chunks is not None:
@@ -147,7 +147,7 @@ class RunConfig:
         if self.hidden % self.heads:
             raise UserError(f"`hidden` {self.hidden} must be a multiple of `heads` {self.heads}", "`hidden`")
         self._check_tp()
-        if self.workload == "multimodal" and self.stages * (self.chunks or 1) < 2:
+        if self.workload == "multimodal" and self.ranks * (self.chunks or 1) < 2:
             raise UserError("the multimodal model needs at least 2 model stages (vision, language)", "`ranks`")
         if not isinstance(self.delay, dict):
             raise UserError("must map tasks to seconds, e.g. {\"1B0\" = 0.3}", "`delay`")
@@ -174,8 +174,8 @@ class RunConfig:
             raise UserError(f"{self.trace_iters!r} traces nothing: the run has {self.iters} iterations "
                             f"(0..{self.iters - 1})", "`trace_iters`")
         if self.nproc is not None and self.nproc != self.world_size:
-            raise UserError(f"{self.nproc} processes cannot run {self.stages} stages x tp {self.tp} x dp {self.dp} "
-                            f"= {self.world_size} ranks", "`nproc`")
+            raise UserError(f"{self.nproc} processes cannot run {self.ranks} pipeline ranks x tp {self.tp} x dp "
+                            f"{self.dp} = {self.world_size} processes", "`nproc`")
 
     def _check_tp(self) -> None:
         """``--tp`` must split what is sharded (:mod:`runtime.workloads.tp_layers`): attention heads, or the emulated layer.
@@ -215,7 +215,7 @@ class RunConfig:
 
     @property
     def world_size(self) -> int:
-        return self.stages * self.tp * self.dp
+        return self.ranks * self.tp * self.dp
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -299,6 +299,9 @@ def _parse_task(text: Any, where: str) -> Task:
 
 
 FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
+# Fields renamed since files were written with them: a TOML file, a run's config.json or a job.toml of an
+# earlier rrfp still reads (``stages`` was the pipeline-rank count: docs/ARCHITECTURE.md's glossary).
+OLDER_NAMES = {"stages": "ranks"}
 
 
 def load_toml(path: str | Path) -> dict[str, Any]:
@@ -321,6 +324,9 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
+        name = OLDER_NAMES.get(name, name)
+        if name in values:
+            raise UserError(f"{key!r} and its other name both given; keep {name.replace('_', '-')!r}", where)
         if name not in FIELD_NAMES:
             close = difflib.get_close_matches(name, FIELD_NAMES, n=1)
             hint = f"; did you mean {close[0].replace('_', '-')!r}?" if close else ""
@@ -334,9 +340,14 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     return values
 
 
+def current_names(values: dict[str, Any]) -> dict[str, Any]:
+    """A configuration written under older field names (a ``config.json`` of an earlier run) in today's."""
+    return {OLDER_NAMES.get(name, name): value for name, value in values.items()}
+
+
 def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], where: str = "config") -> RunConfig:
     """File values, then flags on top (flags win). Validation errors name the flag."""
-    merged = {**file_values, **flag_values}
+    merged = {**current_names(file_values), **flag_values}
     try:
         return RunConfig(**merged)
     except TypeError as err:  # a TOML value of the wrong structure for a dataclass field
@@ -350,4 +361,4 @@ def hint_spec(config) -> str:
 
 def run_shape(config) -> PipelineShape:
     """The job's shape (full backward): its placement is the one asked, else the hint's own."""
-    return hint_shape(hint_spec(config), config.stages, config.chunks, config.microbatches, config.placement)
+    return hint_shape(hint_spec(config), config.ranks, config.chunks, config.microbatches, config.placement)

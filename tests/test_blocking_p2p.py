@@ -17,14 +17,14 @@ from runtime.config import RunConfig
 from tests.conftest import run_rrfp
 from tests.test_runtime import check_against_reference, run_jobs
 
-GPT = dict(workload="gpt", stages=4, microbatches=6, policy="fixed", iters=2, seed=3, jitter=0.5)
+GPT = dict(workload="gpt", ranks=4, microbatches=6, policy="fixed", iters=2, seed=3, jitter=0.5)
 JOBS = [
     {"name": "async", "config": GPT},
     {"name": "blocking", "config": {**GPT, "p2p": "blocking"}},
     {"name": "blocking-zb", "config": {**GPT, "hint": "zb", "p2p": "blocking"}},
     # Emulated: tasks sleep their sampled durations, so ranks really wait for one another; traced.
     {"name": "traced", "recorder": "profiler.trace.recorder:TraceRecorder",
-     "config": dict(workload="emulated", emulate="multimodal", stages=4, microbatches=8, policy="fixed",
+     "config": dict(workload="emulated", emulate="multimodal", ranks=4, microbatches=8, policy="fixed",
                     p2p="blocking", iters=2, seed=1, forward_time=0.004, jitter=0.3)},
 ]
 

@@ -123,7 +123,7 @@ def test_a_checkpoint_of_another_model_is_found_by_its_parameters(tmp_path, monk
     run = run_rrfp(tmp_path, *TINY, "--iters", "1", "--checkpoint-every", "1", "--out", "t")
     assert run.returncode == 0, run.stderr
     path = checkpoint.latest(tmp_path / "t")
-    wider = RunConfig(workload="tests.user_models:tiny_wider", stages=2, microbatches=3)
+    wider = RunConfig(workload="tests.user_models:tiny_wider", ranks=2, microbatches=3)
     monkeypatch.chdir(REPO)  # where the factory's module is found
     with pytest.raises(UserError, match=r"another model: stage0.linear.bias is \[8\] there, \[16\] here"):
         checkpoint._check_parameters(wider, path, "--resume")

@@ -86,7 +86,7 @@ def test_extra_hint_rows_at_unequal_memory_are_marked(tmp_path, monkeypatch):
     from profiler.bench import external as xf
     from runtime.config import RunConfig
 
-    case = xf.Case("uniform", False, RunConfig(workload="emulated", emulate="uniform", stages=4, microbatches=16))
+    case = xf.Case("uniform", False, RunConfig(workload="emulated", emulate="uniform", ranks=4, microbatches=16))
     plan = xf.plan_case(case, ["Schedule1F1B"], ["1f1b", "bf", "zb"], ["1f1b", "2x"], 2, tmp_path)
     equal = {name: s.equal_memory for name, s in plan.structures.items() if s.paired_with is None}
     assert equal["ready-bf-v1@1f1b"] is False and equal["ready-bf-v1@2x"] is False  # bf fixed keeps all 16

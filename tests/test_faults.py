@@ -124,7 +124,7 @@ def test_torchrun_world_size_is_checked(tmp_path):
                       "--workload", "emulated", "--stages", "2", "--iters", "1", "--out", "w",
                       module=("-m", "torch.distributed.run"))
     assert result.returncode != 0
-    assert ("error: --stages: torchrun started 3 processes but 2 stages x tp 1 x dp 1 need 2" in result.stderr)
+    assert ("error: --ranks: torchrun started 3 processes but 2 pipeline ranks x tp 1 x dp 1 need 2" in result.stderr)
     assert "internal error" not in result.stderr
 
 
@@ -211,7 +211,7 @@ def test_a_silent_death_outranks_the_errors_its_neighbours_report(tmp_path):
     _report(tmp_path, 3, "transport", "TransportError: rank 2 closed the link", job="ready-1f1b@1f1b", iteration=3)
     failures = {2: SimpleNamespace(local_rank=2, exitcode=-9, timestamp=int(began) + 1, message="Signal 9"),
                 1: SimpleNamespace(local_rank=1, exitcode=1, timestamp=int(began), message="")}
-    message = diagnose(tmp_path, failures, began, 4, RunConfig(stages=4))
+    message = diagnose(tmp_path, failures, began, 4, RunConfig(ranks=4))
     lines = message.splitlines()
     assert lines[0] == "rank 2 (stage 2) was killed by SIGKILL during 2B5, iteration 3 of job ready-1f1b@1f1b"
     assert lines[1] == "also reported: rank 1 error; rank 3 transport"
@@ -223,7 +223,7 @@ def test_without_silent_deaths_the_raised_error_is_the_root_cause(tmp_path):
     _report(tmp_path, 0, "transport", "TransportError: peer 1 went away")
     _report(tmp_path, 1, "error", "InjectedFault: boom", task="1F2", iteration=0, job="j")
     failures = {1: SimpleNamespace(local_rank=1, exitcode=1, timestamp=int(began), message="")}
-    lines = diagnose(tmp_path, failures, began, 2, RunConfig(stages=2)).splitlines()
+    lines = diagnose(tmp_path, failures, began, 2, RunConfig(ranks=2)).splitlines()
     assert lines[0] == "rank 1 in task 1F2 (iteration 0 of job j) failed: InjectedFault: boom"
     assert lines[1] == "also reported: rank 0 transport"
 
@@ -248,7 +248,7 @@ def test_nccl_is_chosen_per_node_from_local_world_size(monkeypatch):
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
     monkeypatch.setattr(torch.cuda, "set_device", lambda device: None)
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")
-    config = RunConfig(device="cuda", stages=8)
+    config = RunConfig(device="cuda", ranks=8)
     device, backend = _device_and_backend(config, local_rank=5 % 4, world=8)  # 2 nodes x 4 GPUs
     assert (str(device), backend) == ("cuda:1", "nccl")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "8")  # 8 ranks on a node with 4 GPUs: gloo through the host

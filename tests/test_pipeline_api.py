@@ -19,7 +19,7 @@ def test_a_script_driving_ready_pipeline_matches_the_single_process_reference(tm
                       "tests.pipeline_script", str(tmp_path / "losses.json"), hint, "3",
                       module=("-m", "torch.distributed.run"), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    config = RunConfig(workload="tests.user_models:tiny", stages=2, microbatches=3, iters=3)
+    config = RunConfig(workload="tests.user_models:tiny", ranks=2, microbatches=3, iters=3)
     expected, _ = reference_train(config, run_shape(config), 3)
     assert json.loads((tmp_path / "losses.json").read_text()) == pytest.approx(expected, rel=1e-5)
 

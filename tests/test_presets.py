@@ -298,7 +298,7 @@ def test_the_emulated_run_charges_the_emulated_presets_split_unless_told():
     from runtime.workloads.make import make_workload
 
     def charged(**flags) -> float:
-        config = RunConfig(workload="emulated", stages=2, microbatches=2, **flags)
+        config = RunConfig(workload="emulated", ranks=2, microbatches=2, **flags)
         return make_workload(config, run_shape(config)).variability().split_overhead
 
     assert RunConfig().split_overhead is None  # "the --emulate model's own"

@@ -28,7 +28,7 @@ def test_run_writes_config_metrics_and_rank_logs(tmp_path):
     assert job["iterations"] == 3 and job["loss_last"] < job["loss_first"]
     run = tmp_path / "r"
     config = json.loads((run / "config.json").read_text())
-    assert config["stages"] == 2 and config["microbatches"] == 4 and config["policy"] == "ready"
+    assert config["ranks"] == 2 and config["microbatches"] == 4 and config["policy"] == "ready"
     metrics = pl.read_parquet(run / "metrics.parquet")
     for column in ("iteration", "loss", "wall_seconds", "throughput", "idle_fraction", "busy_seconds"):
         assert column in metrics.columns
@@ -112,7 +112,7 @@ def test_config_file_lookahead_and_bad_value(tmp_path):
     (["--workload", "emulated", "--tp", "3"], "error: --tp: 3 does not divide the emulated layer's 32 features"),
     (["--tp", "0"], "error: --tp: must be a whole number >= 1, got 0"),
     (["--dp", "0"], "error: --dp: must be a whole number >= 1, got 0"),
-    (["--tp", "2", "--dp", "2", "--nproc", "4"], "error: --nproc: 4 processes cannot run 2 stages x tp 2 x dp 2 = 8"),
+    (["--tp", "2", "--dp", "2", "--nproc", "4"], "error: --nproc: 4 processes cannot run 2 pipeline ranks x tp 2 x dp 2 = 8 processes"),
     (["--workload", "examples.llama_pipeline:build", "--dp", "2"],
      "error: --dp: a model of your own (package.module:factory) runs pipeline-parallel only"),
     (["--chunks", "2", "--hint", "interleaved-1f1b", "--microbatches", "5"], "must be a multiple of 2"),

@@ -31,7 +31,7 @@ def matrix(stages: int, microbatches: int) -> list[dict]:
         for chunks in (1, 2):
             for hint in [*applicable_builtins(stages, chunks, microbatches), "cp"]:
                 for policy in ("fixed", "ready"):
-                    config = dict(workload=workload, stages=stages, chunks=chunks, microbatches=microbatches,
+                    config = dict(workload=workload, ranks=stages, chunks=chunks, microbatches=microbatches,
                                   hint=hint, policy=policy, iters=ITERS, seed=stages)
                     if policy == "ready":
                         config["lookahead"] = lookahead
@@ -99,7 +99,7 @@ def test_fixed_runs_the_hint_exactly(four_stage):
             continue
         if c["hint"] in ("bfw", "cp"):
             continue  # rebuilt per iteration from that iteration's expected costs
-        hint = builtin_hint(c["hint"], c["stages"], c["chunks"], c["microbatches"])
+        hint = builtin_hint(c["hint"], c["ranks"], c["chunks"], c["microbatches"])
         for rank, rank_results in results.items():
             assert rank_results[job["name"]]["executed"] == [str(t) for t in hint.orders[rank]], job["name"]
 
@@ -107,7 +107,7 @@ def test_fixed_runs_the_hint_exactly(four_stage):
 def test_readiness_first_reorders_and_still_matches(tmp_path):
     # 1B0 on rank 1 is held up; rank 0's hint head is 0B0, but with a 2x budget it may run
     # 0F2 first. Results must not change.
-    base = dict(workload="gpt", stages=2, microbatches=4, hint="1f1b", iters=2, memory_budget="2x",
+    base = dict(workload="gpt", ranks=2, microbatches=4, hint="1f1b", iters=2, memory_budget="2x",
                 delay={"1B0": 0.3})
     jobs = [{"name": "ready", "config": {**base, "policy": "ready"}},
             {"name": "fixed", "config": {**base, "policy": "fixed"}}]
@@ -125,7 +125,7 @@ def test_readiness_first_reorders_and_still_matches(tmp_path):
 
 
 def test_training_curve_matches_over_several_steps(tmp_path):
-    jobs = [{"name": f"{w}-{p}", "config": dict(workload=w, stages=2, chunks=2, microbatches=4, hint="zb",
+    jobs = [{"name": f"{w}-{p}", "config": dict(workload=w, ranks=2, chunks=2, microbatches=4, hint="zb",
                                                    policy=p, iters=4, memory_budget="2x", lr=3e-3)}
             for w in ("gpt", "multimodal") for p in ("fixed", "ready")]
     results = run_jobs(tmp_path, 2, jobs)
@@ -136,7 +136,7 @@ def test_training_curve_matches_over_several_steps(tmp_path):
 
 
 def test_emulated_runs_and_writes_replayable_durations(tmp_path):
-    config = dict(workload="emulated", stages=2, microbatches=4, iters=2, forward_time=0.004, hint="zb",
+    config = dict(workload="emulated", ranks=2, microbatches=4, iters=2, forward_time=0.004, hint="zb",
                   memory_budget="2x", emulate="multimodal", jitter=0.2)
     results = run_jobs(tmp_path, 2, [{"name": "emu", "config": config}])
     metrics = results[0]["emu"]["metrics"]
@@ -154,7 +154,7 @@ def v_jobs(stages: int, microbatches: int, workloads: tuple[str, ...]) -> list[d
     lookahead), torch's DualPipeV in fixed order, and gpipe placed in a V, ready."""
     jobs = []
     for workload in workloads:
-        base = dict(workload=workload, stages=stages, microbatches=microbatches, iters=ITERS, seed=stages,
+        base = dict(workload=workload, ranks=stages, microbatches=microbatches, iters=ITERS, seed=stages,
                     forward_time=0.002)
         runs = [("zbv-fixed", dict(hint="zbv", policy="fixed")),
                 ("zbv-ready", dict(hint="zbv", policy="ready", lookahead=True)),
@@ -192,7 +192,7 @@ def test_emulated_stage_sleeps_the_split_overhead_in_w(monkeypatch, split, overh
     import runtime.workloads.builtin as workloads
     from runtime.workloads.make import make_workload
 
-    config = RunConfig(workload="emulated", emulate="uniform", stages=2, microbatches=2, forward_time=0.001,
+    config = RunConfig(workload="emulated", emulate="uniform", ranks=2, microbatches=2, forward_time=0.001,
                        split_overhead=overhead)
     workload = make_workload(config, run_shape(config))
     workload.split_backward = split

@@ -29,7 +29,7 @@ def tp_jobs() -> list[dict]:
     jobs = []
     for workload in ("gpt", "multimodal"):
         for policy, hint in (("ready", "zb"), ("fixed", "1f1b")):
-            config = dict(workload=workload, stages=2, tp=2, microbatches=4, hint=hint, policy=policy, iters=2,
+            config = dict(workload=workload, ranks=2, tp=2, microbatches=4, hint=hint, policy=policy, iters=2,
                           jitter=0.5, seed=5, **({"memory_budget": "2x"} if policy == "ready" else {}))
             jobs.append({"name": f"{workload}-{policy}", "config": config, "recorder": TRACE})
     return jobs
@@ -121,7 +121,7 @@ def pl_col(name: str):
 
 
 def test_dp_replicas_stay_identical_and_match_the_doubled_batch(tmp_path):
-    jobs = [{"name": f"{workload}-dp", "config": dict(workload=workload, stages=2, dp=2, microbatches=4, iters=3,
+    jobs = [{"name": f"{workload}-dp", "config": dict(workload=workload, ranks=2, dp=2, microbatches=4, iters=3,
                                                        hint="zb", memory_budget="2x", seed=9, lr=3e-3)}
             for workload in ("gpt", "multimodal")]
     results = run_jobs(tmp_path, 4, jobs, timeout=30.0)
@@ -134,9 +134,9 @@ def test_dp_replicas_stay_identical_and_match_the_doubled_batch(tmp_path):
         for rank, rank_results in results.items():
             for key, grad in rank_results[name]["grads"].items():
                 torch.testing.assert_close(grad, reference[key], rtol=RTOL, atol=ATOL, msg=f"{name} rank {rank}")
-        for pipe in range(config.stages):  # replica 1's ranks are pipe + stages
+        for pipe in range(config.ranks):  # replica 1's ranks are pipe + ranks
             for step, (mine, other) in enumerate(zip(results[pipe][name]["params"],
-                                                     results[pipe + config.stages][name]["params"])):
+                                                     results[pipe + config.ranks][name]["params"])):
                 assert mine.keys() == other.keys()
                 for key in mine:
                     assert torch.equal(mine[key], other[key]), f"{name} step {step}: {key} differs across replicas"
@@ -145,7 +145,7 @@ def test_dp_replicas_stay_identical_and_match_the_doubled_batch(tmp_path):
 
 
 def test_emulated_runs_with_tp(tmp_path):
-    config = dict(workload="emulated", stages=2, tp=2, microbatches=4, iters=2, forward_time=0.004, hint="zb",
+    config = dict(workload="emulated", ranks=2, tp=2, microbatches=4, iters=2, forward_time=0.004, hint="zb",
                   memory_budget="2x", jitter=0.3)
     results = run_jobs(tmp_path, 4, [{"name": "emu", "config": config}], timeout=30.0)
     orders = [results[rank]["emu"]["executed"] for rank in range(4)]
@@ -157,7 +157,7 @@ def test_emulated_runs_with_tp(tmp_path):
 def test_tp_and_dp_together_match_the_doubled_batch(tmp_path):
     """pp=2 x tp=2 x dp=2 (8 processes): the replica's TP groups put back together give the reference's
     gradients for twice the batch, and the replicas' shards stay identical."""
-    config = dict(workload="gpt", stages=2, tp=2, dp=2, microbatches=4, iters=2, jitter=0.3, seed=2)
+    config = dict(workload="gpt", ranks=2, tp=2, dp=2, microbatches=4, iters=2, jitter=0.3, seed=2)
     results = run_jobs(tmp_path, 8, [{"name": "both", "config": config}], timeout=40.0)
     run = RunConfig(**config)
     doubled = run.with_overrides(tp=1, dp=1, microbatches=8)

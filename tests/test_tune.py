@@ -281,7 +281,7 @@ def test_tune_hint_from_a_run_writes_everything_and_checks(traced_run):
     from runtime.config import build_config, load_toml
 
     config = build_config(load_toml(out / "job.toml"), {})
-    assert (config.stages, config.microbatches, config.workload) == (3, 6, "emulated")
+    assert (config.ranks, config.microbatches, config.workload) == (3, 6, "emulated")
     rerun = run_rrfp(root, "run", "--config", str(out / "job.toml"), "--iters", "3", "--out", "again", "--json")
     assert rerun.returncode == 0, rerun.stderr
     checked = run_rrfp(root, "tune-hint", "--check", "again", "--report", str(out / "report.json"), "--json")
@@ -382,11 +382,11 @@ def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path
 
     ranked = as_cost_ranked(builtin_hint("gpipe", 2, 1, 6), [6.0, 5.0, 4.0, 3.0, 2.0, 1.0], "gpipe by cost")
     save_hint(ranked, tmp_path / "ranked.json")
-    config = RunConfig(workload="emulated", emulate="multimodal", stages=2, microbatches=6,
+    config = RunConfig(workload="emulated", emulate="multimodal", ranks=2, microbatches=6,
                        hint=str(tmp_path / "ranked.json"))
     workload = make_workload(config, run_shape(config), torch.device("cpu"))
     plan = HintPlan(config, workload)
-    bfw_plan = HintPlan(RunConfig(workload="emulated", emulate="multimodal", stages=2, microbatches=6, hint="bfw"),
+    bfw_plan = HintPlan(RunConfig(workload="emulated", emulate="multimodal", ranks=2, microbatches=6, hint="bfw"),
                         workload)
     for iteration in range(3):
         costs = workload.expected(iteration).microbatch_costs

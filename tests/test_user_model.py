@@ -23,7 +23,7 @@ def test_the_llama_example_matches_the_single_process_reference(tmp_path, extra)
     job = json.loads(result.stdout)["jobs"][0]
     assert job["unit"] == "tokens/s" and job["loss_last"] < job["loss_first"]
     chunks = 2 if "--chunks" in extra else 1
-    config = RunConfig(workload=LLAMA, stages=2, chunks=chunks, microbatches=4, iters=3)
+    config = RunConfig(workload=LLAMA, ranks=2, chunks=chunks, microbatches=4, iters=3)
     expected, _ = reference_train(config, run_shape(config), 3)
     assert [row["loss"] for row in job["metrics"]] == pytest.approx(expected, rel=1e-5)
     assert (tmp_path / "l" / "trace.pftrace").exists()
@@ -32,7 +32,7 @@ def test_the_llama_example_matches_the_single_process_reference(tmp_path, extra)
 def test_cost_features_reach_the_cost_ranked_hints():
     from runtime.workloads.make import make_workload
 
-    config = RunConfig(workload="tests.user_models:tiny", stages=2, microbatches=3)
+    config = RunConfig(workload="tests.user_models:tiny", ranks=2, microbatches=3)
     workload = make_workload(config, run_shape(config))
     workload.prepare([0])
     rows = [workload.batch(0, mb).spec.seq_len for mb in range(3)]

@@ -43,7 +43,7 @@ def build_run(
     ``held_back``: per task, the admissions the budget held back at the decision that chose it; ``steps``: per
     rank, its optimizer step's (start, barrier, end) after each iteration.
     """
-    config = RunConfig(workload="gpt", stages=ranks, microbatches=microbatches, hint=hint, policy=policy,
+    config = RunConfig(workload="gpt", ranks=ranks, microbatches=microbatches, hint=hint, policy=policy,
                        memory_budget=memory_budget)
     base = builtin_hint(hint, ranks, 1, microbatches)
     for rank in range(ranks):
@@ -139,7 +139,7 @@ def drop_last_packet(data: bytes, matches) -> bytes:
 
 def build_taskless_run(root: Path, ranks: int = 2) -> Path:
     """A run whose ranks traced an iteration without running a task (metadata, iteration slices, no compute)."""
-    config = RunConfig(workload="gpt", stages=ranks, microbatches=2)
+    config = RunConfig(workload="gpt", ranks=ranks, microbatches=2)
     for rank in range(ranks):
         setup = RecorderSetup(rank, ranks, str(root), "hand-made", config, torch.device("cpu"), 0, 0, None)
         recorder = TraceRecorder(setup)

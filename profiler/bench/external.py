@@ -220,7 +220,7 @@ class Plan:
 def plan_case(case: Case, schedules: list[str], hints: list[str], budgets: list[str], layers_per_rank: int,
               out_root: Path) -> Plan:
     config = case.config
-    p, m = config.stages, config.microbatches
+    p, m = config.ranks, config.microbatches
     torch_configs, jobs, structures, peaks = {}, [], {}, {}
 
     def add(name: str, structure: Structure, job_config: RunConfig) -> None:
@@ -249,14 +249,14 @@ def plan_case(case: Case, schedules: list[str], hints: list[str], budgets: list[
 
 def run_rrfp(jobs: list[Job], config: RunConfig, out_root: Path) -> dict:
     options = WorkerOptions(out_root=str(out_root), show_progress=False, timeout=config.timeout, threads=1)
-    return launch(jobs, options, config.stages)[0]
+    return launch(jobs, options, config.ranks)[0]
 
 
 # -- one case ---------------------------------------------------------------------------------------
 
 
 def units_per_iteration(config: RunConfig) -> list[int]:
-    workload = make_workload(config, PipelineShape(config.stages, 1, config.microbatches))
+    workload = make_workload(config, PipelineShape(config.ranks, 1, config.microbatches))
     return [sum(workload.batch(iteration, mb).units for mb in range(config.microbatches))
             for iteration in range(config.iters)]
 
@@ -266,7 +266,7 @@ def measure(case: Case, plan: Plan, warmup: int, root: Path) -> list[Measured]:
     config = case.config
     units = units_per_iteration(config)[warmup:]
     progress(f"{case.name}: torch {', '.join(plan.torch_configs)}")
-    torch_results = run_torch(plan.torch_configs, config.stages, root)
+    torch_results = run_torch(plan.torch_configs, config.ranks, root)
     progress(f"{case.name}: rrfp {', '.join(job.name for job in plan.jobs)}")
     rrfp_results = run_rrfp(plan.jobs, config, root / "rrfp")
     measured = []
@@ -319,7 +319,7 @@ def json_row(case: Case, m: Measured) -> dict:
         "throughput": m.throughput, "unit": "tokens/s" if case.config.workload == "gpt" else "samples/s",
         "peak_in_flight": m.peak_in_flight, "peak_by_construction": m.peak_by_construction,
         "last_loss": m.losses[-1], "speedups": m.speedups,
-        "stages": case.config.stages, "microbatches": case.config.microbatches, "measured_iters": len(m.walls),
+        "stages": case.config.ranks, "microbatches": case.config.microbatches, "measured_iters": len(m.walls),
     }
 
 
@@ -341,7 +341,7 @@ def print_case(case: Case, measured: list[Measured], warmup: int, layers_per_ran
     config = case.config
     unit = "tokens/s" if config.workload == "gpt" else "samples/s"
     print(f"\n### {case.name}: {describe(config, layers_per_rank)}\n")
-    print(f"{config.stages} stages, {config.microbatches} microbatches, {config.iters - warmup} measured "
+    print(f"{config.ranks} stages, {config.microbatches} microbatches, {config.iters - warmup} measured "
           f"iterations after {warmup} warm-up, seed {config.seed}.\n")
     print(f"| runner | schedule (hint) | chunks | policy | memory budget | median step | min - max | {unit} "
           f"| vs torch 1F1B | vs torch same structure | ready / fixed same hint | peak in flight | last loss |")
@@ -384,7 +384,7 @@ def machine() -> str:
 
 def build_cases(args: argparse.Namespace) -> list[Case]:
     iters = args.warmup + args.iters
-    common = dict(stages=args.stages, microbatches=args.microbatches, iters=iters, seed=args.seed,
+    common = dict(ranks=args.stages, microbatches=args.microbatches, iters=iters, seed=args.seed,
                   samples=args.samples, timeout=args.timeout, layers_per_stage=args.layers_per_rank)
     emulated = dict(workload="emulated", forward_time=args.forward_time, **common)
     available = {

@@ -120,7 +120,7 @@ def _jobs(real: RealSet, settings, root: Path):
     from runtime.config import RunConfig
     from runtime.run.worker import Job
 
-    base = dict(workload=real.workload, stages=real.ranks, microbatches=real.microbatches, iters=real.iters,
+    base = dict(workload=real.workload, ranks=real.ranks, microbatches=real.microbatches, iters=real.iters,
                 seed=settings.seed, trace=False)
     if real.workload == "emulated":
         base.update(emulate=real.emulate, forward_time=real.forward_time, jitter=settings.jitter,

@@ -351,7 +351,7 @@ class _PacketWriter:
         task, setup = span.task, self.setup
         track = track_uuid(self.rank, "compute")
         values = {"iteration": span.iteration, "stage": task.stage, "kind": task.kind.value,
-                  "microbatch": task.microbatch, "chunk": task.stage // setup.config.stages,
+                  "microbatch": task.microbatch, "chunk": task.stage // setup.config.ranks,
                   "units": span.info.get("units"), "tokens": span.info.get("tokens"),
                   "images": span.info.get("images"), "wait_ns": span.wait_ns}
         if len(event) == 4:

@@ -48,7 +48,7 @@ class ProcessGrid:
     @classmethod
     def of(cls, config, rank: int = 0) -> "ProcessGrid":
         """The grid of a :class:`runtime.config.RunConfig` (``stages`` pipeline ranks), seen from ``rank``."""
-        return cls(config.stages, config.tp, config.dp, rank)
+        return cls(config.ranks, config.tp, config.dp, rank)
 
     @property
     def world(self) -> int:

@@ -74,7 +74,7 @@ from hints.errors import UserError
 FORMAT = "rrfp-checkpoint/1"
 MANIFEST = "rrfp-checkpoint.json"
 FOLDER = "checkpoints"
-SHAPE_FIELDS = ("stages", "chunks", "microbatches", "placement", "tp", "dp")
+SHAPE_FIELDS = ("ranks", "chunks", "microbatches", "placement", "tp", "dp")
 # What makes the model and its data stream: resuming with another value would train another model.
 MODEL_FIELDS = ("workload", "hidden", "heads", "layers_per_stage", "vocab", "samples", "seq_len", "emulate", "seed")
 
@@ -100,6 +100,8 @@ def read_manifest(path: Path) -> dict[str, Any]:
         raise UserError(f"unreadable checkpoint manifest: {err}", str(path)) from None
     if manifest.get("format") != FORMAT:
         raise UserError(f"not an {FORMAT} checkpoint (format {manifest.get('format')!r})", str(path))
+    if isinstance(manifest.get("shape"), dict) and "stages" in manifest["shape"]:  # written before "ranks"
+        manifest["shape"]["ranks"] = manifest["shape"].pop("stages")
     return manifest
 
 
@@ -108,7 +110,7 @@ def _shape(config) -> dict[str, Any]:
     from runtime.config import run_shape
 
     shape = run_shape(config)
-    resolved = {"stages": shape.ranks, "chunks": shape.chunks, "microbatches": shape.microbatches,
+    resolved = {"ranks": shape.ranks, "chunks": shape.chunks, "microbatches": shape.microbatches,
                 "placement": shape.placement}
     return {name: resolved.get(name, getattr(config, name, None)) for name in SHAPE_FIELDS}
 

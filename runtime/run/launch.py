@@ -235,7 +235,7 @@ def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, An
     config = jobs[0].config
     world = int(os.environ["WORLD_SIZE"])
     if world != config.world_size:
-        raise UserError(f"torchrun started {world} processes but {config.stages} stages x tp {config.tp} x "
+        raise UserError(f"torchrun started {world} processes but {config.ranks} pipeline ranks x tp {config.tp} x "
                         f"dp {config.dp} need {config.world_size}; use --nproc-per-node (x nodes) = "
                         f"{config.world_size}", "`ranks`")
     out_root = Path(options.out_root)

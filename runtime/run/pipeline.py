@@ -82,7 +82,7 @@ class ReadyPipeline:
         self.rank, ranks = dist.get_rank(), dist.get_world_size()
         self.device = torch.device(device)
         # RunConfig validates the options exactly as `rrfp run` does (its workload field is unused here).
-        self.config = RunConfig(stages=ranks, chunks=chunks, microbatches=microbatches, hint=hint, policy=policy,
+        self.config = RunConfig(ranks=ranks, chunks=chunks, microbatches=microbatches, hint=hint, policy=policy,
                                 lookahead=lookahead, memory_budget=memory_budget, timeout=timeout)
         graph_shape = validate_run(self.config).shape  # the hint decides whether backwards are split
         shape = run_shape(self.config)

@@ -38,10 +38,10 @@ class HintPlan:
     def for_iteration(self, iteration: int) -> HintOrder:
         c = self.config
         if _per_iteration(self.spec):
-            return resolve(self.spec, c.stages, c.chunks, c.microbatches, self.workload.expected(iteration),
+            return resolve(self.spec, c.ranks, c.chunks, c.microbatches, self.workload.expected(iteration),
                            c.placement)
         if self._static is None:
-            self._static = resolve(self.spec, c.stages, c.chunks, c.microbatches, placement=c.placement)
+            self._static = resolve(self.spec, c.ranks, c.chunks, c.microbatches, placement=c.placement)
         if self._static.cost_ranked:  # [Note: cost-ranked hints]: slots -> this iteration's microbatches
             return concrete(self._static, self.workload.expected(iteration))
         return self._static
@@ -50,7 +50,7 @@ class HintPlan:
 def validate_run(config) -> HintOrder:
     """Resolve and check the job's hint and budget; raises ``UserError`` before anything starts."""
     # bfw and cp are checked as built without costs: their shape and validity do not depend on them.
-    hint = resolve(hint_spec(config), config.stages, config.chunks, config.microbatches,
+    hint = resolve(hint_spec(config), config.ranks, config.chunks, config.microbatches,
                    placement=config.placement)
     shape = hint.shape
     run = run_shape(config)
