@@ -47,11 +47,10 @@ def rrfp(*args: str, timeout: float = 240) -> subprocess.CompletedProcess:
 def correctness(lines: list[str], work: Path, device: str) -> bool:
     import torch
 
-    from runtime.config import RunConfig
+    from runtime.config import RunConfig, run_shape
     from runtime.run.launch import launch
-    from runtime.config import run_shape
-    from runtime.workloads.make import reference_train
     from runtime.run.worker import Job, WorkerOptions
+    from runtime.workloads.make import reference_train
 
     jobs = []
     for workload in ("gpt", "multimodal"):

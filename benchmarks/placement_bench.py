@@ -31,10 +31,10 @@ import platform
 import statistics
 import time
 
-from hints.tasks import LOOPING, V, PipelineShape
+from hints.tasks import LOOPING, PipelineShape, V
+from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import DEFAULT_RULES, compare, resolve
-from runtime.durations.variability import VariabilityModel, sample_durations
 
 HINTS = (("zbv", V), ("zb", LOOPING), ("interleaved-1f1b", LOOPING))
 RULE_LABEL = {"fixed": "fixed", "greedy": "ready", "lookahead": "ready+la"}

@@ -34,12 +34,12 @@ from hints.orders import BUILTIN_HINTS, applicable_builtins
 from profiler.analysis.replay import sensitivity, trace_hint
 from profiler.trace.reader import read_trace
 from profiler.trace.recorder import merge_run_traces
-from runtime.sched.budget import MemoryBudget
 from runtime.config import RunConfig
 from runtime.durations.tables import load_durations
 from runtime.run.launch import launch
-from runtime.sched.simulator import simulate
 from runtime.run.worker import Job, WorkerOptions
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.simulator import simulate
 
 RECORDER = "profiler.trace.recorder:TraceRecorder"
 BUDGETS = ("1f1b", "2x")

@@ -26,9 +26,9 @@ import statistics
 import time
 
 from hints.tasks import PipelineShape
+from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import builtin_candidates, compare
-from runtime.durations.variability import VariabilityModel, sample_durations
 
 BUDGETS = ("1f1b", "2x")
 RULE_LABEL = {"fixed": "fixed", "greedy": "ready", "lookahead": "ready+la"}

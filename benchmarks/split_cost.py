@@ -42,12 +42,12 @@ from pathlib import Path
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: no numpy here
 
 import torch
+from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is on sys.path
 
 from profiler.trace.reader import read_trace
 from runtime.config import RunConfig
 from runtime.run.launch import launch
 from runtime.run.worker import Job, WorkerOptions
-from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is on sys.path
 
 FULL, SPLIT = "1f1b", "zb"
 TRACE_RECORDER = "profiler.trace.recorder:TraceRecorder"  # what `rrfp run` records with (rrfp_cli.cmd_run)

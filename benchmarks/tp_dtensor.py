@@ -29,7 +29,7 @@ def _worker(rank: int, port: int, iters: int, out) -> None:
     from torch.distributed.device_mesh import DeviceMesh
     from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
 
-    from runtime.workloads.tp_layers import _shard, copy_to_group, reduce_from_group, TPShard
+    from runtime.workloads.tp_layers import TPShard, _shard, copy_to_group, reduce_from_group
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=2)

@@ -30,13 +30,13 @@ import torch
 from hints.tasks import Task
 from profiler.trace.reader import read_trace
 from profiler.trace.recorder import TraceRecorder, merge_run_traces
-from runtime.sched.arbiter import Decision
-from runtime.config import RunConfig
-from runtime.run.launch import launch
-from runtime.exec.recording import RecorderSetup, TaskSpan
 from runtime.comm.inbox import Arrival
 from runtime.comm.links import Sent
+from runtime.config import RunConfig
+from runtime.exec.recording import RecorderSetup, TaskSpan
+from runtime.run.launch import launch
 from runtime.run.worker import Job, WorkerOptions
+from runtime.sched.arbiter import Decision
 
 ROOT = Path(__file__).resolve().parent.parent
 TRACER = "profiler.trace.recorder:TraceRecorder"

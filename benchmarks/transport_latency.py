@@ -42,6 +42,7 @@ import warnings
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: no numpy here
 
 from _cli import Parser  # benchmarks/_cli.py: this script's folder is on sys.path
+
 from runtime.run.launch import free_port
 
 TARGETS = {2048: 1.5, 1 << 20: 1.1}  # ratio to plain gloo (issue 9)

@@ -70,8 +70,8 @@ def part_bound(args, work: Path) -> None:
                         "0.1", "--time-budget", f"{budget:g}s", "--scenarios", str(scenarios), "--jobs", "2",
                         "--out", str(out))
             # The bound of each held-out scenario, from the same model and seeds tune-hint drew.
-            from runtime.tune.scenarios import from_model
             from runtime.durations.variability import VariabilityModel
+            from runtime.tune.scenarios import from_model
 
             shape = PipelineShape(ranks, 1, 4 * ranks)
             held = from_model(VariabilityModel(workload=workload, jitter=0.1), shape, scenarios, scenarios, 0).holdout

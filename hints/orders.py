@@ -105,12 +105,12 @@ from hints.errors import HintError
 from hints.tasks import (
     LOOPING,
     PLACEMENTS,
-    V,
     B,
     F,
     I,
     PipelineShape,
     Task,
+    V,
     W,
     check_placement,
     cyclic_gc_paused,

@@ -47,7 +47,7 @@ def bench(
     json_mode: JsonFlag = False,
 ) -> None:
     """Run the benchmark matrix (simulation, real runs, external systems); write tables, JSON and plots."""
-    from profiler.bench.matrix import check_settings, parse_ranks, Settings
+    from profiler.bench.matrix import Settings, check_settings, parse_ranks
     from profiler.bench.results import check_out
     from profiler.bench.suite import run_suite
 

@@ -11,8 +11,8 @@ from rich.text import Text
 
 from hints.files.hint_json import hint_to_json, save_hint
 from hints.files.torch_csv import save_torch_csv
-from hints.orders import BUILTIN_HINTS, HintOrder
 from hints.files.torch_names import TORCH_SCHEDULES
+from hints.orders import BUILTIN_HINTS, HintOrder
 from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Ranks, placement_value
 from rrfp_cli.output import Column, Output, print_table
 

@@ -14,10 +14,17 @@ import typer
 from rich.console import Console
 
 from hints.errors import Failure, Interrupted, UserError
-from runtime.config import RunConfig, build_config, load_toml
-from rrfp_cli.options import (SPLIT_OVERHEAD_HELP, VARIABILITY_HELP, WORKLOAD_HELP, LookaheadChoice, P2POpt, lookahead_flag,
-                              p2p_value)
+from rrfp_cli.options import (
+    SPLIT_OVERHEAD_HELP,
+    VARIABILITY_HELP,
+    WORKLOAD_HELP,
+    LookaheadChoice,
+    P2POpt,
+    lookahead_flag,
+    p2p_value,
+)
 from rrfp_cli.output import Column, Output, print_table
+from runtime.config import RunConfig, build_config, load_toml
 
 RUN = "Run"
 MODEL = "Model"

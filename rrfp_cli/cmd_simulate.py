@@ -29,9 +29,9 @@ from rrfp_cli.options import (
     Placement,
     PolicyChoice,
     PolicyOpt,
+    Ranks,
     Seed,
     SplitOverhead,
-    Ranks,
     StragglerProb,
     StragglerSlowdown,
     TaskOverhead,
@@ -86,10 +86,10 @@ def simulate(
     json_mode: JsonFlag = False,
 ) -> None:
     """Simulate one hint and policy, or --compare all built-ins, on sampled or recorded durations."""
-    from runtime.sched.budget import MemoryBudget
-    from runtime.sched.rules import check_p2p, rule_for
     from runtime.sched.bounds import split_bound
+    from runtime.sched.budget import MemoryBudget
     from runtime.sched.evaluate import builtin_candidates, concrete, durations_for, resolve
+    from runtime.sched.rules import check_p2p, rule_for
     from runtime.sched.simulator import simulate as run_simulation
 
     out = Output(json_mode)
@@ -146,7 +146,8 @@ def simulate(
         out.result(data, lambda console: _render_one(console, result, budget, bound, elapsed))
         return
 
-    from runtime.sched.evaluate import DEFAULT_RULES, compare as run_compare
+    from runtime.sched.evaluate import DEFAULT_RULES
+    from runtime.sched.evaluate import compare as run_compare
 
     hints = builtin_candidates(shape, table)
     if file_hint is not None or hint_spec.startswith(TORCH_PREFIX):

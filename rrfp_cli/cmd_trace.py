@@ -15,8 +15,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from rrfp_cli.output import (Column, Output, check_new_directory, check_new_file, print_pairs, print_table,
-                             shell_lines)
+from rrfp_cli.output import Column, Output, check_new_directory, check_new_file, print_pairs, print_table, shell_lines
 
 if TYPE_CHECKING:  # polars is imported by the commands, so `rrfp --help` stays fast
     import polars as pl
@@ -513,8 +512,8 @@ def timeline_command(
     """A picture of one iteration (default: the last): ranks as rows, tasks coloured by microbatch, idle time
     hatched by cause. An `rrfp run --compare` directory, or RUN and OTHER, are drawn as panels on one time axis."""
     from hints.errors import UserError
-    from profiler.trace.reader import job_runs
     from profiler.draw.timeline import save_timeline
+    from profiler.trace.reader import job_runs
 
     if svg is None and png is None:
         raise UserError("give --svg FILE and/or --png FILE: where to write the picture", "timeline")

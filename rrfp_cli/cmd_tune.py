@@ -26,6 +26,7 @@ import typer
 
 from hints.errors import UserError
 from rrfp_cli.options import (
+    WORKLOAD_HELP,
     BackwardRatio,
     Chunks,
     CommLatency,
@@ -40,7 +41,6 @@ from rrfp_cli.options import (
     SplitOverhead,
     StragglerProb,
     StragglerSlowdown,
-    WORKLOAD_HELP,
     WorkloadChoice,
     placement_value,
     variability_model,
@@ -144,7 +144,7 @@ def tune_hint(
     if memory_budget != "auto":
         MemoryBudget.parse(memory_budget).per_rank(source["set"].shape)
 
-    from runtime.tune.decide import report, render_markdown, tune, work_budget
+    from runtime.tune.decide import render_markdown, report, tune, work_budget
 
     shape = source["set"].shape
     work = work_budget(seconds, jobs, shape.total_tasks * 3 // 2)

@@ -15,8 +15,14 @@ from typing import Annotated, Optional
 import typer
 
 from hints.tasks import PLACEMENTS
+from runtime.durations.presets import (
+    LEGACY_ALIASES,
+    MEASURED_SPLIT_OVERHEAD,
+    PRESET_NAMES,
+    SPLIT_OVERHEAD,
+    WORKLOAD_NAMES,
+)
 from runtime.sched.rules import P2P_MODES, Policy
-from runtime.durations.presets import LEGACY_ALIASES, MEASURED_SPLIT_OVERHEAD, PRESET_NAMES, SPLIT_OVERHEAD, WORKLOAD_NAMES
 
 SHAPE = "Pipeline shape"
 VARIABILITY = "Variability model"

@@ -20,6 +20,7 @@ from rich.console import Console
 
 from hints.errors import UserError, as_flag, render_inputs
 
+
 def in_cli_terms(message: str) -> str:
     """A library message with its inputs named by this CLI's flags ([Note: inputs in messages] in hints.errors):
     every flag is its input's name with dashes (``memory_budget`` -> ``--memory-budget``). Every error the

@@ -17,7 +17,8 @@ from hints.files.hint_json import hint_from_json
 from hints.files.torch_csv import hint_from_torch_rows
 from hints.files.torch_names import TORCH_PREFIX, V_SCHEDULES
 from hints.orders import BUILTIN_HINTS, HintOrder, baseline_hint_name, builtin_hint
-from hints.tasks import LOOPING, V, PipelineShape, Task, check_placement, default_chunks
+from hints.tasks import LOOPING, PipelineShape, Task, V, check_placement, default_chunks
+
 
 def load_hint(path: str | Path, placement: str | None = None) -> HintOrder:
     """Load an ``rrfp-hint/1`` JSON file or a torch CSV (by extension ``.csv``).

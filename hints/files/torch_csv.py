@@ -22,7 +22,7 @@ from typing import Sequence
 from hints.errors import HintError
 from hints.files.hint_json import write_text
 from hints.orders import HintOrder
-from hints.tasks import PLACEMENTS, V, PipelineShape, Task, check_placement
+from hints.tasks import PLACEMENTS, PipelineShape, Task, V, check_placement
 from hints.validate import validate_orders
 
 # torch's action grammar (schedules._action_regex); non-compute actions are skipped.

@@ -45,7 +45,8 @@ from hints.errors import HintError
 from hints.files.torch_csv import hint_from_task_orders
 from hints.files.torch_names import TORCH_SCHEDULES, V_SCHEDULES
 from hints.orders import HintOrder
-from hints.tasks import I, V, W, Kind, Task
+from hints.tasks import I, Kind, Task, V, W
+
 
 def import_torch_schedule(name: str, ranks: int, microbatches: int, chunks: int | None = None,
                           placement: str | None = None) -> HintOrder:

@@ -50,7 +50,6 @@ from profiler.analysis.realized import calibrated_dispatch_ns
 from profiler.analysis.windows import iteration_windows, ready_times
 from profiler.trace.reader import TraceFrames
 
-
 BUBBLE_COLUMNS = ("fill_ns", "drain_ns", "step_ns", "rendezvous_ns", "dependency_ns", "budget_held_ns",
                   "dispatch_ns", "misalignment_ns")
 _NEVER = float("inf")  # the ready time of no task, or of one whose inputs the trace lacks

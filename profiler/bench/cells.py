@@ -64,10 +64,10 @@ class Tuned:
 
 def tune_cell(workload: str, ranks: int, budget: str, settings: Settings) -> Tuned:
     """rrfp tune-hint's library entry point on model scenarios (seeds disjoint from the tables')."""
-    from runtime.tune.scenarios import from_model
+    from runtime.durations.variability import VariabilityModel
     from runtime.tune.decide import tune
     from runtime.tune.evaluator import Objective
-    from runtime.durations.variability import VariabilityModel
+    from runtime.tune.scenarios import from_model
 
     shape = PipelineShape(ranks, 1, MICROBATCHES_PER_RANK * ranks)
     model = VariabilityModel(workload=workload, jitter=settings.jitter, split_overhead=settings.split_overhead)
@@ -99,12 +99,12 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     hint in fixed order (None if that order cannot complete); with ``bubbles`` also ``bubbles`` (seconds
     by cause, :func:`profiler.analysis.bubbles.simulated_bubbles`).
     """
-    from runtime.sched.budget import MemoryBudget
-    from runtime.sched.bounds import split_bound
     from hints.deps import TaskGraph
+    from runtime.durations.variability import VariabilityModel, sample_durations
+    from runtime.sched.bounds import split_bound
+    from runtime.sched.budget import MemoryBudget
     from runtime.sched.results import ScheduleDeadlock
     from runtime.sched.simulator import simulate
-    from runtime.durations.variability import VariabilityModel, sample_durations
 
     m = MICROBATCHES_PER_RANK * ranks
     model = VariabilityModel(workload=workload, jitter=jitter, split_overhead=split_overhead)

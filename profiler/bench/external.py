@@ -86,16 +86,16 @@ warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # befor
 import torch
 
 from hints.errors import HintError, UserError, as_flag, render_inputs
-from hints.orders import peak_in_flight
-from hints.tasks import LOOPING, V, B, PipelineShape, W
 from hints.files.torch_import import import_torch_schedule
-from runtime.sched.budget import MemoryBudget, one_f_one_b_bounds
+from hints.orders import peak_in_flight
+from hints.tasks import LOOPING, B, PipelineShape, V, W
+from profiler.bench.script_args import Parser, progress
+from profiler.bench.torch_side import run_torch
 from runtime.config import RunConfig
 from runtime.run.launch import launch, preflight
 from runtime.run.worker import Job, WorkerOptions
-from profiler.bench.torch_side import run_torch
+from runtime.sched.budget import MemoryBudget, one_f_one_b_bounds
 from runtime.workloads.make import make_workload
-from profiler.bench.script_args import Parser, progress
 
 
 @dataclass(frozen=True)

@@ -131,8 +131,8 @@ class Settings:
 
 def check_settings(settings: Settings) -> None:
     """Bad input as one :class:`UserError` before anything runs."""
-    from runtime.sched.budget import MemoryBudget
     from runtime.durations.variability import WORKLOADS as KNOWN
+    from runtime.sched.budget import MemoryBudget
 
     for name in settings.workloads:
         if name not in KNOWN:

@@ -43,7 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from profiler.bench.matrix import MICROBATCHES_PER_RANK
-from profiler.bench.results import save, spread, Suite
+from profiler.bench.results import Suite, save, spread
+
 
 @dataclass(frozen=True)
 class RealRow:

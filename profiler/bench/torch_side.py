@@ -48,6 +48,7 @@ from runtime.config import RunConfig, run_shape
 from runtime.run.launch import free_port, start_fork_server
 from runtime.workloads.make import make_optimizer, make_workload
 
+
 class TorchStageAdapter(nn.Module):
     """An rrfp stage module behind torch's ``module(*received_tensors)`` interface (see [Note: the torch adapter])."""
 

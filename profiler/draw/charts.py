@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Sequence
 
 from hints.errors import UserError
-from profiler.trace.schema import write_atomically
 from profiler.draw.timeline import CHAR_WIDTH, GRID, MUTED, RGB, Box, Label, Rule, Scene, to_png, to_svg
+from profiler.trace.schema import write_atomically
 
 PALETTE: tuple[RGB, ...] = (
     (31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189),

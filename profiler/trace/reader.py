@@ -70,9 +70,7 @@ import polars as pl
 
 from hints.errors import UserError
 from hints.tasks import LOOPING, PLACEMENTS
-from profiler.trace.schema import (PACKET_FIELD, SCHEMA, FramingError, decode_track_uuid, next_field,
-                            rank_trace_files)
-
+from profiler.trace.schema import PACKET_FIELD, SCHEMA, FramingError, decode_track_uuid, next_field, rank_trace_files
 
 _META_TYPES = {"schema": str, "rank": int, "world": int, "stages": int, "chunks": int, "microbatches": int,
                "policy": str, "hint": str, "memory_budget": str, "clock_offset_ns": int, "clock_error_ns": int}

@@ -38,8 +38,16 @@ from pathlib import Path
 from typing import Any
 
 from hints.tasks import Task
-from profiler.trace.schema import (COUNTERS, SCHEMA, complete_packets, flow_id, rank_trace_files, track_name, track_uuid,
-                            write_atomically)
+from profiler.trace.schema import (
+    COUNTERS,
+    SCHEMA,
+    complete_packets,
+    flow_id,
+    rank_trace_files,
+    track_name,
+    track_uuid,
+    write_atomically,
+)
 
 _SENTINEL = object()
 

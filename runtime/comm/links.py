@@ -77,8 +77,20 @@ import torch.distributed as dist
 
 from hints.tasks import Task
 from runtime.comm.errors import TransportError
-from runtime.comm.frames import (BODY_BYTES, CLOSE, IN_BODY, MAX_TENSORS, PREPOSTED_DEPTH, PREPOSTED_TAG,
-                                 DecisionFields, MessageKind, NoticeFields, follow_tag, host_bytes, pack_frame)
+from runtime.comm.frames import (
+    BODY_BYTES,
+    CLOSE,
+    IN_BODY,
+    MAX_TENSORS,
+    PREPOSTED_DEPTH,
+    PREPOSTED_TAG,
+    DecisionFields,
+    MessageKind,
+    NoticeFields,
+    follow_tag,
+    host_bytes,
+    pack_frame,
+)
 
 MAX_UNCOLLECTED = 8  # sends in flight on a link before its thread is woken to collect them
 _ONE_BYTE = torch.zeros(1, dtype=torch.uint8)  # what CLOSE sends into each pre-posted receive

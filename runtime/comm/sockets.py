@@ -70,9 +70,24 @@ from typing import Callable
 import torch
 
 from runtime.comm.errors import TransportError
-from runtime.comm.frames import (CLOSE, DATA, FRAME_BYTES, HEADER_BYTES, HELLO, LATE_TAG, MAX_TENSORS,
-                                 PREPOSTED_DEPTH, PREPOSTED_TAG, FrameHeader, decode_header, follow_tag, host_bytes,
-                                 payload_bytes, spec_bytes, tensors_at)
+from runtime.comm.frames import (
+    CLOSE,
+    DATA,
+    FRAME_BYTES,
+    HEADER_BYTES,
+    HELLO,
+    LATE_TAG,
+    MAX_TENSORS,
+    PREPOSTED_DEPTH,
+    PREPOSTED_TAG,
+    FrameHeader,
+    decode_header,
+    follow_tag,
+    host_bytes,
+    payload_bytes,
+    spec_bytes,
+    tensors_at,
+)
 from runtime.comm.inbox import Arrival, check_sequence, item_of
 from runtime.comm.links import Link
 

@@ -66,9 +66,9 @@ from dataclasses import dataclass, field, fields
 from itertools import chain
 from typing import Callable, Sequence
 
+from hints.deps import TaskGraph
 from hints.errors import UserError, input_name
 from hints.tasks import B, F, I, PipelineShape
-from hints.deps import TaskGraph
 from runtime.durations.presets import (
     ENCODER_FLOOR,
     PRESETS,

@@ -61,14 +61,14 @@ from typing import Callable
 
 import torch
 
-from hints.tasks import F, Task
-from runtime.sched.arbiter import Arbiter
 from hints.deps import TaskGraph
+from hints.tasks import F, Task
+from runtime.comm.inbox import Arrival, Decided, Notice, Posted
+from runtime.comm.transport import Transport
 from runtime.exec.forecast import ArrivalForecast
 from runtime.exec.handlers import HandlerTable, Outputs, StageHandlers
 from runtime.exec.recording import NullRecorder, Recorder, TaskSpan
-from runtime.comm.inbox import Arrival, Decided, Notice, Posted
-from runtime.comm.transport import Transport
+from runtime.sched.arbiter import Arbiter
 from runtime.workloads.base import Workload
 
 IDLE_POLL_SECONDS = 0.5  # how long the dispatcher sleeps on the inbox before re-checking faults

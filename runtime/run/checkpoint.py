@@ -182,7 +182,7 @@ def _layouts(module, tp: int) -> dict[str, tuple[int, int]]:
     """The sharded parameters of a (meta) stage under ``--tp tp`` ({} without TP)."""
     if tp == 1:
         return {}
-    from runtime.workloads.tp_layers import shard_stage, sharded_layouts, TPShard
+    from runtime.workloads.tp_layers import TPShard, shard_stage, sharded_layouts
 
     return sharded_layouts(shard_stage(module, TPShard(0, tp, None)))
 

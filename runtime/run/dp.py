@@ -27,10 +27,11 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+
 import torch
 import torch.distributed as dist
 
-from hints.tasks import B, W, Task
+from hints.tasks import B, Task, W
 from runtime.exec.handlers import Handler, HandlerTable
 
 BUCKET_BYTES = 1 << 18

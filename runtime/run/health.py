@@ -199,9 +199,8 @@ def report_stall(ctx: RankContext, seconds: float) -> bool:
 
 
 def report_error(ctx: RankContext, err: BaseException) -> None:
-    from runtime.comm.errors import TransportError
-
     from hints.errors import Interrupted
+    from runtime.comm.errors import TransportError
 
     kind = ("interrupt" if isinstance(err, Interrupted) else "transport" if isinstance(err, TransportError)
             else "error")

@@ -67,14 +67,13 @@ class ReadyPipeline:
                  timeout: float = 60.0) -> None:
         import torch.distributed as dist
 
-        from runtime.sched.budget import MemoryBudget
-        from runtime.config import RunConfig
         from hints.deps import TaskGraph
-        from runtime.exec.executor import StageExecutor
-        from runtime.config import run_shape
-        from runtime.run.plan import HintPlan, validate_run
         from runtime.comm.links import pipeline_links
         from runtime.comm.transport import Transport
+        from runtime.config import RunConfig, run_shape
+        from runtime.exec.executor import StageExecutor
+        from runtime.run.plan import HintPlan, validate_run
+        from runtime.sched.budget import MemoryBudget
 
         if not dist.is_initialized():
             raise UserError("call torch.distributed.init_process_group first (one process per pipeline rank)",

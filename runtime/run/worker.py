@@ -114,8 +114,8 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         group_timeout = timedelta(seconds=max(60.0, 2 * options.timeout))
         dist.init_process_group(backend, timeout=group_timeout, **_attempt_store(rank, world, group_timeout),
                                 **({"device_id": ctx.device} if backend == "nccl" else {}))
-        from runtime.comm.grid import ProcessGrid, make_groups
         from runtime.comm.clock import clock_domain, measure_clock_offset
+        from runtime.comm.grid import ProcessGrid, make_groups
         from runtime.comm.transport import Transport
 
         if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
@@ -273,9 +273,9 @@ class _JobRun:
 
     def __init__(self, ctx: RankContext, job: Job, watchdog: Watchdog) -> None:
         from hints.deps import TaskGraph
+        from runtime.comm.grid import SliceTransport
         from runtime.config import run_shape
         from runtime.exec.executor import StageExecutor
-        from runtime.comm.grid import SliceTransport
         from runtime.run.collect import JobResults
         from runtime.run.health import TrackingRecorder
         from runtime.run.metrics import write_job_inputs
@@ -446,7 +446,7 @@ def _stage_modules(ctx: RankContext, workload, stages) -> dict:
     """This rank's stage modules: whole, or with ``--tp`` its shard of each ([Note: TP coordination])."""
     modules = {stage: workload.build_stage(stage) for stage in stages}
     if ctx.grid.tp > 1:
-        from runtime.workloads.tp_layers import shard_stage, TPShard
+        from runtime.workloads.tp_layers import TPShard, shard_stage
 
         shard = TPShard(ctx.grid.tp_rank, ctx.grid.tp, ctx.groups.tp)
         modules = {stage: shard_stage(module, shard) for stage, module in modules.items()}

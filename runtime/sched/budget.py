@@ -14,7 +14,7 @@ from functools import lru_cache
 
 from hints.errors import UserError
 from hints.orders import microbatches_per_round, peak_in_flight, zero_bubble_v
-from hints.tasks import V, W, PipelineShape
+from hints.tasks import PipelineShape, V, W
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
+from hints.deps import TaskGraph
 from hints.errors import UserError
 from hints.files.load import hint_shape, resolve_hint
 from hints.orders import (
@@ -45,13 +46,12 @@ from hints.orders import (
     resolve_cost_ranked,
 )
 from hints.tasks import PipelineShape
-from runtime.sched.budget import MemoryBudget
-from runtime.sched.rules import ArbiterRule, RULES
-from runtime.sched.bounds import LowerBound, split_bound
-from hints.deps import TaskGraph
-from runtime.sched.results import ScheduleDeadlock, SimResult
-from runtime.sched.simulator import simulate
 from runtime.durations.variability import Durations, VariabilityModel, sample_durations
+from runtime.sched.bounds import LowerBound, split_bound
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.results import ScheduleDeadlock, SimResult
+from runtime.sched.rules import RULES, ArbiterRule
+from runtime.sched.simulator import simulate
 
 
 def durations_for(shape: PipelineShape, model: VariabilityModel | None = None, seed: int = 0,

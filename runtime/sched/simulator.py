@@ -52,16 +52,16 @@ from array import array
 from bisect import bisect_right
 from typing import Sequence
 
+from hints.deps import TaskGraph
 from hints.errors import UserError
 from hints.orders import HintOrder
 from hints.tasks import cyclic_gc_paused
 from hints.validate import format_grid
+from runtime.durations.variability import Durations
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.fixed_order import busy_times, replay_blocking, replay_exact_order
 from runtime.sched.results import Compute, ScheduleDeadlock, SimResult, Transfer
-from runtime.sched.rules import ArbiterRule, as_rule, check_p2p, make_arbiter, Policy
-from hints.deps import TaskGraph
-from runtime.durations.variability import Durations
+from runtime.sched.rules import ArbiterRule, Policy, as_rule, check_p2p, make_arbiter
 
 # Event kinds.
 ARRIVAL, END, WAKE = 0, 1, 2

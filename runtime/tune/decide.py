@@ -21,11 +21,11 @@ from typing import Callable
 
 from hints.orders import HintOrder, baseline_hint_name
 from runtime.sched.budget import MemoryBudget
-from runtime.sched.rules import RULES
 from runtime.sched.evaluate import resolve, versus_label
+from runtime.sched.rules import RULES
+from runtime.tune.evaluator import Candidate, Evaluator, Objective, paired_bootstrap, summary
 from runtime.tune.scenarios import ScenarioSet
 from runtime.tune.search import Scored, Search, SearchConfig, SearchResult, portfolio
-from runtime.tune.evaluator import Candidate, Evaluator, Objective, paired_bootstrap, summary
 
 AUTO_BUDGETS = ("1f1b", "1.25x", "1.5x", "2x", "3x", "4x")
 NOMINAL_TASKS_PER_SECOND = 250_000  # per job: turns --time-budget into a deterministic work budget

@@ -41,15 +41,15 @@ import statistics
 from dataclasses import dataclass, field, replace
 from typing import Sequence
 
+from hints.deps import TaskGraph
 from hints.errors import UserError
 from hints.orders import HintOrder
 from runtime.sched.budget import MemoryBudget
-from runtime.sched.rules import RULES
-from hints.deps import TaskGraph
 from runtime.sched.evaluate import concrete, resolve
-from runtime.tune.scenarios import ScenarioSet
 from runtime.sched.results import ScheduleDeadlock, SimResult
+from runtime.sched.rules import RULES
 from runtime.sched.simulator import simulate
+from runtime.tune.scenarios import ScenarioSet
 
 
 @dataclass(frozen=True)

@@ -48,12 +48,12 @@ from hints.orders import (
     by_priority,
     one_f_one_b_family,
 )
+from hints.priorities import list_priorities
 from hints.tasks import LOOPING, PipelineShape, Task
 from hints.validate import validate_orders
-from runtime.sched.evaluate import resolve
-from hints.priorities import list_priorities
-from runtime.tune.evaluator import Candidate, Evaluator, Objective
 from runtime.durations.variability import Durations
+from runtime.sched.evaluate import resolve
+from runtime.tune.evaluator import Candidate, Evaluator, Objective
 
 
 @dataclass(frozen=True)

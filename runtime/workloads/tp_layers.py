@@ -22,6 +22,7 @@ from torch import nn
 
 from runtime.workloads.builtin import Block, EmulatedStage
 
+
 class _CopyToGroup(torch.autograd.Function):
     """Identity forward; all-reduce of the gradient on the TP group backward (Megatron's ``f``)."""
 
