@@ -11,7 +11,7 @@ from runtime.sched.budget import MemoryBudget, one_f_one_b_bounds
 from runtime.sched.rules import make_arbiter, Policy
 from hints.deps import TaskGraph
 from runtime.sched.simulator import simulate
-from tests.conftest import hint_from_text, unit_durations
+from tests.helpers.schedules import hint_from_text, unit_durations
 
 
 @pytest.mark.parametrize("text,factor,slots", [("1f1b", 1.0, None), ("2x", 2.0, None), ("1.5X", 1.5, None),

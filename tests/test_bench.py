@@ -15,7 +15,7 @@ from profiler.bench.results import SCHEMA
 from profiler.bench.suite import run_suite
 from profiler.bench.report import section_markdown
 from profiler.draw.charts import HEIGHT, WIDTH, BarChart, Bars, LineChart, Series, nice_ticks, save_chart
-from tests.test_trace_commands import one_error, rrfp
+from tests.helpers.cli import one_error, run_cli
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -55,10 +55,11 @@ def test_bar_chart_stacked_and_grouped(tmp_path):
 
 def tiny_matrix(tmp_path, *extra):
     out = tmp_path / "bench"
-    result = rrfp("bench", "--out", str(out), "--ranks", "4", "--workloads", "language,multimodal", "--seeds", "2",
-                  "--iterations", "1", "--tune-seconds", "0.5", "--no-real", "--no-external", "--json", *extra)
-    assert result.code == 0, result.err
-    return out, json.loads(result.out)
+    result = run_cli(tmp_path, "bench", "--out", str(out), "--ranks", "4", "--workloads", "language,multimodal",
+                     "--seeds", "2", "--iterations", "1", "--tune-seconds", "0.5", "--no-real", "--no-external",
+                     "--json", *extra)
+    assert result.returncode == 0, result.stderr
+    return out, json.loads(result.stdout)
 
 
 def test_tiny_matrix_writes_every_file_with_the_schema(tmp_path):
@@ -138,7 +139,7 @@ def test_the_commit_is_the_one_the_run_started_on(tmp_path, monkeypatch):
     (["--budgets", "1"], "slot"),  # one slot cannot hold the interleaved row's two chunks
 ])
 def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, where):
-    result = rrfp("bench", "--out", str(tmp_path / "b"), "--no-real", "--no-external", *args)
+    result = run_cli(tmp_path, "bench", "--out", str(tmp_path / "b"), "--no-real", "--no-external", *args)
     one_error(result, where)
     assert not (tmp_path / "b").exists()
 
@@ -146,21 +147,21 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, args, where):
 def test_unwritable_or_used_folder_is_refused(tmp_path):
     file = tmp_path / "file"
     file.write_text("")
-    result = rrfp("bench", "--out", str(file), "--no-real", "--no-external")
+    result = run_cli(tmp_path, "bench", "--out", str(file), "--no-real", "--no-external")
     one_error(result, "is a file")
-    result = rrfp("bench", "--out", str(tmp_path / "missing" / "b"), "--no-real", "--no-external")
+    result = run_cli(tmp_path, "bench", "--out", str(tmp_path / "missing" / "b"), "--no-real", "--no-external")
     one_error(result, "no such directory")
     used = tmp_path / "used"
     used.mkdir()
     (used / "results.json").write_text("{}")
-    result = rrfp("bench", "--out", str(used), "--no-real", "--no-external")
+    result = run_cli(tmp_path, "bench", "--out", str(used), "--no-real", "--no-external")
     one_error(result, "--force")
 
 
 @pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc, which refuses new files")
-def test_a_folder_that_cannot_be_written_is_refused_before_any_work():
+def test_a_folder_that_cannot_be_written_is_refused_before_any_work(tmp_path):
     """Root may write anywhere by os.access's word, /proc included: the folder is created and probed."""
-    result = rrfp("bench", "--out", "/proc/rrfp-bench", "--no-real", "--no-external")
+    result = run_cli(tmp_path, "bench", "--out", "/proc/rrfp-bench", "--no-real", "--no-external")
     one_error(result, "cannot write there")
 
 

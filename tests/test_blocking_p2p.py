@@ -14,8 +14,8 @@ import torch
 
 from hints.errors import UserError
 from runtime.config import RunConfig
-from tests.conftest import run_rrfp
-from tests.test_runtime import check_against_reference, run_jobs
+from tests.helpers.cli import run_rrfp
+from tests.helpers.jobs import check_against_reference, run_jobs
 
 GPT = dict(workload="gpt", stages=4, microbatches=6, policy="fixed", iters=2, seed=3, jitter=0.5)
 JOBS = [

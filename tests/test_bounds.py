@@ -17,8 +17,7 @@ from runtime.sched.bounds import jackson_preemptive_bound, LowerBound, makespan_
 from hints.deps import TaskGraph, prerequisites
 from runtime.sched.simulator import ScheduleDeadlock, simulate
 from runtime.durations.variability import Durations
-from tests.conftest import unit_durations
-from tests.test_properties import random_order_hint
+from tests.helpers.schedules import random_order_hint, unit_durations
 
 
 def uniform_table(shape: PipelineShape, forward: float = 1.0, backward: float = 2.0,

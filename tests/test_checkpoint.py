@@ -19,12 +19,11 @@ from hints.errors import UserError
 from runtime.run import checkpoint
 from runtime.config import RunConfig
 from runtime.run.launch import free_port
-from tests.conftest import REPO, _INHERITED, alive, run_rrfp
-from tests.test_faults import status, wait_for
-from tests.test_run_cli import one_error_line
+from tests.helpers.cli import REPO, child_env, one_error_line, run_rrfp
+from tests.helpers.processes import alive, status, wait_for
 
 GPT = ("run", "--workload", "gpt", "-p", "2", "-m", "4", "--seq-len", "16", "--hidden", "32", "--policy", "fixed")
-TINY = ("run", "--workload", "tests.user_models:tiny", "-p", "2", "-m", "3", "--policy", "fixed")
+TINY = ("run", "--workload", "tests.helpers.user_models:tiny", "-p", "2", "-m", "3", "--policy", "fixed")
 
 
 def losses(run) -> list[float]:
@@ -78,7 +77,7 @@ def test_tp_and_dp_runs_resume_bit_for_bit_from_one_sharded_deduplicated_checkpo
 def test_a_user_model_resumes_its_data_stream_and_rng_bit_for_bit(tmp_path):
     # bfw ranks each iteration's microbatches by their cost features, read before the checkpoint is loaded;
     # dropout draws from each rank's torch RNG, which the checkpoint restores
-    model = ("--workload", "tests.user_models:tiny_with_dropout", "--hint", "bfw")
+    model = ("--workload", "tests.helpers.user_models:tiny_with_dropout", "--hint", "bfw")
     whole = run_rrfp(tmp_path, *TINY, *model, "--iters", "4", "--out", "whole")
     assert whole.returncode == 0, whole.stderr
     part = run_rrfp(tmp_path, *TINY, *model, "--iters", "3", "--checkpoint-every", "2", "--out", "part")
@@ -111,9 +110,9 @@ def test_bad_checkpoint_and_factory_input_is_one_error_line(tmp_path):
         "error: --checkpoint-every: must be a whole number >= 1, got 0")
     line = one_error_line(run_rrfp(tmp_path, "run", "--workload", "no_such_package.models:build", "--out", "x"))
     assert line.startswith("error: --workload: cannot import no_such_package.models: ModuleNotFoundError")
-    line = one_error_line(run_rrfp(tmp_path, "run", "--workload", "tests.user_models:missing", "--out", "x"))
-    assert line == "error: --workload: tests.user_models has no callable 'missing'"
-    line = one_error_line(run_rrfp(tmp_path, "run", "--workload", "tests.user_models:one_stage_too_many",
+    line = one_error_line(run_rrfp(tmp_path, "run", "--workload", "tests.helpers.user_models:missing", "--out", "x"))
+    assert line == "error: --workload: tests.helpers.user_models has no callable 'missing'"
+    line = one_error_line(run_rrfp(tmp_path, "run", "--workload", "tests.helpers.user_models:one_stage_too_many",
                                    "--stages", "2", "--out", "x"))
     assert line == "error: --workload: the factory returned 3 stage modules for 2 model stages (0, 1)"
     assert not (tmp_path / "x").exists()
@@ -123,7 +122,7 @@ def test_a_checkpoint_of_another_model_is_found_by_its_parameters(tmp_path, monk
     run = run_rrfp(tmp_path, *TINY, "--iters", "1", "--checkpoint-every", "1", "--out", "t")
     assert run.returncode == 0, run.stderr
     path = checkpoint.latest(tmp_path / "t")
-    wider = RunConfig(workload="tests.user_models:tiny_wider", stages=2, microbatches=3)
+    wider = RunConfig(workload="tests.helpers.user_models:tiny_wider", stages=2, microbatches=3)
     monkeypatch.chdir(REPO)  # where the factory's module is found
     with pytest.raises(UserError, match=r"another model: stage0.linear.bias is \[8\] there, \[16\] here"):
         checkpoint._check_parameters(wider, path, "--resume")
@@ -147,7 +146,7 @@ def test_a_partial_checkpoint_is_never_taken_for_one(tmp_path):
 
 
 def test_a_nan_loss_stops_the_run_and_is_never_checkpointed(tmp_path):
-    args = ("run", "--workload", "tests.user_models:nan_at_iteration_2", "-p", "2", "-m", "3", "--iters", "4",
+    args = ("run", "--workload", "tests.helpers.user_models:nan_at_iteration_2", "-p", "2", "-m", "3", "--iters", "4",
             "--checkpoint-every", "1")
     stopped = run_rrfp(tmp_path, *args, "--out", "s")
     assert stopped.returncode == 1
@@ -163,8 +162,7 @@ def test_a_nan_loss_stops_the_run_and_is_never_checkpointed(tmp_path):
 
 
 def test_torchrun_restarts_a_killed_job_from_its_last_checkpoint(tmp_path):
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env = child_env()
     job = (*GPT[1:], "--iters", "10", "--checkpoint-every", "3", "--delay", "0F0=0.05", "--out", "r")
     process = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
                                 "--max-restarts", "1", "--monitor-interval", "0.1", "--master-port", str(free_port()),

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from hints.orders import BUILTIN_HINTS, applicable_builtins
-from tests.conftest import run_rrfp
+from tests.helpers.cli import run_rrfp
 
 TIMEOUT = 60
 

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from tests.conftest import REPO, run_rrfp
+from tests.helpers.cli import REPO, run_rrfp
 
 SCRIPT = ("benchmarks/cross_framework.py",)
 

@@ -11,8 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -23,37 +21,10 @@ import pytest
 from runtime.config import RunConfig
 from runtime.run.launch import diagnose, free_port
 from runtime.run.worker import StatusBoard, Watchdog, salvage_metrics
-from tests.conftest import REPO, _INHERITED, alive, run_rrfp
+from tests.helpers.cli import run_rrfp, start_rrfp
+from tests.helpers.processes import alive, metrics_lines, status, wait_for
 
 LONG_RUN = ("run", "--workload", "emulated", "-p", "3", "-m", "6", "--forward-time", "0.004", "--iters", "400")
-
-
-def start_rrfp(cwd: Path, *args: str) -> subprocess.Popen:
-    env = {k: v for k, v in os.environ.items() if k not in _INHERITED}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    return subprocess.Popen([sys.executable, "-m", "rrfp_cli", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-
-
-def wait_for(condition, timeout: float = 120.0, what: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def status(run: Path, rank: int) -> dict | None:
-    return StatusBoard.read(run / "status" / f"rank{rank}")
-
-
-def metrics_lines(run: Path) -> int:
-    try:
-        return len((run / "metrics.jsonl").read_text().splitlines())
-    except OSError:
-        return 0
 
 
 # -- end to end ----------------------------------------------------------------------------------------

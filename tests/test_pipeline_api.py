@@ -10,16 +10,16 @@ from runtime.config import RunConfig
 from runtime.run.launch import free_port
 from runtime.config import run_shape
 from runtime.workloads.make import reference_train
-from tests.conftest import run_rrfp
+from tests.helpers.cli import run_rrfp
 
 
 @pytest.mark.parametrize("hint", ["1f1b", "cp"])
 def test_a_script_driving_ready_pipeline_matches_the_single_process_reference(tmp_path, hint):
     result = run_rrfp(tmp_path, "--nproc-per-node", "2", "--master-port", str(free_port()), "-m",
-                      "tests.pipeline_script", str(tmp_path / "losses.json"), hint, "3",
+                      "tests.helpers.pipeline_script", str(tmp_path / "losses.json"), hint, "3",
                       module=("-m", "torch.distributed.run"), timeout=120)
     assert result.returncode == 0, result.stderr[-3000:]
-    config = RunConfig(workload="tests.user_models:tiny", stages=2, microbatches=3, iters=3)
+    config = RunConfig(workload="tests.helpers.user_models:tiny", stages=2, microbatches=3, iters=3)
     expected, _ = reference_train(config, run_shape(config), 3)
     assert json.loads((tmp_path / "losses.json").read_text()) == pytest.approx(expected, rel=1e-5)
 

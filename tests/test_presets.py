@@ -12,7 +12,7 @@ from hints.errors import UserError
 from hints.tasks import PipelineShape
 from runtime.durations.presets import PRESETS, load_cost_table
 from runtime.durations.variability import VariabilityModel, describe_workload, sample_durations, sample_microbatches
-from tests.conftest import REPO, run_rrfp
+from tests.helpers.cli import REPO, run_rrfp
 
 COUNT = 1000  # microbatches per measurement, as --describe samples by default
 

@@ -17,7 +17,7 @@ from profiler.analysis.realized import (OverheadEstimate, dispatch_overhead, rea
 from profiler.analysis.replay import sensitivity, trace_hint
 from profiler.analysis.summary import compare, summary
 from profiler.trace.reader import TraceError, read_trace
-from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
+from tests.helpers.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
 
 
 @pytest.fixture

@@ -16,11 +16,12 @@ import pytest
 from hypothesis import given, strategies as st
 
 from hints.errors import UserError
-from hints.orders import HintOrder, applicable_builtins, builtin_hint
+from hints.orders import applicable_builtins, builtin_hint
 from hints.tasks import PLACEMENTS, V, PipelineShape
 from runtime.sched.budget import MemoryBudget
 from hints.deps import TaskGraph, prerequisites
 from runtime.sched.simulator import ScheduleDeadlock, simulate
+from tests.helpers.schedules import random_order_hint
 
 
 def random_durations(graph: TaskGraph, seed: int, latency: float):
@@ -28,24 +29,6 @@ def random_durations(graph: TaskGraph, seed: int, latency: float):
     compute = [0.0 if rng.random() < 0.1 else rng.uniform(0.1, 3.0) for _ in range(len(graph))]
     transfer = [latency * rng.uniform(0.5, 1.5) if graph.remote_consumers[t] else 0.0 for t in range(len(graph))]
     return compute, transfer
-
-
-def random_order_hint(shape: PipelineShape, seed: int) -> HintOrder:
-    """Random per-rank orders that are structurally valid (F before its backward, I before W)."""
-    rng = random.Random(seed)
-    orders = []
-    for rank in range(shape.ranks):
-        tasks = list(shape.tasks_of_rank(rank))
-        rng.shuffle(tasks)
-        slots: dict[tuple[int, int], list[int]] = {}
-        for pos, task in enumerate(tasks):
-            slots.setdefault((task.stage, task.microbatch), []).append(pos)
-        order = [None] * len(tasks)
-        for (stage, mb), positions in slots.items():
-            for pos, kind in zip(sorted(positions), shape.kinds):
-                order[pos] = type(tasks[0])(stage, kind, mb)
-        orders.append(tuple(order))
-    return HintOrder(shape, tuple(orders), f"random-{seed}")
 
 
 def check_run(result, hint, compute, transfer, budgets):

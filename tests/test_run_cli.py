@@ -3,20 +3,13 @@
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 
 import polars as pl
 import pytest
 
-from tests.conftest import live_ranks, run_rrfp
-
-def one_error_line(result: subprocess.CompletedProcess) -> str:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    assert "Traceback" not in result.stderr
-    return lines[0]
+from tests.helpers.cli import one_error_line, run_rrfp
+from tests.helpers.processes import live_ranks
 
 
 def test_run_writes_config_metrics_and_rank_logs(tmp_path):

@@ -7,20 +7,14 @@ fail these tests but never hang CI.
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 
 from hints.orders import applicable_builtins, builtin_hint
 from runtime.config import RunConfig
 from runtime.config import run_shape
-from runtime.workloads.make import reference_train
+from tests.helpers.jobs import check_against_reference, check_budget, run_jobs
 
-ROOT = Path(__file__).resolve().parent.parent
 ITERS = 2
 
 
@@ -37,37 +31,6 @@ def matrix(stages: int, microbatches: int) -> list[dict]:
                         config["lookahead"] = lookahead
                     jobs.append({"name": f"{workload}-v{chunks}-{hint}-{policy}", "config": config})
     return jobs
-
-
-def run_jobs(tmp_path: Path, nproc: int, jobs: list[dict], timeout: float = 30.0) -> dict:
-    spec = tmp_path / "spec.json"
-    spec.write_text(json.dumps({"nproc": nproc, "timeout": timeout, "jobs": jobs}))
-    results = tmp_path / "results.pt"
-    done = subprocess.run([sys.executable, "-m", "tests.runtime_harness", str(spec), str(results)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, done.stderr[-3000:]
-    return torch.load(results, weights_only=False)
-
-
-def check_against_reference(results: dict, job: dict) -> None:
-    config = RunConfig(**job["config"])
-    losses, grads = reference_train(config, run_shape(config), config.iters)
-    got: dict[str, torch.Tensor] = {}
-    for rank_results in results.values():
-        got.update(rank_results[job["name"]]["grads"])
-    assert got.keys() == grads.keys(), job["name"]
-    for name, grad in grads.items():
-        torch.testing.assert_close(got[name], grad, rtol=1e-5, atol=1e-6, msg=f"{job['name']}: {name}")
-    run_losses = results[0][job["name"]]["losses"]
-    assert run_losses == pytest.approx(losses, rel=1e-5), job["name"]
-
-
-def check_budget(results: dict, job: dict) -> None:
-    for rank_results in results.values():
-        r = rank_results[job["name"]]
-        if job["config"]["policy"] == "ready":
-            assert r["max_decision_in_flight"] <= r["budget"], job["name"]
-            assert r["peak_in_flight"] <= r["budget"], job["name"]
 
 
 @pytest.fixture(scope="module")

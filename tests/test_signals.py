@@ -11,7 +11,8 @@ import time
 
 import pytest
 
-from tests.test_faults import start_rrfp, wait_for
+from tests.helpers.cli import start_rrfp
+from tests.helpers.processes import wait_for
 
 SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
 

@@ -13,7 +13,7 @@ from hints.tasks import Kind, Task
 from hints.deps import TaskGraph
 from runtime.sched.simulator import ScheduleDeadlock, check_completes, simulate
 from runtime.durations.variability import VariabilityModel, sample_durations
-from tests.conftest import hint_from_text, unit_durations
+from tests.helpers.schedules import hint_from_text, unit_durations
 
 GOLDEN = Path(__file__).parent / "golden"
 

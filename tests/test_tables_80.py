@@ -11,7 +11,7 @@ import pytest
 from rich.cells import cell_len
 
 from rrfp_cli.output import Column, shell_lines
-from tests.conftest import run_rrfp
+from tests.helpers.cli import run_rrfp
 
 WIDTH = 80
 JOBS = ["fixed-1f1b", "fixed-zb", "ready-zb@2x"]

@@ -10,8 +10,8 @@ import pytest
 from profiler.analysis.bubbles import bubbles, idle_segments
 from profiler.trace.reader import read_trace
 from profiler.draw.timeline import HATCHES, Box, Panel, build_scene, hatch_strokes, task_colour
-from tests.test_trace_commands import one_error, rrfp
-from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, build_run
+from tests.helpers.cli import one_error, run_cli
+from tests.helpers.trace_builder import MISALIGNED, ONE_F_ONE_B, build_run
 
 SVG = "{http://www.w3.org/2000/svg}"
 
@@ -51,9 +51,9 @@ def test_hatch_strokes_stay_inside_their_box():
 
 def test_svg_holds_every_task_the_idle_causes_a_legend_and_a_millisecond_axis(tmp_path):
     run = build_run(tmp_path / "run", **MISALIGNED)
-    done = rrfp("trace", "timeline", run, "--svg", tmp_path / "t.svg", "--json")
-    assert done.code == 0, done.err
-    assert json.loads(done.out)["written"] == [str(tmp_path / "t.svg")]
+    done = run_cli(tmp_path, "trace", "timeline", run, "--svg", tmp_path / "t.svg", "--json")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["written"] == [str(tmp_path / "t.svg")]
     root = ET.parse(tmp_path / "t.svg").getroot()  # well-formed XML
     rects = root.iter(f"{SVG}rect")
     classes = [(r.get("class"), r.get("data-cause")) for r in rects]
@@ -79,9 +79,10 @@ def test_two_runs_share_one_time_axis(tmp_path):
 
 def test_cli_draws_both_formats_and_two_panels(tmp_path):
     a, b = build_run(tmp_path / "a", **MISALIGNED), build_run(tmp_path / "b", **ONE_F_ONE_B)
-    done = rrfp("trace", "timeline", a, b, "--svg", tmp_path / "t.svg", "--png", tmp_path / "t.png", "--json")
-    assert done.code == 0, done.err
-    data = json.loads(done.out)
+    done = run_cli(tmp_path, "trace", "timeline", a, b, "--svg", tmp_path / "t.svg", "--png", tmp_path / "t.png",
+                   "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
     assert data["panels"] == [str(a), str(b)]  # both jobs are "hand-made": the paths tell them apart
     assert (tmp_path / "t.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "t.svg").read_text().startswith("<svg")
@@ -89,7 +90,7 @@ def test_cli_draws_both_formats_and_two_panels(tmp_path):
 
 def test_cli_needs_somewhere_to_write(tmp_path):
     run = build_run(tmp_path / "run", **MISALIGNED)
-    one_error(rrfp("trace", "timeline", run), "give --svg FILE and/or --png FILE")
+    one_error(run_cli(tmp_path, "trace", "timeline", run), "give --svg FILE and/or --png FILE")
     (tmp_path / "t.svg").write_text("mine")
-    one_error(rrfp("trace", "timeline", run, "--svg", tmp_path / "t.svg"), "exists; pass --force")
+    one_error(run_cli(tmp_path, "trace", "timeline", run, "--svg", tmp_path / "t.svg"), "exists; pass --force")
     assert (tmp_path / "t.svg").read_text() == "mine"

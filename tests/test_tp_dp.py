@@ -18,8 +18,8 @@ from runtime.config import RunConfig
 from runtime.config import run_shape
 from runtime.workloads.tp_layers import unshard
 from runtime.workloads.make import reference_train
-from tests.conftest import run_rrfp
-from tests.test_runtime import run_jobs
+from tests.helpers.cli import run_rrfp
+from tests.helpers.jobs import run_jobs
 
 TRACE = "profiler.trace.recorder:TraceRecorder"
 RTOL, ATOL = 2e-5, 2e-6  # sharded matmuls sum their partial products in another order than the whole layer

@@ -10,7 +10,7 @@ from profiler.analysis.bubbles import BUBBLE_COLUMNS, bubbles, misalignment_gaps
 from profiler.analysis.summary import summary
 from profiler.analysis.windows import iteration_windows
 from profiler.trace.reader import read_trace
-from tests.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
+from tests.helpers.trace_builder import MISALIGNED, ONE_F_ONE_B, US, build_run
 
 INF = float("inf")
 

@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from profiler.trace.reader import read_trace
-from tests.conftest import run_rrfp
+from tests.helpers.cli import run_rrfp
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):

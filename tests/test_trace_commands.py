@@ -3,59 +3,15 @@ default, and bad input as one `error:` line (exit 2, no traceback, nothing half-
 
 from __future__ import annotations
 
-import contextlib
-import io
 import json
 from pathlib import Path
-from typing import NamedTuple
 
 import pytest
 
 from profiler.trace.schema import rank_trace_files, track_uuid
-from tests.trace_builder import (MISALIGNED, ONE_F_ONE_B, build_run, build_taskless_run, drop_last_packet,
-                                 packet_bounds)
-
-
-class Done(NamedTuple):
-    code: int
-    out: str
-    err: str
-
-
-def rrfp(*args: str | Path) -> Done:
-    """``rrfp ARGS`` in this process: its exit code, stdout and stderr."""
-    from rrfp_cli.app import main
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        try:
-            main([str(a) for a in args])
-        except SystemExit as exit_:
-            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
-    return Done(code, out.getvalue(), err.getvalue())
-
-
-def one_error(done: Done, message: str) -> None:
-    """Exit 2 and one ``error:`` line, the last on stderr (warnings may come before it), no traceback."""
-    lines = done.err.strip().splitlines()
-    errors = [line for line in lines if line.startswith("error: ")]
-    assert done.code == 2 and errors == lines[-1:] and message in errors[0], done
-    assert "Traceback" not in done.err and done.out == ""
-
-
-# Every subcommand, with what it needs besides RUN (a destination under `d`).
-COMMANDS = {
-    "summary": lambda d: [],
-    "bubbles": lambda d: [],
-    "misalign": lambda d: [],
-    "critical-path": lambda d: [],
-    "sensitivity": lambda d: [],
-    "decisions": lambda d: [],
-    "compare": lambda d: [d["run"]],
-    "export": lambda d: ["--parquet", d["dir"] / "pq", "--durations", d["dir"] / "d.csv"],
-    "timeline": lambda d: ["--png", d["dir"] / "t.png"],
-}
+from tests.helpers.cli import TRACE_COMMANDS, one_error, run_cli
+from tests.helpers.trace_builder import (MISALIGNED, ONE_F_ONE_B, build_run, build_taskless_run,
+                                         drop_last_packet, packet_bounds)
 
 
 @pytest.fixture(scope="module")
@@ -66,11 +22,12 @@ def three(tmp_path_factory):
     return run
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS))
+@pytest.mark.parametrize("command", sorted(TRACE_COMMANDS))
 def test_every_json_carries_the_reader_warnings(three, tmp_path, command):
-    done = rrfp("trace", command, three, *COMMANDS[command]({"run": three, "dir": tmp_path}), "--json")
-    assert done.code == 0, done
-    data = json.loads(done.out)
+    args = TRACE_COMMANDS[command]({"run": three, "dir": tmp_path})
+    done = run_cli(tmp_path, "trace", command, three, *args, "--json")
+    assert done.returncode == 0, done
+    data = json.loads(done.stdout)
     assert any("not merged" in w for w in data["warnings"]), data
 
 
@@ -80,30 +37,31 @@ def test_merge_json_carries_the_truncation_warning(tmp_path):
     rank0 = rank_trace_files(run)[0]
     data = rank0.read_bytes()
     rank0.write_bytes(data[:packet_bounds(data)[-1][0] + 1])
-    done = rrfp("trace", "merge", run, "--json")
-    assert done.code == 0, done
-    assert [w for w in json.loads(done.out)["warnings"] if "truncated at byte" in w]
+    done = run_cli(tmp_path, "trace", "merge", run, "--json")
+    assert done.returncode == 0, done
+    assert [w for w in json.loads(done.stdout)["warnings"] if "truncated at byte" in w]
 
 
 @pytest.mark.parametrize("command", ["summary", "bubbles", "misalign", "critical-path", "sensitivity",
                                      "decisions", "compare", "timeline"])
 def test_iteration_0_is_left_out_unless_asked(three, tmp_path, command):
     def iterations(*extra):
-        args = COMMANDS[command]({"run": three, "dir": tmp_path})
-        done = rrfp("trace", command, three, *args, *extra, "--json", *(["--force"] if command == "timeline" else []))
-        assert done.code == 0, done
+        args = TRACE_COMMANDS[command]({"run": three, "dir": tmp_path})
+        done = run_cli(tmp_path, "trace", command, three, *args, *extra, "--json",
+                       *(["--force"] if command == "timeline" else []))
+        assert done.returncode == 0, done
         return done
 
     extra = ["--per-iteration"] if command == "bubbles" else []
     default, everything = iterations(*extra), iterations(*extra, "--iterations", "0:")
     if command == "timeline":  # draws the last iteration either way; -i picks one
-        assert rrfp("trace", "timeline", three, "--png", tmp_path / "0.png", "-i", "0").code == 0
+        assert run_cli(tmp_path, "trace", "timeline", three, "--png", tmp_path / "0.png", "-i", "0").returncode == 0
         return
     if command == "compare":
-        assert [r["iterations"] for r in json.loads(default.out)["rows"]] == ["1..2"] * 2
-        assert [r["iterations"] for r in json.loads(everything.out)["rows"]] == ["0..2"] * 2
+        assert [r["iterations"] for r in json.loads(default.stdout)["rows"]] == ["1..2"] * 2
+        assert [r["iterations"] for r in json.loads(everything.stdout)["rows"]] == ["0..2"] * 2
         return
-    seen = {k: _iterations_in(json.loads(d.out)) for k, d in (("default", default), ("all", everything))}
+    seen = {k: _iterations_in(json.loads(d.stdout)) for k, d in (("default", default), ("all", everything))}
     assert 0 not in seen["default"] and seen["default"], seen
     assert 0 in seen["all"] or command == "critical-path", seen
 
@@ -124,13 +82,13 @@ def _iterations_in(data) -> set[int]:
 
 
 def test_export_durations_leave_iteration_0_out(three, tmp_path):
-    done = rrfp("trace", "export", three, "--durations", tmp_path / "d.csv", "--json")
-    assert json.loads(done.out)["durations"]["iterations"] == [1, 2]
+    done = run_cli(tmp_path, "trace", "export", three, "--durations", tmp_path / "d.csv", "--json")
+    assert json.loads(done.stdout)["durations"]["iterations"] == [1, 2]
 
 
 def test_a_trace_of_iteration_0_alone_is_analysed_with_a_warning(tmp_path):
     run = build_run(tmp_path / "run", **ONE_F_ONE_B)
-    data = json.loads(rrfp("trace", "summary", run, "--json").out)
+    data = json.loads(run_cli(tmp_path, "trace", "summary", run, "--json").stdout)
     assert data["iteration_numbers"] == [0] and any("only iteration 0" in w for w in data["warnings"])
 
 
@@ -140,12 +98,12 @@ def test_a_trace_of_iteration_0_alone_is_analysed_with_a_warning(tmp_path):
 @pytest.mark.parametrize("extra,message", [([], "holds no tasks"), (["-i", "3"], "holds no tasks")])
 def test_timeline_of_a_trace_without_tasks(tmp_path, extra, message):
     run = build_taskless_run(tmp_path / "run")
-    one_error(rrfp("trace", "timeline", run, "--png", tmp_path / "t.png", *extra), message)
+    one_error(run_cli(tmp_path, "trace", "timeline", run, "--png", tmp_path / "t.png", *extra), message)
     assert not (tmp_path / "t.png").exists()
 
 
 def test_timeline_of_an_iteration_not_traced(three, tmp_path):
-    one_error(rrfp("trace", "timeline", three, "--png", tmp_path / "t.png", "-i", "99"),
+    one_error(run_cli(tmp_path, "trace", "timeline", three, "--png", tmp_path / "t.png", "-i", "99"),
               "--iteration: no traced iteration in 99:100 (traced: 0..2)")
     assert not (tmp_path / "t.png").exists()
 
@@ -157,9 +115,9 @@ def test_sensitivity_without_one_ranks_iteration_end(tmp_path):
     trace.write_bytes(drop_last_packet(trace.read_bytes(), lambda p: p.track_event.type == 2
                                        and p.track_event.track_uuid == ends))
     message = "iteration 1: rank 1's iteration record (its hint order) is missing"
-    one_error(rrfp("trace", "sensitivity", run), message)
-    one_error(rrfp("trace", "sensitivity", run, "--iterations", "1:"), message)
-    assert rrfp("trace", "sensitivity", run, "-i", "0", "--json").code == 0
+    one_error(run_cli(tmp_path, "trace", "sensitivity", run), message)
+    one_error(run_cli(tmp_path, "trace", "sensitivity", run, "--iterations", "1:"), message)
+    assert run_cli(tmp_path, "trace", "sensitivity", run, "-i", "0", "--json").returncode == 0
 
 
 def _destinations(tmp_path: Path) -> dict[str, Path]:
@@ -192,9 +150,9 @@ def test_outputs_never_land_in_a_bad_place(tmp_path, output, where):
     if output == "export --parquet":  # a directory is what it wants; a file is not
         message = {"missing": "no such directory", "directory": None, "existing": "is a file"}[where]
     before = sorted(p.name for p in tmp_path.iterdir())
-    done = rrfp("trace", *OUTPUTS[output](run, path))
+    done = run_cli(tmp_path, "trace", *OUTPUTS[output](run, path))
     if message is None:
-        assert done.code == 0, done
+        assert done.returncode == 0, done
         return
     one_error(done, message)
     assert sorted(p.name for p in tmp_path.iterdir()) == before  # nothing written, nothing left behind
@@ -205,15 +163,15 @@ def test_outputs_never_land_in_a_bad_place(tmp_path, output, where):
 def test_force_overwrites_and_nothing_else_does(tmp_path, output):
     run = build_run(tmp_path / "run", **ONE_F_ONE_B)
     path = tmp_path / ("out.csv" if output == "export --durations" else "out")
-    assert rrfp("trace", *OUTPUTS[output](run, path)).code == 0
-    again = rrfp("trace", *OUTPUTS[output](run, path))
+    assert run_cli(tmp_path, "trace", *OUTPUTS[output](run, path)).returncode == 0
+    again = run_cli(tmp_path, "trace", *OUTPUTS[output](run, path))
     one_error(again, "pass --force")
-    done = rrfp("trace", *OUTPUTS[output](run, path), "--force")
-    assert done.code == 0, done
+    done = run_cli(tmp_path, "trace", *OUTPUTS[output](run, path), "--force")
+    assert done.returncode == 0, done
     assert not [p for p in tmp_path.rglob(".*.tmp")]  # no temporary left
 
 
 def test_merge_refuses_to_merge_a_merged_run_again(tmp_path):
     run = build_run(tmp_path / "run", **ONE_F_ONE_B)
-    one_error(rrfp("trace", "merge", run), "exists; pass --force to overwrite it")
-    assert rrfp("trace", "merge", run, "--force").code == 0
+    one_error(run_cli(tmp_path, "trace", "merge", run), "exists; pass --force to overwrite it")
+    assert run_cli(tmp_path, "trace", "merge", run, "--force").returncode == 0

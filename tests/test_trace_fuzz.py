@@ -8,8 +8,8 @@ import os
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from tests.test_trace_commands import COMMANDS, rrfp
-from tests.trace_builder import MISALIGNED, build_run
+from tests.helpers.cli import TRACE_COMMANDS, run_cli
+from tests.helpers.trace_builder import MISALIGNED, build_run
 
 EXAMPLES = int(os.environ.get("RRFP_FUZZ_EXAMPLES", "12"))
 
@@ -36,7 +36,7 @@ def _damaged(data, valid: bytes) -> bytes:
     return data.draw(st.binary(max_size=64)) + valid[data.draw(st.integers(0, len(valid))):]
 
 
-@pytest.mark.parametrize("command", sorted(COMMANDS) + ["merge"])
+@pytest.mark.parametrize("command", sorted(TRACE_COMMANDS) + ["merge"])
 @settings(max_examples=EXAMPLES, suppress_health_check=[HealthCheck.function_scoped_fixture], deadline=None)
 @given(data=st.data())
 def test_every_subcommand_survives_damaged_traces(tmp_path_factory, valid, command, data):
@@ -50,11 +50,11 @@ def test_every_subcommand_survives_damaged_traces(tmp_path_factory, valid, comma
         args = ["merge", run, "--out", root / "merged.pftrace", "--force"]
     else:
         (run / "trace.pftrace").write_bytes(blob)
-        extra = COMMANDS[command]({"run": run / "trace.pftrace", "dir": root})
+        extra = TRACE_COMMANDS[command]({"run": run / "trace.pftrace", "dir": root})
         args = [command, run / "trace.pftrace", *extra] + (["--force"] if command in ("export", "timeline") else [])
     for json_mode in ([], ["--json"]):
-        done = rrfp("trace", *args, *json_mode)
-        assert "Traceback" not in done.err and "internal error" not in done.err, done
-        if done.code != 0:
-            errors = [line for line in done.err.strip().splitlines() if line.startswith("error: ")]
-            assert done.code == 2 and len(errors) == 1, done
+        done = run_cli(root, "trace", *args, *json_mode)
+        assert "Traceback" not in done.stderr and "internal error" not in done.stderr, done
+        if done.returncode != 0:
+            errors = [line for line in done.stderr.strip().splitlines() if line.startswith("error: ")]
+            assert done.returncode == 2 and len(errors) == 1, done

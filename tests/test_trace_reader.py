@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from profiler.trace.reader import TraceError, read_trace
-from tests.trace_builder import ONE_F_ONE_B, build_run, corrupt_packet, packet_bounds
+from tests.helpers.trace_builder import ONE_F_ONE_B, build_run, corrupt_packet, packet_bounds
 
 
 @pytest.fixture

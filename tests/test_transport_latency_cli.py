@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.conftest import REPO, run_rrfp
+from tests.helpers.cli import REPO, run_rrfp
 
 SCRIPT = ("benchmarks/transport_latency.py",)
 

@@ -18,7 +18,7 @@ from runtime.tune.scenarios import bootstrap, from_model, from_recorded
 from runtime.tune.decide import tune
 from runtime.tune.evaluator import Evaluator, Objective, paired_bootstrap
 from runtime.durations.variability import VariabilityModel, sample_durations
-from tests.conftest import run_rrfp
+from tests.helpers.cli import run_rrfp
 
 # -- objectives and intervals -----------------------------------------------------------------------
 
@@ -409,7 +409,7 @@ def test_ctrl_c_or_sigterm_keeps_the_best_found_and_writes_it(tmp_path, signum, 
     import sys
     import time
 
-    from tests.conftest import REPO
+    from tests.helpers.cli import REPO
 
     env = {**{k: v for k, v in os.environ.items() if k not in ("RRFP_DEBUG",)}, "PYTHONPATH": str(REPO)}
     process = subprocess.Popen([sys.executable, "-m", "rrfp_cli", "tune-hint", "--workload", "multimodal", "-p", "4",

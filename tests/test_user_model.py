@@ -10,7 +10,7 @@ import torch
 from runtime.config import RunConfig
 from runtime.config import run_shape
 from runtime.workloads.make import reference_train
-from tests.conftest import run_rrfp
+from tests.helpers.cli import run_rrfp
 
 LLAMA = "examples.llama_pipeline:build"
 
@@ -32,7 +32,7 @@ def test_the_llama_example_matches_the_single_process_reference(tmp_path, extra)
 def test_cost_features_reach_the_cost_ranked_hints():
     from runtime.workloads.make import make_workload
 
-    config = RunConfig(workload="tests.user_models:tiny", stages=2, microbatches=3)
+    config = RunConfig(workload="tests.helpers.user_models:tiny", stages=2, microbatches=3)
     workload = make_workload(config, run_shape(config))
     workload.prepare([0])
     rows = [workload.batch(0, mb).spec.seq_len for mb in range(3)]

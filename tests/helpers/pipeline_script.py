@@ -1,6 +1,6 @@
-"""A training script that drives rrfp.ReadyPipeline itself (used by tests/test_pipeline_api.py under torchrun).
+"""A training script that drives rrfp.ReadyPipeline itself (run under torchrun by tests/multiproc/test_pipeline_api.py).
 
-    torchrun --nproc-per-node 2 -m tests.pipeline_script OUT.json HINT STEPS
+    torchrun --nproc-per-node 2 -m tests.helpers.pipeline_script OUT.json HINT STEPS
 
 The last stage's rank writes the loss of every step to OUT.json.
 """
@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 import rrfp
 from runtime.config import RunConfig
-from tests.user_models import tiny
+from tests.helpers.user_models import tiny
 
 MICROBATCHES = 3
 
@@ -24,7 +24,7 @@ MICROBATCHES = 3
 def main(out: str, hint: str, steps: int) -> None:
     dist.init_process_group("gloo")
     rank, ranks = dist.get_rank(), dist.get_world_size()
-    ctx = rrfp.ModelContext(RunConfig(workload="tests.user_models:tiny"), ranks=ranks, chunks=1,
+    ctx = rrfp.ModelContext(RunConfig(workload="tests.helpers.user_models:tiny"), ranks=ranks, chunks=1,
                             microbatches=MICROBATCHES, placement=((rank, 0),), seed=0)
     model = tiny(ctx)
     pipe = rrfp.ReadyPipeline({rank: model.stages[0]}, model.loss, microbatches=MICROBATCHES, hint=hint)

@@ -1,6 +1,6 @@
-"""Run a list of jobs on real processes and save each rank's results (used by tests/test_runtime.py).
+"""Run a list of jobs on real processes and save each rank's results (started by tests.helpers.jobs.run_jobs).
 
-    python -m tests.runtime_harness SPEC.json RESULTS.pt
+    python -m tests.helpers.runtime_harness SPEC.json RESULTS.pt
 
 SPEC.json: {"nproc": 2, "timeout": 30, "jobs": [{"name": ..., "config": {RunConfig fields}}, ...]}; a job may
 name a ``"recorder"`` ("profiler.trace.recorder:TraceRecorder" writes its traces under run/<name>/trace).
