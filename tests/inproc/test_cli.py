@@ -1,30 +1,28 @@
-"""The ``rrfp`` CLI end to end: ``python -m rrfp_cli`` in a subprocess, so exit codes, stdout and stderr are real.
+"""The ``rrfp`` CLI end to end through its in-process runner ([Note: the two CLI runners] in tests/helpers/cli.py):
+``rrfp_cli.app.main`` with the exit code, stdout and stderr a subprocess would give.
 
-Every command runs with ``cwd`` a fresh ``tmp_path`` and ``PYTHONPATH`` set to
-this checkout. User errors must be exactly one ``error:`` line on stderr with
-exit code 2 and never a traceback; ``RRFP_DEBUG`` is removed from the
-environment so a developer's shell setting cannot change that.
+Every command runs with ``cwd`` a fresh ``tmp_path``. User errors must be exactly one ``error:`` line on
+stderr with exit code 2 and never a traceback; ``RRFP_DEBUG`` is removed from the environment so a
+developer's shell setting cannot change that. What importing the CLI imports is a subprocess's business:
+tests/cli/test_lazy_imports.py.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from hints.orders import BUILTIN_HINTS, applicable_builtins
-from tests.helpers.cli import run_rrfp
-
-TIMEOUT = 60
+from tests.helpers.cli import Result, run_cli
 
 
-def rrfp(cwd: Path, *args: str, python_flags: tuple[str, ...] = ()) -> subprocess.CompletedProcess:
-    return run_rrfp(cwd, *args, timeout=TIMEOUT, python_flags=python_flags)
+def rrfp(cwd: Path, *args: str) -> Result:
+    return run_cli(cwd, *args)
 
 
-def ok(cwd: Path, *args: str) -> subprocess.CompletedProcess:
+def ok(cwd: Path, *args: str) -> Result:
     proc = rrfp(cwd, *args)
     assert proc.returncode == 0, f"rrfp {' '.join(args)} exited {proc.returncode}:\n{proc.stderr}"
     return proc
@@ -97,7 +95,8 @@ def test_hints_show_json(tmp_path):
 def test_hints_check_builtin(tmp_path):
     data = ok_json(tmp_path, "hints", "check", "interleaved-1f1b", "-p", "4", "-v", "2", "-m", "8")
     assert data["valid"] is True and data["completes"] is True
-    assert "ok" in ok(tmp_path, "hints", "check", "1f1b", "-p", "4", "-m", "8").stdout
+    checked = " ".join(ok(tmp_path, "hints", "check", "1f1b", "-p", "4", "-m", "8").stdout.split())
+    assert checked == "ok: 1f1b (4 ranks x 1 chunks, 8 microbatches) is valid and completes under the fixed policy"
 
 
 def test_hints_export_then_use_the_files(tmp_path):
@@ -120,6 +119,9 @@ def test_hints_export_needs_a_destination(tmp_path):
     assert proc.returncode == 2
     assert "--out" in proc.stderr
     assert "Traceback" not in proc.stderr
+    line = user_error(tmp_path, "hints", "export", "1f1b", "-p", "4", "-m", "8")
+    assert "give --out FILE.json and/or --torch-csv FILE.csv" in line
+    assert list(tmp_path.iterdir()) == []  # nothing written
 
 
 def test_hint_files_fix_their_own_chunks(tmp_path):
@@ -439,32 +441,6 @@ def test_hints_check_reports_a_deadlocking_order(tmp_path):
     assert "0B0, which needs 1B0 (rank 1)" in grid
 
 
-# -- no torch where none is needed -----------------------------------------------------------
-
-
-def _imported_modules(stderr: str) -> set[str]:
-    """Module names from ``python -X importtime`` output (``import time: self | cumulative | name``)."""
-    names = set()
-    for line in stderr.splitlines():
-        if line.startswith("import time:") and line.count("|") >= 2:
-            names.add(line.rsplit("|", 1)[1].strip())
-    return names
-
-
-@pytest.mark.parametrize("args", [
-    ("--help",),
-    ("simulate", "-p", "4", "-m", "8", "--json"),
-    ("hints", "show", "1f1b", "-p", "4", "-m", "8"),
-], ids=["help", "simulate", "hints-show"])
-def test_commands_do_not_import_torch(tmp_path, args):
-    proc = rrfp(tmp_path, *args, python_flags=("-X", "importtime"))
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    modules = _imported_modules(proc.stderr)
-    assert "rrfp_cli.app" in modules  # the importtime output was parsed
-    assert not any(line.endswith(" torch") for line in proc.stderr.splitlines())
-    assert not {m for m in modules if m == "torch" or m.startswith("torch.")}
-
-
 @pytest.mark.parametrize("flag, target, why", [
     ("--out", "nowhere/h.json", "No such file or directory"),
     ("--out", ".", "Is a directory"),
@@ -489,6 +465,15 @@ def test_usage_errors_are_one_line_too(tmp_path, args, line):
 def test_a_group_alone_prints_its_help(tmp_path):
     proc = rrfp(tmp_path, "trace")
     assert proc.returncode == 2 and "summary" in proc.stdout + proc.stderr and "error" not in proc.stderr
+    # the group's own help, on stdout: its usage line and every subcommand with its one-line description
+    import typer
+
+    from rrfp_cli.app import app
+
+    group = typer.main.get_command(app).commands["trace"]
+    assert "Usage: rrfp trace [OPTIONS] COMMAND [ARGS]..." in proc.stdout and proc.stderr.strip() == ""
+    listed = {line.strip("│ ").split()[0] for line in proc.stdout.splitlines() if line.startswith("│ ")}
+    assert set(group.commands) <= listed and len(group.commands) >= 10
 
 
 def test_split_overhead_slows_a_split_hint_only_and_bad_values_are_one_line(tmp_path):
