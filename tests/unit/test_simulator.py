@@ -15,7 +15,7 @@ from runtime.sched.simulator import ScheduleDeadlock, check_completes, simulate
 from runtime.durations.variability import VariabilityModel, sample_durations
 from tests.helpers.schedules import hint_from_text, unit_durations
 
-GOLDEN = Path(__file__).parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 
 
 def run(hint, policy="fixed", budget=None, **unit):
