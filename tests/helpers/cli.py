@@ -70,6 +70,73 @@ def start_rrfp(cwd: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
 
+class OnATerminal:
+    """``rrfp ARGS`` in a subprocess of its own session whose stderr is a terminal (a pseudo-terminal ``columns``
+    wide): what a user at a terminal sees, progress bars included, read as it comes (``stderr()``), so a test can
+    wait for what the command shows (``wait_for("simulating")``) before it signals ``process``."""
+
+    def __init__(self, cwd: Path, *args: str, columns: int = 200) -> None:
+        import fcntl
+        import pty
+        import struct
+        import termios
+        import threading
+
+        self._master, terminal = pty.openpty()
+        fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 50, columns, 0, 0))
+        env = child_env(columns)
+        env.setdefault("TERM", "xterm")  # rich draws live progress on any terminal but a dumb one
+        self.process = subprocess.Popen([sys.executable, "-m", "rrfp_cli", *args], cwd=cwd, env=env,
+                                        stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=terminal, text=True,
+                                        start_new_session=True)
+        os.close(terminal)
+        self._seen = bytearray()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        while True:
+            try:
+                data = os.read(self._master, 4096)
+            except OSError:  # EIO: the last writer closed the terminal (or the test closed it)
+                break
+            if not data:
+                break
+            self._seen.extend(data)
+
+    def stderr(self) -> str:
+        """What the command wrote to its terminal so far, without the escape sequences that draw it."""
+        import re
+
+        return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", bytes(self._seen).decode("utf-8", "replace"))
+
+    def wait_for(self, text: str, timeout: float = 120.0) -> None:
+        """Wait until ``text`` shows on the terminal; fail if the command ends first, or after ``timeout`` s."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while text not in self.stderr():
+            assert self.process.poll() is None, f"the command ended before showing {text!r}:\n{self.stderr()}"
+            assert time.monotonic() < deadline, f"{text!r} not shown within {timeout:.0f} s:\n{self.stderr()}"
+            time.sleep(0.05)
+
+    def communicate(self, timeout: float) -> tuple[str, str]:
+        """Wait for the command to end; its stdout and everything its terminal showed."""
+        stdout, _ = self.process.communicate(timeout=timeout)
+        self._reader.join(timeout=10)
+        return stdout, self.stderr()
+
+    def kill(self) -> None:
+        """Kill the command's whole session if it still runs, and close the terminal (the end of a test, whatever
+        happened)."""
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=30)
+        if self._master >= 0:
+            os.close(self._master)
+            self._master = -1
+
+
 # -- in this process ([Note: the two CLI runners]) -------------------------------------------------------------------
 
 

@@ -1,10 +1,11 @@
-"""rrfp tune-hint: objectives, cost-ranked hints, scenarios, the search and its verdict, the command end to end."""
+"""rrfp tune-hint's pieces, pure: objectives, cost-ranked hints, scenarios, the search and its verdict, predicted
+ranges. The command: tests/inproc/test_tune_cli.py (on models and built traces), tests/multiproc/test_tune.py (on
+real runs, and the search's worker processes), tests/cli/test_signals.py (Ctrl-C keeps the best found)."""
 
 from __future__ import annotations
 
 import json
 import random
-import signal
 
 import pytest
 
@@ -18,7 +19,6 @@ from runtime.tune.scenarios import bootstrap, from_model, from_recorded
 from runtime.tune.decide import tune
 from runtime.tune.evaluator import Evaluator, Objective, paired_bootstrap
 from runtime.durations.variability import VariabilityModel, sample_durations
-from tests.helpers.cli import run_rrfp
 
 # -- objectives and intervals -----------------------------------------------------------------------
 
@@ -176,20 +176,6 @@ def test_never_slower_than_fixed_1f1b_on_held_out_scenarios_at_the_1f1b_budget()
         assert Objective.parse("mean")(held["chosen"]) <= Objective.parse("mean")(held["fixed 1F1B"]) + 1e-12
 
 
-def test_same_seed_same_result_and_jobs_are_deterministic():
-    shape = PipelineShape(4, 1, 8)
-    scenarios = from_model(VariabilityModel(workload="multimodal", jitter=0.1), shape, 8, 8, seed=1)
-
-    def run(jobs):
-        outcome = tune(scenarios, "ready", "1f1b", Objective.parse("p90"), time_budget=2.0, jobs=jobs, seed=5)
-        best = outcome.search.best
-        return best.candidate.name, best.value, (best.candidate.hint.orders if best.candidate.hint else None), \
-            outcome.search.simulations
-
-    assert run(1) == run(1)
-    assert run(2) == run(2)
-
-
 def test_memory_auto_gives_a_pareto_table():
     shape = PipelineShape(4, 1, 8)
     scenarios = from_model(VariabilityModel(workload="language", jitter=0.1), shape, 6, 6, seed=0)
@@ -218,24 +204,7 @@ def test_evaluator_scores_cost_ranked_candidates_per_scenario():
         assert [t.microbatch for t in hint.orders[0][:4]] == heaviest_first(costs)
 
 
-# -- the command -----------------------------------------------------------------------------------------------
-
-
-@pytest.fixture(scope="module")
-def traced_run(tmp_path_factory):
-    root = tmp_path_factory.mktemp("tune")
-    result = run_rrfp(root, "run", "--workload", "emulated", "--emulate", "multimodal", "--stages", "3",
-                      "--microbatches", "6", "--iters", "5", "--forward-time", "0.004", "--jitter", "0.1",
-                      "--hint", "1f1b", "--out", "r", "--json")
-    assert result.returncode == 0, result.stderr
-    return root, root / "r"
-
-
-def one_error(result) -> str:
-    assert result.returncode == 2, result.stderr
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: "), result.stderr
-    return lines[0]
+# -- what the report predicts ----------------------------------------------------------------------------------
 
 
 def test_predicted_ranges_add_the_simulators_measured_error():
@@ -259,168 +228,3 @@ def test_predicted_ranges_add_the_simulators_measured_error():
     assert gain_range(biased) == pytest.approx((biased["p10"], biased["p90"]))
     # Reports written before the range existed still check against p10..p90.
     assert gain_range({"p10": 0.1, "p90": 0.2}) == (0.1, 0.2)
-
-
-def test_tune_hint_from_a_run_writes_everything_and_checks(traced_run):
-    root, run = traced_run
-    result = run_rrfp(root, "tune-hint", str(run), "--out", "tuned", "--time-budget", "3s", "--scenarios", "8",
-                      "--json")
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    out = root / "tuned"
-    assert sorted(p.name for p in out.iterdir()) == ["hint.json", "job.toml", "report.json", "report.md"]
-    assert not [p for p in root.iterdir() if p.name.startswith(".tuned.")]  # no staging left behind
-    assert data["replay"]["errors"] and abs(data["replay"]["median_error"]) < 0.15
-    for key, gain in data["prediction"].items():  # ranges widened by the replay error ([Note: predicted ranges])
-        if key.startswith("gain_"):
-            assert gain["range"][0] <= gain["p10"] and gain["range"][1] >= gain["p90"]
-    assert data["scenarios"]["tuning"] == 8 and data["verdict"]["reason"]
-    report = (out / "report.md").read_text()
-    assert "## Verdict" in report and "## Candidates" in report
-    # job.toml is a config rrfp run takes as it is (the hint file beside it is found)
-    from runtime.config import build_config, load_toml
-
-    config = build_config(load_toml(out / "job.toml"), {})
-    assert (config.stages, config.microbatches, config.workload) == (3, 6, "emulated")
-    rerun = run_rrfp(root, "run", "--config", str(out / "job.toml"), "--iters", "3", "--out", "again", "--json")
-    assert rerun.returncode == 0, rerun.stderr
-    checked = run_rrfp(root, "tune-hint", "--check", "again", "--report", str(out / "report.json"), "--json")
-    assert checked.returncode == 0, checked.stderr
-    verdict = json.loads(checked.stdout)
-    assert "within_predicted_range" in verdict and verdict["measured_makespan_s"] > 0
-    assert verdict["predicted_gain_range"] == pytest.approx(data["prediction"]["gain_over_traced_hint"]["range"])
-
-
-def test_tune_hint_bad_input(traced_run, tmp_path):
-    root, run = traced_run
-    cases = [
-        (["tune-hint", str(run), "--out", "x", "-p", "4", "-m", "6"], "was asked"),
-        (["tune-hint", str(run), "--out", "x", "-p", "4"], "--stages: the trace is of"),  # one flag alone too
-        (["tune-hint", str(run), "--out", "/proc/x"], "cannot write in /proc"),  # before the search, not after
-        (["tune-hint", str(run), "--out", "x", "--time-budget", "0"], "--time-budget"),
-        (["tune-hint", str(run), "--out", str(run)], "already exists"),
-        (["tune-hint", "--out", "x"], "give one source"),
-        (["tune-hint", str(run), "--workload", "uniform", "-p", "3", "-m", "6", "--out", "x"], "give one source"),
-        (["tune-hint", "--durations", "d.csv", "--out", "x"], "--stages and --microbatches"),
-        (["tune-hint", "--check", str(run)], "go together"),
-    ]
-    empty = tmp_path / "empty"
-    empty.mkdir()
-    cases.append((["tune-hint", str(empty), "--out", "x"], "holds no trace"))
-    for args, message in cases:
-        line = one_error(run_rrfp(tmp_path, *args))
-        assert message in line, line
-        assert not (tmp_path / "x").exists()
-
-
-def test_tune_hint_needs_a_traced_iteration_after_the_first(tmp_path):
-    result = run_rrfp(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters",
-                      "1", "--forward-time", "0.002", "--out", "one", "--json")
-    assert result.returncode == 0, result.stderr
-    line = one_error(run_rrfp(tmp_path, "tune-hint", "one", "--out", "x"))
-    assert "no complete traced iteration after dropping iteration 0" in line
-    assert not (tmp_path / "x").exists()
-
-
-def test_tune_hint_on_a_workload_model(tmp_path):
-    result = run_rrfp(tmp_path, "tune-hint", "--workload", "multimodal", "-p", "4", "-m", "8", "--jitter", "0.1",
-                      "--out", "m", "--time-budget", "2s", "--scenarios", "6", "--memory-budget", "2x", "--json")
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    toml = (tmp_path / "m" / "job.toml").read_text()
-    assert 'workload = "emulated"' in toml and 'emulate = "multimodal"' in toml and 'memory-budget = "2x"' in toml
-    assert "samples = 4" in toml  # the tuned model's microbatches, not rrfp run's default of 2
-    assert data["memory_budget"] == "2x"
-    chosen = data["rows"][0]
-    assert chosen["row"] == "written out" and chosen["holdout"]["mean"] > 0
-
-
-def test_tune_hint_closes_the_loop_for_a_v_placement_run(tmp_path):
-    # run (zbv, V) -> tune-hint on its trace -> rrfp run --config -> --check, all in V placement.
-    base = run_rrfp(tmp_path, "run", "--workload", "emulated", "--emulate", "multimodal", "--stages", "2",
-                    "--microbatches", "6", "--iters", "5", "--forward-time", "0.004", "--jitter", "0.1",
-                    "--hint", "zbv", "--out", "r", "--json")
-    assert base.returncode == 0, base.stderr
-    result = run_rrfp(tmp_path, "tune-hint", "r", "--out", "tuned", "--time-budget", "3s", "--scenarios", "8",
-                      "--json")
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    assert data["shape"]["placement"] == "v" and data["shape"]["chunks"] == 2
-    families = {row["family"] for row in data["rows"]}
-    assert "parametric" not in families  # the 1F1B family places stages looping: not searched under V
-    assert 'placement = "v"' in (tmp_path / "tuned" / "job.toml").read_text()
-    report = (tmp_path / "tuned" / "report.md").read_text()
-    assert "Placement: v" in report and "fixed zbv" in report
-    rerun = run_rrfp(tmp_path, "run", "--config", "tuned/job.toml", "--iters", "3", "--out", "again", "--json")
-    assert rerun.returncode == 0, rerun.stderr
-    checked = run_rrfp(tmp_path, "tune-hint", "--check", "again", "--report", "tuned/report.json", "--json")
-    assert checked.returncode == 0, checked.stderr
-    assert json.loads(checked.stdout)["measured_makespan_s"] > 0
-
-
-def test_tune_hint_on_a_v_workload_model_searches_v_orders_only(tmp_path):
-    result = run_rrfp(tmp_path, "tune-hint", "--workload", "multimodal", "-p", "4", "-m", "8", "--placement", "v",
-                      "--jitter", "0.1", "--out", "m", "--time-budget", "2s", "--scenarios", "6", "--json")
-    assert result.returncode == 0, result.stderr
-    data = json.loads(result.stdout)
-    assert data["shape"]["placement"] == "v" and data["shape"]["chunks"] == 2
-    hint = json.loads((tmp_path / "m" / "hint.json").read_text()) if (tmp_path / "m" / "hint.json").exists() else {}
-    assert hint.get("placement", "v") == "v"
-    # at the 1f1b budget nothing written out is slower than fixed ZB-V, the V baseline
-    rows = {row["row"]: row for row in data["rows"]}
-    assert rows["written out"]["holdout"]["mean"] <= rows["best baseline"]["holdout"]["mean"] * (1 + 1e-12)
-
-
-def test_rrfp_run_and_simulate_resolve_a_cost_ranked_hint_per_iteration(tmp_path):
-    import torch
-
-    from hints.files.hint_json import save_hint
-    from runtime.config import RunConfig
-    from runtime.config import run_shape
-    from runtime.run.plan import HintPlan
-    from runtime.workloads.make import make_workload
-
-    ranked = as_cost_ranked(builtin_hint("gpipe", 2, 1, 6), [6.0, 5.0, 4.0, 3.0, 2.0, 1.0], "gpipe by cost")
-    save_hint(ranked, tmp_path / "ranked.json")
-    config = RunConfig(workload="emulated", emulate="multimodal", stages=2, microbatches=6,
-                       hint=str(tmp_path / "ranked.json"))
-    workload = make_workload(config, run_shape(config), torch.device("cpu"))
-    plan = HintPlan(config, workload)
-    bfw_plan = HintPlan(RunConfig(workload="emulated", emulate="multimodal", stages=2, microbatches=6, hint="bfw"),
-                        workload)
-    for iteration in range(3):
-        costs = workload.expected(iteration).microbatch_costs
-        assert len(set(costs)) > 1  # the multimodal model's microbatches differ
-        assert plan.for_iteration(iteration).orders == builtin_hint("bfw", 2, 1, 6, costs=costs).orders
-        assert bfw_plan.for_iteration(iteration).orders == builtin_hint("bfw", 2, 1, 6, costs=costs).orders
-    data = json.loads(run_rrfp(tmp_path, "simulate", "--hint", "ranked.json", "--workload", "multimodal",
-                               "--policy", "fixed", "--json").stdout)
-    table = sample_durations(VariabilityModel(workload="multimodal"), PipelineShape(2, 1, 6), 0)
-    from runtime.sched.simulator import simulate
-
-    bfw = builtin_hint("bfw", 2, 1, 6, costs=table.expected().microbatch_costs)
-    assert data["makespan"] == pytest.approx(simulate(bfw, table, "fixed").makespan)
-
-
-@pytest.mark.parametrize("signum, code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
-def test_ctrl_c_or_sigterm_keeps_the_best_found_and_writes_it(tmp_path, signum, code):
-    import os
-    import subprocess
-    import sys
-    import time
-
-    from tests.helpers.cli import REPO
-
-    env = {**{k: v for k, v in os.environ.items() if k not in ("RRFP_DEBUG",)}, "PYTHONPATH": str(REPO)}
-    process = subprocess.Popen([sys.executable, "-m", "rrfp_cli", "tune-hint", "--workload", "multimodal", "-p", "4",
-                                "-m", "8", "--time-budget", "600s", "--scenarios", "6", "--out", "cut"],
-                               cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)  # well into the search
-    process.send_signal(signum)
-    stdout, stderr = process.communicate(timeout=120)
-    assert process.returncode == code, stderr
-    assert "stopped early: wrote the best found so far" in stderr and "Traceback" not in stderr
-    assert f"interrupted ({signal.Signals(signum).name})" in stderr
-    report = json.loads((tmp_path / "cut" / "report.json").read_text())
-    assert report["search"]["stopped"] == "interrupted"
-    assert (tmp_path / "cut" / "job.toml").exists() and (tmp_path / "cut" / "hint.json").exists()
