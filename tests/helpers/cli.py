@@ -222,8 +222,9 @@ def _as_a_child(cwd: Path, argv: list[str], columns: int, stderr) -> Iterator[li
     saved_sigterm = signal.getsignal(signal.SIGTERM)
     root = logging.getLogger()
     saved_handlers = root.handlers[:]
+    env = child_env(columns)
     os.environ.clear()
-    os.environ.update(child_env(columns))
+    os.environ.update(env)
     os.chdir(cwd)
     sys.argv = argv
     root.handlers = []  # nothing configured: WARNING and above go to logging.lastResort, i.e. sys.stderr
@@ -272,6 +273,38 @@ def one_error(result, message: str) -> None:
     errors = [line for line in lines if line.startswith("error: ")]
     assert result.returncode == 2 and errors == lines[-1:] and message in errors[0], result
     assert "Traceback" not in result.stderr and result.stdout == "", result
+
+
+def narrow(cwd: Path, *args, width: int = 80, between: Callable[[], object] | None = None) -> str:
+    """``rrfp ARGS`` (in this process) on a terminal ``width`` wide ([Note: tables at 80 columns]): it succeeds, no
+    line of its stdout or stderr is wider, nothing is cut with "…", and nothing is lost: every word the same
+    command prints on a terminal wide enough for everything (1000 columns) is there, as many times (a table split
+    in parts repeats its key columns; a wrapped cell keeps its words whole). Returns its stdout.
+
+    The command runs twice, narrow then wide: ``between()`` undoes what the first wrote (a file it would refuse
+    to overwrite). The one figure that may differ between two runs, simulate's own wall time ("64 in 0.00 s"),
+    is left out of the comparison."""
+    import re
+    from collections import Counter
+
+    from rich.cells import cell_len
+
+    def words(text: str) -> Counter:
+        text = re.sub(r"\bin \d+\.\d+ s\b", "in (time) s", text)
+        return Counter(re.sub(r"[\u2500-\u257f\\]", " ", text).split())  # box drawing, and `\` ending a line
+
+    done = run_cli(cwd, *args, columns=width)
+    assert done.returncode == 0, done.stderr
+    for stream in (done.stdout, done.stderr):
+        assert "…" not in stream, stream
+        assert max(map(cell_len, stream.splitlines()), default=0) <= width, stream
+    if between is not None:
+        between()
+    wide = run_cli(cwd, *args, columns=1000)
+    assert wide.returncode == 0, wide.stderr
+    lost = words(wide.stdout) - words(done.stdout)
+    assert not lost, f"at {width} columns these words are cut or missing: {dict(lost)}\n{done.stdout}"
+    return done.stdout
 
 
 # Every `rrfp trace` subcommand that analyses or draws one run, with what it needs besides RUN (`d["run"]`: another
