@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from profiler.trace.reader import read_trace
 from profiler.trace.schema import rank_trace_files, track_uuid
 from tests.helpers.cli import TRACE_COMMANDS, one_error, run_cli
 from tests.helpers.trace_builder import (MISALIGNED, ONE_F_ONE_B, build_run, build_taskless_run,
@@ -56,6 +57,7 @@ def test_iteration_0_is_left_out_unless_asked(three, tmp_path, command):
     default, everything = iterations(*extra), iterations(*extra, "--iterations", "0:")
     if command == "timeline":  # draws the last iteration either way; -i picks one
         assert run_cli(tmp_path, "trace", "timeline", three, "--png", tmp_path / "0.png", "-i", "0").returncode == 0
+        assert (tmp_path / "0.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
         return
     if command == "compare":
         assert [r["iterations"] for r in json.loads(default.stdout)["rows"]] == ["1..2"] * 2
@@ -117,7 +119,9 @@ def test_sensitivity_without_one_ranks_iteration_end(tmp_path):
     message = "iteration 1: rank 1's iteration record (its hint order) is missing"
     one_error(run_cli(tmp_path, "trace", "sensitivity", run), message)
     one_error(run_cli(tmp_path, "trace", "sensitivity", run, "--iterations", "1:"), message)
-    assert run_cli(tmp_path, "trace", "sensitivity", run, "-i", "0", "--json").returncode == 0
+    only_0 = run_cli(tmp_path, "trace", "sensitivity", run, "-i", "0", "--json")
+    assert only_0.returncode == 0, only_0
+    assert json.loads(only_0.stdout)["iterations"] == [0]  # the iteration whose record is whole
 
 
 def _destinations(tmp_path: Path) -> dict[str, Path]:
@@ -164,10 +168,14 @@ def test_force_overwrites_and_nothing_else_does(tmp_path, output):
     run = build_run(tmp_path / "run", **ONE_F_ONE_B)
     path = tmp_path / ("out.csv" if output == "export --durations" else "out")
     assert run_cli(tmp_path, "trace", *OUTPUTS[output](run, path)).returncode == 0
+    if path.is_file():
+        path.write_bytes(b"mine")  # what --force must replace, and nothing else may
     again = run_cli(tmp_path, "trace", *OUTPUTS[output](run, path))
     one_error(again, "pass --force")
+    assert not path.is_file() or path.read_bytes() == b"mine"
     done = run_cli(tmp_path, "trace", *OUTPUTS[output](run, path), "--force")
     assert done.returncode == 0, done
+    assert path.exists() and not (path.is_file() and path.read_bytes() == b"mine")  # written anew
     assert not [p for p in tmp_path.rglob(".*.tmp")]  # no temporary left
 
 
@@ -175,3 +183,18 @@ def test_merge_refuses_to_merge_a_merged_run_again(tmp_path):
     run = build_run(tmp_path / "run", **ONE_F_ONE_B)
     one_error(run_cli(tmp_path, "trace", "merge", run), "exists; pass --force to overwrite it")
     assert run_cli(tmp_path, "trace", "merge", run, "--force").returncode == 0
+    frames = read_trace(run)  # merged again, whole
+    assert frames.tasks.height == 8 and frames.warnings == []
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: d / "missing", "no such file or directory"),
+    (lambda d: (d / "empty").mkdir() or d / "empty", "holds no trace"),
+    (lambda d: (d / "x.pftrace").write_bytes(b"\x08\x01garbage") and d / "x.pftrace", "not a Perfetto trace"),
+])
+def test_bad_trace_input_is_one_line(tmp_path, make, message):
+    result = run_cli(tmp_path, "trace", "summary", str(make(tmp_path)))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
+    assert "Traceback" not in result.stderr and result.stdout == ""

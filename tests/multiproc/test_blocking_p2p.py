@@ -1,20 +1,16 @@
 """``--p2p blocking`` on real processes (gloo, CPU): [Note: blocking p2p in the runtime] in runtime.exec.executor.
 
 One launch of 4 ranks runs every job (starting ranks is the slow part on 2 cores), inside a subprocess with
-a hard timeout, as tests/test_runtime.py does.
+a hard timeout (tests.helpers.jobs). What is refused before any rank starts: tests/unit/test_blocking_p2p.py and
+tests/inproc/test_run_args.py.
 """
 
 from __future__ import annotations
-
-import re
 
 import polars as pl
 import pytest
 import torch
 
-from hints.errors import UserError
-from runtime.config import RunConfig
-from tests.helpers.cli import run_rrfp
 from tests.helpers.jobs import check_against_reference, run_jobs
 
 GPT = dict(workload="gpt", stages=4, microbatches=6, policy="fixed", iters=2, seed=3, jitter=0.5)
@@ -81,31 +77,3 @@ def test_the_trace_records_the_waits_and_bubbles_name_them(results):
     # Every nanosecond still falls in exactly one category.
     total = totals.select(pl.sum_horizontal("busy_ns", *BUBBLE_COLUMNS) - pl.col("makespan_ns"))
     assert total.to_series().abs().max() <= 1
-
-
-@pytest.mark.parametrize("changes,message", [
-    (dict(policy="ready", p2p="blocking"), "--p2p: blocking applies to --policy fixed only"),
-    (dict(policy="fixed", p2p="eager"), "--p2p: 'eager' is not one of async, blocking"),
-    (dict(policy="fixed", p2p="blocking", tp=2), "--p2p: blocking is built for pipeline (and --dp) jobs"),
-])
-def test_bad_p2p_is_refused_before_any_rank_starts(changes, message):
-    with pytest.raises(UserError, match=re.escape(message)):
-        RunConfig(**{**GPT, **changes})
-
-
-def test_rrfp_run_refuses_blocking_under_ready_with_one_line(tmp_path):
-    done = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--policy", "ready", "--p2p",
-                    "blocking", "--out", str(tmp_path / "run"))
-    assert done.returncode == 2
-    assert done.stderr.strip().splitlines() == [
-        "error: --p2p: blocking applies to --policy fixed only (this is ready): readiness-first runs whatever "
-        "message has arrived, so it cannot post its receives in a fixed order"]
-    assert not (tmp_path / "run").exists()
-
-
-def test_rrfp_run_refuses_an_order_that_deadlocks_under_blocking(tmp_path):
-    done = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--chunks", "2", "--microbatches", "4",
-                    "--policy", "fixed", "--p2p", "blocking", "--out", str(tmp_path / "run"))
-    assert done.returncode == 2
-    assert done.stderr.startswith("error: hint interleaved-1f1b: cannot complete with blocking p2p")
-    assert not (tmp_path / "run").exists()

@@ -1,4 +1,8 @@
-"""`rrfp run` end to end: outputs, config files, bad input before launch, faults that must not hang."""
+"""`rrfp run` end to end on real ranks: outputs, config files, --compare, V placement, an empty --out, presets, faults
+that must not hang, torchrun. What it refuses before any rank starts: tests/inproc/test_run_args.py.
+
+Runs whose outputs several tests read are module fixtures; each says which tests read it.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +12,23 @@ import time
 import polars as pl
 import pytest
 
-from tests.helpers.cli import one_error_line, run_rrfp
+from runtime.durations.presets import PRESETS
+from tests.helpers.cli import one_error_line, run_cli, run_rrfp
 from tests.helpers.processes import live_ranks
 
 
-def test_run_writes_config_metrics_and_rank_logs(tmp_path):
-    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "3",
-                  "--out", "r", "--json")
+@pytest.fixture(scope="module")
+def gpt_run(tmp_path_factory):
+    """A gpt run of 3 iterations configured by a TOML file (policy fixed, budget 2x) whose --policy flag wins:
+    the folder it ran in (the run is "r" there) and its --json result. Read by the next two tests."""
+    root = tmp_path_factory.mktemp("gpt")
+    (root / "run.toml").write_text('workload = "gpt"\nstages = 2\nmicrobatches = 4\niters = 3\n'
+                                   'memory-budget = "2x"\npolicy = "fixed"\n')
+    return root, run_rrfp(root, "run", "--config", "run.toml", "--policy", "ready", "--out", "r", "--json")
+
+
+def test_run_writes_config_metrics_and_rank_logs(gpt_run):
+    tmp_path, result = gpt_run
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     job = data["jobs"][0]
@@ -30,10 +44,18 @@ def test_run_writes_config_metrics_and_rank_logs(tmp_path):
     assert (run / "logs" / "rank1.log").exists()  # rank 1's output went to a file
 
 
-def test_compare_runs_fixed_then_ready(tmp_path):
-    result = run_rrfp(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters", "2",
-                  "--forward-time", "0.004", "--hint", "zb", "--memory-budget", "2x", "--compare", "--out", "c",
-                  "--json")
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    """``--compare`` of ready zb at 2x with fixed 1f1b and fixed zb, on the emulated model of the vlm-mixed preset:
+    the folder it ran in (the run is "c" there) and its --json result. Read by the next two tests."""
+    root = tmp_path_factory.mktemp("compare")
+    return root, run_rrfp(root, "run", "--workload", "emulated", "--emulate", "vlm-mixed", "--stages", "2",
+                          "--microbatches", "4", "--iters", "2", "--forward-time", "0.004", "--hint", "zb",
+                          "--memory-budget", "2x", "--compare", "--out", "c", "--json")
+
+
+def test_compare_runs_fixed_then_ready(compared):
+    tmp_path, result = compared
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     assert [j["job"] for j in data["jobs"]] == ["fixed-1f1b", "fixed-zb", "ready-zb@2x"]
@@ -46,6 +68,15 @@ def test_compare_runs_fixed_then_ready(tmp_path):
     assert (tmp_path / "c" / "ready-zb@2x" / "durations.parquet").exists()
 
 
+def test_emulated_run_with_a_preset(compared):
+    tmp_path, result = compared
+    assert result.returncode == 0, result.stderr
+    for job in ("fixed-1f1b", "fixed-zb", "ready-zb@2x"):
+        config = json.loads((tmp_path / "c" / job / "config.json").read_text())
+        assert config["emulate"] == "vlm-mixed"
+        assert config["samples"] == PRESETS["vlm-mixed"].samples  # the simulated preset's microbatches
+
+
 def test_v_placement_run_compare_and_traces(tmp_path):
     # zbv runs in a V with 2 chunks by default; --compare's baseline keeps the placement (fixed zbv, so the
     # baseline and the same hint in fixed order are one job), and the traces say V all the way to the replay.
@@ -55,134 +86,57 @@ def test_v_placement_run_compare_and_traces(tmp_path):
     data = json.loads(result.stdout)
     assert [j["job"] for j in data["jobs"]] == ["fixed-zbv", "ready-zbv@1f1b"]
     assert json.loads((tmp_path / "v" / "ready-zbv@1f1b" / "config.json").read_text())["placement"] is None
-    summary = run_rrfp(tmp_path, "trace", "summary", "v/ready-zbv@1f1b", "--json")
+    summary = run_cli(tmp_path, "trace", "summary", "v/ready-zbv@1f1b", "--json")
     assert summary.returncode == 0, summary.stderr
     assert json.loads(summary.stdout)["shape"] == "2 ranks x 2 chunks (V), 4 microbatches, split backward"
-    export = run_rrfp(tmp_path, "trace", "export", "v/ready-zbv@1f1b", "--durations", "d.csv", "--json")
+    export = run_cli(tmp_path, "trace", "export", "v/ready-zbv@1f1b", "--durations", "d.csv", "--json")
     assert export.returncode == 0, export.stderr
     replay = json.loads(export.stdout)["durations"]["replay"]
     assert "--placement v" in replay and "--hint zbv" in replay
-    replayed = run_rrfp(tmp_path, *replay.split()[1:], "--json")  # the printed command runs as printed
+    replayed = run_cli(tmp_path, *replay.split()[1:], "--json")  # the printed command runs as printed
     assert replayed.returncode == 0, replayed.stderr
     assert json.loads(replayed.stdout)["shape"]["placement"] == "v"
-    sensitivity = run_rrfp(tmp_path, "trace", "sensitivity", "v/ready-zbv@1f1b", "--json")
+    sensitivity = run_cli(tmp_path, "trace", "sensitivity", "v/ready-zbv@1f1b", "--json")
     assert sensitivity.returncode == 0, sensitivity.stderr
     assert json.loads(sensitivity.stdout)["baseline"] == "zbv fixed"
-    tuned = one_error_line(run_rrfp(tmp_path, "tune-hint", "v/ready-zbv@1f1b", "--placement", "looping",
-                                    "--out", "t"))
+    tuned = one_error_line(run_cli(tmp_path, "tune-hint", "v/ready-zbv@1f1b", "--placement", "looping",
+                                   "--out", "t"))
     assert "--placement: the trace is of 2 ranks x 2 chunks (V)" in tuned and "looping was asked" in tuned
 
 
-def test_human_output_has_a_summary(tmp_path):
-    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
-                  "--out", "h")
+@pytest.fixture(scope="module")
+def into_an_empty_out(tmp_path_factory):
+    """A gpt run with human output whose --out names a directory that exists and is empty: the folder it ran in
+    (the run is "h" there) and its result. Read by the next two tests."""
+    root = tmp_path_factory.mktemp("human")
+    (root / "h").mkdir()
+    return root, run_rrfp(root, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
+                          "--out", "h")
+
+
+def test_human_output_has_a_summary(into_an_empty_out):
+    tmp_path, result = into_an_empty_out
     assert result.returncode == 0, result.stderr
     assert "ready-1f1b@1f1b" in result.stdout and "tokens/s" in result.stdout
 
 
-def test_config_file_and_flags_win(tmp_path):
-    (tmp_path / "run.toml").write_text('workload = "gpt"\nstages = 2\nmicrobatches = 4\niters = 1\n'
-                                       'memory-budget = "2x"\npolicy = "fixed"\n')
-    result = run_rrfp(tmp_path, "run", "--config", "run.toml", "--policy", "ready", "--out", "t", "--json")
+def test_an_empty_out_directory_is_accepted_and_used(into_an_empty_out):
+    """The run of an empty --out is not refused (tests/inproc/test_run_args.py: one that holds files is), and
+    writes its outputs there."""
+    tmp_path, result = into_an_empty_out
     assert result.returncode == 0, result.stderr
-    config = json.loads((tmp_path / "t" / "config.json").read_text())
-    assert config["policy"] == "ready" and config["memory_budget"] == "2x" and config["iters"] == 1
+    run = tmp_path / "h"
+    assert json.loads((run / "config.json").read_text())["out"] == "h"
+    assert pl.read_parquet(run / "metrics.parquet")["iteration"].to_list() == [0, 1]
+    assert (run / "trace.pftrace").exists() and (run / "logs" / "rank1.log").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["h"]  # nothing written beside it
 
 
-def test_config_file_lookahead_and_bad_value(tmp_path):
-    from runtime.config import build_config, load_toml
-
-    (tmp_path / "la.toml").write_text('lookahead = "off"\nhint = "zb"\n')
-    config = build_config(load_toml(tmp_path / "la.toml"), {})
-    assert config.lookahead is False and config.rule().name == "greedy"
-    (tmp_path / "bad.toml").write_text('lookahead = "sometimes"\n')
-    line = one_error_line(run_rrfp(tmp_path, "run", "--config", "bad.toml", "--out", "x"))
-    assert "--lookahead: must be on, off, true or false" in line
-
-
-@pytest.mark.parametrize("args,message", [
-    (["--tp", "3"], "error: --tp: 3 does not divide the model's 4 attention heads (--heads)"),
-    (["--workload", "emulated", "--tp", "3"], "error: --tp: 3 does not divide the emulated layer's 32 features"),
-    (["--tp", "0"], "error: --tp: must be a whole number >= 1, got 0"),
-    (["--dp", "0"], "error: --dp: must be a whole number >= 1, got 0"),
-    (["--tp", "2", "--dp", "2", "--nproc", "4"], "error: --nproc: 4 processes cannot run 2 stages x tp 2 x dp 2 = 8"),
-    (["--workload", "examples.llama_pipeline:build", "--dp", "2"],
-     "error: --dp: a model of your own (package.module:factory) runs pipeline-parallel only"),
-    (["--chunks", "2", "--hint", "interleaved-1f1b", "--microbatches", "5"], "must be a multiple of 2"),
-    (["--hint", "nope"], "unknown hint 'nope'"),
-    (["--chunks", "2", "--memory-budget", "1"], "below the smallest that can complete"),
-    (["--workload", "video"], "error: --workload: 'video' is not one of gpt, multimodal, emulated"),
-    (["--delay", "1B0"], "error: --delay: '1B0' is not TASK=SECONDS"),
-    (["--fail-at", "zz"], "error: --fail-at: 'zz' is not a task"),
-    (["--policy", "fixed", "--lookahead", "on"], "error: --lookahead: applies to --policy ready only"),
-    (["--policy", "fixed", "--memory-budget", "abc"], "error: --memory-budget: 'abc' is not a budget"),
-    (["--fail-at", "9F0"], "error: --fail-at: 9F0 is not a task of this run (2 ranks x 1 chunks, 8 microbatches)"),
-    (["--hang-at", "0I1"], "error: --hang-at: 0I1 is not a task of this run"),  # 1f1b does not split B
-    (["--hint", "zbv", "--chunks", "3"], "error: shape placement: V placement puts two chunks on each rank"),
-    (["--placement", "v", "--chunks", "1"], "so it needs 2p = 4 stages; got 1 chunk(s) per rank, an odd number"),
-    (["--hint", "zb", "--placement", "v"], "zb places stages in a loop (stage k on rank k % p); it has no v order"),
-    (["--placement", "w"], "error: --placement: 'w' is not one of looping, v"),
-    (["--delay", "9B0=0.1"], "error: --delay: 9B0 is not a task of this run"),
-    (["--fail-at", "1F0@7", "--iters", "2"], "error: --fail-at: '1F0@7' is never reached: the run has 2 iterations"),
-    (["--trace-iters", "10:20", "--iters", "2"], "error: --trace-iters: '10:20' traces nothing: the run has 2"),
-    (["--device", "cuda"], "error: --device: cuda needs CUDA, which this machine does not have"),
-    (["--backend", "nccl"], "error: --backend: nccl needs CUDA, which this machine does not have"),
-])
-def test_bad_input_fails_before_any_rank_starts(tmp_path, args, message):
-    if "CUDA" in message:
-        import torch
-
-        if torch.cuda.is_available():
-            pytest.skip("this machine has CUDA")
-    began = time.monotonic()
-    line = one_error_line(run_rrfp(tmp_path, "run", "--stages", "2", *args, "--out", "x"))
-    assert message in line
-    assert time.monotonic() - began < 20
-    assert not (tmp_path / "x").exists()  # nothing started, nothing written
-
-
-@pytest.mark.parametrize("address, message", [
-    ("not-a-host", "error: RRFP_SOCKET_ADDR: 'not-a-host': "),
-    ("192.0.2.1", "error: RRFP_SOCKET_ADDR: cannot listen on 192.0.2.1 (from RRFP_SOCKET_ADDR): "),  # TEST-NET-1
-])
-def test_a_socket_address_this_host_cannot_listen_on_fails_before_any_rank_starts(tmp_path, monkeypatch, address,
-                                                                                  message):
-    monkeypatch.setenv("RRFP_SOCKET_ADDR", address)
-    assert one_error_line(run_rrfp(tmp_path, "run", "--stages", "2", "--out", "x")).startswith(message)
-    assert not (tmp_path / "x").exists()
-
-
-def test_bad_config_file(tmp_path):
-    (tmp_path / "bad.toml").write_text('stages = 2\nmicro-batches = 4\n')
-    line = one_error_line(run_rrfp(tmp_path, "run", "--config", "bad.toml"))
-    assert "unknown key 'micro-batches'; did you mean 'microbatches'?" in line
-    (tmp_path / "worse.toml").write_text('stages = \n')
-    assert "not valid TOML" in one_error_line(run_rrfp(tmp_path, "run", "--config", "worse.toml"))
-
-
-@pytest.mark.parametrize("text, message", [
-    ("hint = 5", "error: --hint: must be a string, got 5"),
-    ('hint = ["1f1b"]', "error: --hint: must be a string, got ['1f1b']"),
-    ("out = 5", "error: --out: must be a string, got 5"),
-    ('memory-budget = ["2x"]', "error: --memory-budget: must be 1f1b, a multiple such as 2x, or slots"),
-])
-def test_config_values_of_the_wrong_type(tmp_path, text, message):
-    (tmp_path / "job.toml").write_text(text + "\n")
-    assert message in one_error_line(run_rrfp(tmp_path, "run", "--config", "job.toml"))
-    assert not (tmp_path / "runs").exists()
-
-
-def test_config_file_that_is_a_directory_and_out_that_cannot_be_made(tmp_path):
-    assert one_error_line(run_rrfp(tmp_path, "run", "--config", ".")) == "error: .: is a directory, not a TOML file"
-    (tmp_path / "afile").write_text("")
-    line = one_error_line(run_rrfp(tmp_path, "run", "--out", "afile/run"))
-    assert line == "error: --out: cannot create afile/run: Not a directory"
-
-
-def test_hint_file_of_another_shape(tmp_path):
-    assert run_rrfp(tmp_path, "hints", "export", "1f1b", "-p", "2", "-m", "8", "--out", "h.json").returncode == 0
-    line = one_error_line(run_rrfp(tmp_path, "run", "--stages", "2", "--microbatches", "4", "--hint", "h.json"))
-    assert "the file is for microbatches 8 but --microbatches 4 was asked" in line
+def test_config_file_and_flags_win(gpt_run):
+    tmp_path, result = gpt_run
+    assert result.returncode == 0, result.stderr
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["policy"] == "ready" and config["memory_budget"] == "2x" and config["iters"] == 3
 
 
 def test_a_failing_rank_stops_everyone_and_is_named(tmp_path):

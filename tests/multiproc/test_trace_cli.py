@@ -1,4 +1,6 @@
-"""`rrfp run` leaves a trace, and every `rrfp trace` command answers from it (real processes, small run)."""
+"""`rrfp run` leaves a trace, and every `rrfp trace` command answers from it: the traced --compare run of
+tests/multiproc/conftest.py (real ranks), read by the trace commands in this process. The commands on
+hand-built traces: tests/inproc/test_trace_commands.py."""
 
 from __future__ import annotations
 
@@ -9,17 +11,14 @@ import subprocess
 import pytest
 
 from profiler.trace.reader import read_trace
-from tests.helpers.cli import run_rrfp
+from tests.helpers.cli import run_cli
+
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    """One --compare run: fixed 1f1b and ready zb@2x on the emulated multimodal model, 3 ranks."""
-    root = tmp_path_factory.mktemp("traced")
-    result = run_rrfp(root, "run", "--workload", "emulated", "--stages", "3", "--microbatches", "6", "--iters", "3",
-                  "--forward-time", "0.004", "--hint", "zb", "--memory-budget", "2x", "--compare",
-                  "--trace-iters", "1:", "--out", "c", "--json")
-    assert result.returncode == 0, result.stderr
-    return root, root / "c" / "fixed-1f1b", root / "c" / "ready-zb@2x"
+def runs(traced_compare):
+    """Its folder, and two of its jobs: fixed 1f1b and ready zb@2x."""
+    assert traced_compare.result.returncode == 0, traced_compare.result.stderr
+    return traced_compare.root, traced_compare.run / "fixed-1f1b", traced_compare.run / "ready-zb@2x"
 
 
 def test_run_leaves_a_merged_trace_of_the_window(runs):
@@ -59,18 +58,34 @@ def test_each_rank_declares_its_clock_and_snapshots_it(runs):
                                      "decisions"])
 def test_every_analysis_answers(runs, command):
     root, fixed, _ = runs
-    human = run_rrfp(root, "trace", command, str(fixed))
+    human = run_cli(root, "trace", command, str(fixed))
     assert human.returncode == 0, human.stderr
-    machine = run_rrfp(root, "trace", command, str(fixed), "--json")
+    machine = run_cli(root, "trace", command, str(fixed), "--json")
     assert machine.returncode == 0, machine.stderr
-    json.loads(machine.stdout)
+    data = json.loads(machine.stdout)
+    # a whole trace of a run that went well: read without a warning, and the answer is about it
+    assert data["warnings"] == [] and human.stderr == ""
+    assert ANSWERS[command](data), data
+    assert human.stdout.strip()
+
+
+# What each analysis of the fixed 1f1b job (3 ranks x 6 microbatches, iterations 1..2 traced) must say.
+ANSWERS = {
+    "summary": lambda d: d["ranks"] == 3 and d["iteration_numbers"] == [1, 2] and d["hint"] == "1f1b",
+    "bubbles": lambda d: [row["rank"] for row in d["rows"]] == ["0", "1", "2", "all"],
+    "misalign": lambda d: 0 < len(d["gaps"]) <= sum(r["gaps"] for r in d["per_rank"])  # fixed order misaligns
+    and all(g["misaligned_ns"] > 0 and g["ready"] and g["ran_next"] for g in d["gaps"]),
+    "critical-path": lambda d: d["makespan_ns"] > 0 and d["segments"],
+    "sensitivity": lambda d: d["rows"][0]["hint"] == "(traced) 1f1b" and d["iterations"] == [1, 2],
+    "decisions": lambda d: d["total"] == 2 * 3 * 6 * 2,  # 2 iterations x 3 ranks x 12 tasks
+}
 
 
 def test_bubbles_show_the_misalignment_ready_recovers(runs):
     root, fixed, ready = runs
 
     def misalignment(run):
-        rows = json.loads(run_rrfp(root, "trace", "bubbles", str(run), "--json").stdout)["rows"]
+        rows = json.loads(run_cli(root, "trace", "bubbles", str(run), "--json").stdout)["rows"]
         total = next(r for r in rows if r["rank"] == "all")
         return total["misalignment_ns"] / total["makespan_ns"]
 
@@ -79,7 +94,7 @@ def test_bubbles_show_the_misalignment_ready_recovers(runs):
 
 def test_sensitivity_replays_the_traced_hint_close_to_what_ran(runs):
     root, fixed, _ = runs
-    data = json.loads(run_rrfp(root, "trace", "sensitivity", str(fixed), "--json").stdout)
+    data = json.loads(run_cli(root, "trace", "sensitivity", str(fixed), "--json").stdout)
     traced = data["rows"][0]
     assert traced["hint"] == "(traced) 1f1b" and traced["rule"] == "fixed"
     assert data["iterations"] == [1, 2]  # traced 1..2; only iteration 0 (start-up) is left out by default
@@ -88,23 +103,30 @@ def test_sensitivity_replays_the_traced_hint_close_to_what_ran(runs):
         assert replay["replayed_s"] == pytest.approx(replay["measured_s"], rel=0.15)
     assert {(r["hint"], r["rule"]) for r in data["rows"][1:]} >= {("1f1b", "fixed"), ("zb", "greedy"),
                                                                    ("zb", "lookahead"), ("cp", "lookahead")}
-    ready = json.loads(run_rrfp(root, "trace", "sensitivity", str(ready_run := runs[2]), "--json",
-                                "--iterations", "1:", "--task-overhead", "0").stdout)
+    ready = json.loads(run_cli(root, "trace", "sensitivity", str(ready_run := runs[2]), "--json",
+                               "--iterations", "1:", "--task-overhead", "0").stdout)
     assert ready["iterations"] == [1, 2] and ready["task_overhead_s"] == 0
     assert ready["rows"][0]["hint"] == "(traced) zb" and ready["rows"][0]["rule"] == "lookahead", ready_run
 
 
 def test_compare_export_timeline(runs, tmp_path):
     root, fixed, ready = runs
-    data = json.loads(run_rrfp(root, "trace", "compare", str(fixed), str(ready), "--json").stdout)
+    data = json.loads(run_cli(root, "trace", "compare", str(fixed), str(ready), "--json").stdout)
     assert [row["run"] for row in data["rows"]] == ["A", "B"]
-    assert run_rrfp(root, "trace", "export", str(ready), "--parquet", str(tmp_path / "pq")).returncode == 0
+    exported = run_cli(root, "trace", "export", str(ready), "--parquet", str(tmp_path / "pq"))
+    assert exported.returncode == 0, exported.stderr
     assert sorted(p.name for p in (tmp_path / "pq").iterdir()) == [
         "counters.parquet", "decisions.parquet", "iterations.parquet", "meta.json", "rendezvous.parquet",
         "steps.parquet", "tasks.parquet", "transfers.parquet"]
     png = tmp_path / "t.png"
-    assert run_rrfp(root, "trace", "timeline", str(ready), "--png", str(png)).returncode == 0
+    drawn = run_cli(root, "trace", "timeline", str(ready), "--png", str(png), "--json")
+    assert drawn.returncode == 0, drawn.stderr
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert json.loads(drawn.stdout)["written"] == [str(png)]
+    import polars as pl
+
+    tasks = pl.read_parquet(tmp_path / "pq" / "tasks.parquet")  # the frames, as the reader gives them
+    assert tasks.height == read_trace(ready).tasks.height == 2 * 3 * 6 * 3
 
 
 @pytest.mark.parametrize("which,suffix", [("fixed", ".csv"), ("ready", ".parquet")])
@@ -118,7 +140,7 @@ def test_export_durations_replays_each_iteration_close_to_what_ran(runs, tmp_pat
     root, fixed, ready = runs
     run = fixed if which == "fixed" else ready
     path = tmp_path / f"realized{suffix}"
-    result = run_rrfp(root, "trace", "export", str(run), "--durations", str(path), "--json")
+    result = run_cli(root, "trace", "export", str(run), "--durations", str(path), "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)["durations"]
     tasks_per_iteration = 3 * 6 * (3 if run == ready else 2)  # zb splits backwards into I + W
@@ -139,7 +161,7 @@ def test_export_durations_replays_each_iteration_close_to_what_ran(runs, tmp_pat
     # The command the export prints replays the table's first iteration through `rrfp simulate`.
     args = data["replay"].split()[1:]
     assert args[args.index("--durations-iteration") + 1] == "1"
-    simulated = run_rrfp(root, *args, "--json")
+    simulated = run_cli(root, *args, "--json")
     assert simulated.returncode == 0, simulated.stderr
     assert json.loads(simulated.stdout)["makespan"] == pytest.approx(measured[1] * 1e-9, rel=0.25)
 
@@ -147,8 +169,8 @@ def test_export_durations_replays_each_iteration_close_to_what_ran(runs, tmp_pat
 def test_export_durations_of_chosen_iterations_with_the_frames(runs, tmp_path):
     root, fixed, _ = runs
     table = tmp_path / "d.csv"
-    result = run_rrfp(root, "trace", "export", str(fixed), "--durations", str(table), "--iterations", "2:",
-                      "--parquet", str(tmp_path / "pq"))
+    result = run_cli(root, "trace", "export", str(fixed), "--durations", str(table), "--iterations", "2:",
+                     "--parquet", str(tmp_path / "pq"))
     assert result.returncode == 0, result.stderr
     out = " ".join(result.stdout.split())  # rich wraps long lines
     assert f"wrote {table}: 36 task rows of 1 iteration (2); latencies: 24 measured, 0 filled" in out
@@ -169,7 +191,7 @@ def test_export_durations_of_chosen_iterations_with_the_frames(runs, tmp_path):
 ])
 def test_export_bad_input_is_one_line(runs, tmp_path, args, message):
     root, fixed, _ = runs
-    result = run_rrfp(root, "trace", "export", str(fixed), *args(tmp_path))
+    result = run_cli(root, "trace", "export", str(fixed), *args(tmp_path))
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
@@ -177,38 +199,11 @@ def test_export_bad_input_is_one_line(runs, tmp_path, args, message):
 
 def test_decisions_filters(runs):
     root, _, ready = runs
-    data = json.loads(run_rrfp(root, "trace", "decisions", str(ready), "--rank", "0", "--iteration", "2", "--json",
+    data = json.loads(run_cli(root, "trace", "decisions", str(ready), "--rank", "0", "--iteration", "2", "--json",
                            "--limit", "1000").stdout)
     assert data["total"] == 6 * 3 and all(d["rank"] == 0 and d["iteration"] == 2 for d in data["decisions"])
-    absent = run_rrfp(root, "trace", "decisions", str(ready), "--rank", "3")  # 3 ranks: 0..2
+    absent = run_cli(root, "trace", "decisions", str(ready), "--rank", "3")  # 3 ranks: 0..2
     assert absent.returncode == 2 and absent.stderr.strip() == "error: --rank: the trace has ranks 0..2, not 3"
-
-
-def test_crashed_run_keeps_finished_iterations_and_merges(tmp_path):
-    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "3",
-                  "--fail-at", "1B2@2", "--out", "crash")
-    assert result.returncode == 1
-    run = tmp_path / "crash"
-    (run / "trace.pftrace").unlink(missing_ok=True)  # as a run killed before it could merge leaves it
-    summary = run_rrfp(tmp_path, "trace", "summary", str(run), "--json")
-    assert summary.returncode == 0, summary.stderr
-    assert any("not merged" in w for w in json.loads(summary.stdout)["warnings"])
-    merged = run_rrfp(tmp_path, "trace", "merge", str(run))
-    assert merged.returncode == 0 and (run / "trace.pftrace").exists()
-    frames = read_trace(run)
-    assert sorted(frames.tasks.get_column("iteration").unique().to_list()) == [0, 1]  # the finished ones
-
-
-@pytest.mark.parametrize("make,message", [
-    (lambda d: d / "missing", "no such file or directory"),
-    (lambda d: (d / "empty").mkdir() or d / "empty", "holds no trace"),
-    (lambda d: (d / "x.pftrace").write_bytes(b"\x08\x01garbage") and d / "x.pftrace", "not a Perfetto trace"),
-])
-def test_bad_trace_input_is_one_line(tmp_path, make, message):
-    result = run_rrfp(tmp_path, "trace", "summary", str(make(tmp_path)))
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0]
 
 
 @pytest.mark.skipif(shutil.which("trace_processor_shell") is None, reason="trace_processor_shell not on PATH")

@@ -1,10 +1,8 @@
-"""Workload presets (runtime.durations.presets): measured statistics, legacy names, cost tables, the CLI and the script."""
+"""Workload presets (runtime.durations.presets): measured statistics, legacy names, cost tables, the split's price.
+Through rrfp simulate and examples/cost_table.py: tests/inproc/test_presets_cli.py; an emulated run of a preset:
+tests/multiproc/test_run.py."""
 
 from __future__ import annotations
-
-import json
-import subprocess
-import sys
 
 import pytest
 
@@ -12,7 +10,6 @@ from hints.errors import UserError
 from hints.tasks import PipelineShape
 from runtime.durations.presets import PRESETS, load_cost_table
 from runtime.durations.variability import VariabilityModel, describe_workload, sample_durations, sample_microbatches
-from tests.helpers.cli import REPO, run_rrfp
 
 COUNT = 1000  # microbatches per measurement, as --describe samples by default
 
@@ -146,121 +143,6 @@ def test_cost_table_needs_a_preset(tmp_path):
         VariabilityModel(workload="language", cost_table=table)
 
 
-# -- CLI (a subprocess, as test_cli.py: real exit codes and stderr) ---------------------------------
-
-
-def rrfp(cwd, *args):
-    return run_rrfp(cwd, *args, timeout=120)
-
-
-def one_error_line(proc) -> str:
-    assert proc.returncode == 2, proc.stderr
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in proc.stdout
-    return lines[0]
-
-
-def test_describe_prints_every_preset_and_json(tmp_path):
-    proc = rrfp(tmp_path, "simulate", "--describe")
-    assert proc.returncode == 0, proc.stderr
-    for name in ("uniform", "legacy-language", "legacy-multimodal", *PRESETS):
-        assert name in proc.stdout
-    data = json.loads(rrfp(tmp_path, "simulate", "--describe", "--workload", "vlm-mixed", "-m", "300",
-                           "--seed", "4", "--json").stdout)
-    [row] = data["describe"]
-    assert row == describe_workload(VariabilityModel(workload="vlm-mixed"), 300, 4) | {"encoder_cv": row["encoder_cv"]}
-    assert row["microbatches"] == 300 and row["cost_cv"] > 0.5
-
-
-def test_simulate_compare_with_a_preset_and_a_cost_table(tmp_path):
-    data = json.loads(rrfp(tmp_path, "simulate", "-p", "4", "-m", "8", "--workload", "vlm-mixed", "--compare",
-                           "--json").stdout)
-    assert data["rows"] and data["source"]["workload"] == "vlm-mixed"
-    write(tmp_path / "c.csv", "text_tokens,tiles\n100,0\n900,5\n")
-    data = json.loads(rrfp(tmp_path, "simulate", "-p", "2", "-m", "4", "--workload", "sft-chat", "--cost-table",
-                           "c.csv", "--json").stdout)
-    assert data["source"]["model"]["cost_table"] == "c.csv" and data["makespan"] > 0
-
-
-def test_cli_bad_input_is_one_line(tmp_path):
-    write(tmp_path / "bad.csv", "text_tokens,frames\n10,-1\n")
-    line = one_error_line(rrfp(tmp_path, "simulate", "-p", "2", "-m", "4", "--workload", "vlm-mixed",
-                               "--cost-table", "bad.csv"))
-    assert line == "error: bad.csv: row 2, column frames: must be a whole number >= 0, got '-1'"
-    write(tmp_path / "good.csv", "text_tokens\n10\n")
-    line = one_error_line(rrfp(tmp_path, "simulate", "-p", "2", "-m", "4", "--cost-table", "good.csv"))
-    assert "preset" in line
-    line = one_error_line(rrfp(tmp_path, "simulate", "--describe", "--workload", "vlm-imaginary"))
-    assert "vlm-imaginary" in line
-    assert "no such file" in one_error_line(rrfp(tmp_path, "simulate", "-p", "2", "-m", "4", "--workload",
-                                                 "sft-chat", "--cost-table", "missing.csv"))
-
-
-def test_cost_table_script_reads_llava_and_chat_records(tmp_path):
-    records = [
-        {"conversations": [{"from": "human", "value": "<image>\n" + "a" * 400}, {"from": "gpt", "value": "b" * 400}],
-         "image": "x.jpg", "image_sizes": [[896, 448]]},
-        {"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "c" * 96}],
-         "text_tokens": 40},
-        {"conversations": [{"from": "human", "value": "<video>"}], "video": "v.mp4", "duration": 100.0},
-        {"text": "d" * 40, "image": ["a.jpg", "b.jpg"]},
-    ]
-    source = tmp_path / "s.jsonl"
-    source.write_text("\n".join(map(json.dumps, records)) + "\n")
-    script = str(REPO / "examples" / "cost_table.py")
-    done = subprocess.run([sys.executable, script, str(source), "--out", str(tmp_path / "c.csv")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    lines = (tmp_path / "c.csv").read_text().splitlines()
-    assert lines == ["text_tokens,images,tiles,frames", "202,1,3,0", "40,0,0,0", "2,0,0,64", "10,2,10,0"]
-    table = load_cost_table(tmp_path / "c.csv")
-    assert len(table.rows) == 4
-    done = subprocess.run([sys.executable, script, str(source), "--pack", "64", "--out", str(tmp_path / "p.csv")],
-                          capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr
-    packed = load_cost_table(tmp_path / "p.csv")  # the documents column adds up to each row's text_tokens
-    assert len(packed.rows) == (202 + 40 + 2 + 10) // 64 and all(row[0] == 64 for row in packed.rows)
-    (tmp_path / "bad.jsonl").write_text("{\"text\": 1}\nnot json\n")
-    done = subprocess.run([sys.executable, script, str(tmp_path / "bad.jsonl"), "--out", str(tmp_path / "b.csv")],
-                          capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.startswith("error: ") and "line 2" in done.stderr
-
-
-
-@pytest.mark.parametrize("lines, args, where", [
-    (['{"text_tokens": 5, "image": ["a"], "image_sizes": [[0, 4]]}'], [], "line 1"),
-    (['{"text": "x"}', '{"text_tokens": -3}'], [], "line 2"),
-    (['{"text": "x", "image": ["a"], "image_sizes": "ab"}'], [], "line 1"),
-    (['{"text": "x"}'], ["--chars-per-token", "0"], "--chars-per-token"),
-    (['{"text": "x"}'], ["--out-missing"], "--out"),
-    (['{"text": "x"}'], ["--out-dir"], "--out"),
-    (None, [], "cannot read"),
-])
-def test_cost_table_script_bad_input_is_one_error_line_and_keeps_its_input(tmp_path, lines, args, where):
-    source = tmp_path / "s.jsonl"
-    if lines is not None:
-        source.write_text("\n".join(lines) + "\n")
-    out = {"--out-missing": tmp_path / "no" / "c.csv", "--out-dir": tmp_path}.get(args[0] if args else "",
-                                                                                   tmp_path / "c.csv")
-    args = [a for a in args if not a.startswith("--out")]
-    done = subprocess.run([sys.executable, str(REPO / "examples" / "cost_table.py"), str(source), *args,
-                           "--out", str(out)], capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.startswith("error: ") and where in done.stderr, done.stderr
-    assert len(done.stderr.strip().splitlines()) == 1
-    assert (lines is None) != source.exists()  # the input is never touched
-    assert not (tmp_path / "c.csv").exists() and not list(tmp_path.glob(".cost_table.*"))
-
-
-def test_emulated_run_with_a_preset(tmp_path):
-    proc = run_rrfp(tmp_path, "run", "--workload", "emulated", "--emulate", "vlm-mixed", "--stages", "2",
-                    "--microbatches", "4", "--iters", "2", "--forward-time", "0.002", "--out", "r", "--json",
-                    timeout=180)
-    assert proc.returncode == 0, proc.stderr
-    config = json.loads((tmp_path / "r" / "config.json").read_text())
-    assert config["emulate"] == "vlm-mixed"
-    assert config["samples"] == PRESETS["vlm-mixed"].samples  # the simulated preset's microbatches
-
-
 def test_an_emulated_preset_draws_as_many_samples_as_its_simulation():
     from runtime.config import RunConfig
 
@@ -307,16 +189,3 @@ def test_the_emulated_run_charges_the_emulated_presets_split_unless_told():
     assert charged(emulate="uniform") == 1.0
     assert charged(emulate="vlm-mixed", split_overhead=1.0) == 1.0
     assert charged(emulate="sft-chat", split_overhead=1.8) == 1.8
-
-
-def test_simulate_charges_the_presets_split_unless_told(tmp_path):
-    def simulated(*extra) -> dict:
-        proc = run_rrfp(tmp_path, "simulate", "-p", "4", "-m", "8", "--policy", "fixed", "--hint", "zb",
-                        "--workload", "vlm-mixed", "--json", *extra)
-        assert proc.returncode == 0, proc.stderr
-        return json.loads(proc.stdout)
-
-    default, free, given = simulated(), simulated("--split-overhead", "1"), simulated("--split-overhead", "1.65")
-    assert default["source"]["model"]["split_overhead"] == 1.65
-    assert free["source"]["model"]["split_overhead"] == 1.0
-    assert default["makespan"] == given["makespan"] > free["makespan"]
