@@ -1,8 +1,8 @@
 """``--tp`` and ``--dp`` on real processes (gloo, CPU, 4 ranks): the single-process reference, one order per
 TP group (from the traces), identical replicas after every step.
 
-Each launch runs in a subprocess with a hard timeout (tests/test_runtime.py's ``run_jobs``), so a
-coordination bug fails these tests and never hangs them.
+Each launch runs in a subprocess with a hard timeout (tests.helpers.jobs.run_jobs), so a coordination bug fails
+these tests and never hangs them. Jobs of one process grid share a launch: the TP jobs one, the DP jobs another.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from runtime.config import RunConfig
 from runtime.config import run_shape
 from runtime.workloads.tp_layers import unshard
 from runtime.workloads.make import reference_train
-from tests.helpers.cli import run_rrfp
+from tests.helpers.cli import run_cli
 from tests.helpers.jobs import run_jobs
 
 TRACE = "profiler.trace.recorder:TraceRecorder"
@@ -35,11 +35,17 @@ def tp_jobs() -> list[dict]:
     return jobs
 
 
+EMULATED_TP = {"name": "emu", "config": dict(workload="emulated", stages=2, tp=2, microbatches=4, iters=2,
+                                              forward_time=0.004, hint="zb", memory_budget="2x", jitter=0.3)}
+
+
 @pytest.fixture(scope="module")
 def tp_run(tmp_path_factory):
+    """The traced TP jobs (tp_jobs) and the emulated model under --tp 2, in one launch of 4 ranks: the traced jobs,
+    every job's results, and the folder (job NAME wrote under it, in run/NAME)."""
     path = tmp_path_factory.mktemp("tp")
     jobs = tp_jobs()
-    return jobs, run_jobs(path, 4, jobs, timeout=30.0), path
+    return jobs, run_jobs(path, 4, [*jobs, EMULATED_TP], timeout=30.0), path
 
 
 def whole_grads(results: dict, name: str) -> dict[str, torch.Tensor]:
@@ -104,13 +110,13 @@ def test_tp_groups_run_one_order_from_the_traces(tp_run):
 def test_trace_follow_shows_the_latency_per_decision(tp_run):
     _, _, path = tp_run
     run = path / "run" / "gpt-ready"
-    done = run_rrfp(path, "trace", "follow", str(run), "--iterations", "0:", "--json")
+    done = run_cli(path, "trace", "follow", str(run), "--iterations", "0:", "--json")
     assert done.returncode == 0, done.stderr
     data = json.loads(done.stdout)
     assert {r["rank"] for r in data["ranks"]} == {0, 1, 2, 3}
     # 2 followers x 2 iterations x (F, I, W) x 4 microbatches
     assert data["total"] == 2 * 2 * 12 and all(d["follow_ns"] > 0 for d in data["decisions"])
-    human = run_rrfp(path, "trace", "follow", str(run))
+    human = run_cli(path, "trace", "follow", str(run))
     assert human.returncode == 0 and "followed decisions" in human.stdout
 
 
@@ -144,10 +150,8 @@ def test_dp_replicas_stay_identical_and_match_the_doubled_batch(tmp_path):
         assert all(len(m["dp_reduce_seconds"]) == 4 and max(m["dp_reduce_seconds"]) > 0 for m in metrics)
 
 
-def test_emulated_runs_with_tp(tmp_path):
-    config = dict(workload="emulated", stages=2, tp=2, microbatches=4, iters=2, forward_time=0.004, hint="zb",
-                  memory_budget="2x", jitter=0.3)
-    results = run_jobs(tmp_path, 4, [{"name": "emu", "config": config}], timeout=30.0)
+def test_emulated_runs_with_tp(tp_run):
+    _, results, _ = tp_run
     orders = [results[rank]["emu"]["executed"] for rank in range(4)]
     assert orders[0] == orders[2] and orders[1] == orders[3]  # rank 2 follows rank 0, rank 3 follows rank 1
     assert results[0]["emu"]["sharded"] == {"0.linear.weight": (1, 1)}
