@@ -1,8 +1,9 @@
 """A training script that drives rrfp.ReadyPipeline itself (run under torchrun by tests/multiproc/test_pipeline_api.py).
 
-    torchrun --nproc-per-node 2 -m tests.helpers.pipeline_script OUT.json HINT STEPS
+    torchrun --nproc-per-node 2 -m tests.helpers.pipeline_script OUT.json HINT[,HINT...] STEPS
 
-The last stage's rank writes the loss of every step to OUT.json.
+For each hint in turn it builds the model afresh (same seed), trains it STEPS steps through a ReadyPipeline with
+that hint, and closes the pipeline. The last stage's rank writes ``{hint: [loss of every step]}`` to OUT.json.
 """
 
 from __future__ import annotations
@@ -21,9 +22,8 @@ from tests.helpers.user_models import tiny
 MICROBATCHES = 3
 
 
-def main(out: str, hint: str, steps: int) -> None:
-    dist.init_process_group("gloo")
-    rank, ranks = dist.get_rank(), dist.get_world_size()
+def train(rank: int, ranks: int, hint: str, steps: int) -> list[float]:
+    """This rank's share of STEPS steps of the tiny model through a ReadyPipeline with ``hint``: each step's loss."""
     ctx = rrfp.ModelContext(RunConfig(workload="tests.helpers.user_models:tiny"), ranks=ranks, chunks=1,
                             microbatches=MICROBATCHES, placement=((rank, 0),), seed=0)
     model = tiny(ctx)
@@ -37,6 +37,13 @@ def main(out: str, hint: str, steps: int) -> None:
         optimizer.zero_grad()
         losses.append(loss)
     pipe.close()
+    return losses
+
+
+def main(out: str, hints: str, steps: int) -> None:
+    dist.init_process_group("gloo")
+    rank, ranks = dist.get_rank(), dist.get_world_size()
+    losses = {hint: train(rank, ranks, hint, steps) for hint in hints.split(",")}
     if rank == ranks - 1:
         with open(out, "w") as handle:
             json.dump(losses, handle)
