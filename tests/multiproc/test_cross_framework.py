@@ -2,7 +2,8 @@
 
 One real run (2 ranks over gloo, 4 microbatches of 2 ms emulated tasks, one measured iteration: about
 10 s on 2 cores) of torch's ``ScheduleInterleavedZeroBubble`` against rrfp's ``zb`` on two chunks;
-timings are not asserted, only what the rows say and that both runtimes trained the same model.
+timings are not asserted, only what the rows say and that both runtimes trained the same model. Its plan
+without a run: tests/unit/test_cross_framework.py; its bad input: tests/inproc/test_cross_framework_args.py.
 """
 
 from __future__ import annotations
@@ -64,32 +65,3 @@ def test_ready_runs_at_the_paired_torch_schedules_peak(rows):
     assert fixed_zb["last_loss"] == pytest.approx(torch_zb["last_loss"], rel=1e-5)
     assert by[("rrfp", "1f1b", "fixed")]["last_loss"] == pytest.approx(
         by[("torch", "Schedule1F1B", "fixed")]["last_loss"], rel=1e-5)
-
-
-@pytest.mark.parametrize("args, message", [
-    (("--stages", "2", "--microbatches", "1"), "need --stages >= 2"),
-    (("--layers-per-rank", "3"), "--layers-per-rank must be a positive multiple"),
-    (("--stages", "2", "--microbatches", "5", "--schedules", "ScheduleInterleavedZeroBubble"),
-     "multiple of the number of rounds"),
-    (("--schedules", "ScheduleNope"), "invalid choice"),
-])
-def test_bad_input_is_one_error_line_and_exit_2(args, message):
-    tiny = ("--cases", "uniform", "--iters", "1", "--forward-time", "0.001", "--hints")  # should it run after all
-    result = run_rrfp(REPO, *tiny, *args, module=SCRIPT, timeout=120)
-    assert result.returncode == 2
-    lines = result.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
-
-
-def test_extra_hint_rows_at_unequal_memory_are_marked(tmp_path, monkeypatch):
-    """[Note: equal memory pairs]: ready at a budget against a fixed order that holds more is marked ``*``."""
-    from profiler.bench import external as xf
-    from runtime.config import RunConfig
-
-    case = xf.Case("uniform", False, RunConfig(workload="emulated", emulate="uniform", stages=4, microbatches=16))
-    plan = xf.plan_case(case, ["Schedule1F1B"], ["1f1b", "bf", "zb"], ["1f1b", "2x"], 2, tmp_path)
-    equal = {name: s.equal_memory for name, s in plan.structures.items() if s.paired_with is None}
-    assert equal["ready-bf-v1@1f1b"] is False and equal["ready-bf-v1@2x"] is False  # bf fixed keeps all 16
-    assert equal["ready-zb-v1@2x"] is False  # zb fixed holds 4 on the last rank, 2x allows 2
-    assert equal["ready-1f1b-v1@2x"] is True
-    assert plan.structures["ready-1f1b-v1@1f1b"].equal_memory  # paired with Schedule1F1B
