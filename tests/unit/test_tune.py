@@ -1,6 +1,7 @@
-"""rrfp tune-hint's pieces, pure: objectives, cost-ranked hints, scenarios, the search and its verdict, predicted
-ranges. The command: tests/inproc/test_tune_cli.py (on models and built traces), tests/multiproc/test_tune.py (on
-real runs, and the search's worker processes), tests/cli/test_signals.py (Ctrl-C keeps the best found)."""
+"""rrfp tune-hint's pieces, pure: objectives, cost-ranked hints, scenarios, the evaluator, predicted ranges. The
+whole search: tests/inproc/test_tune_search.py. The command: tests/inproc/test_tune_cli.py (on models and built
+traces), tests/multiproc/test_tune.py (on real runs, and the search's worker processes), tests/cli/test_signals.py
+(Ctrl-C keeps the best found)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,6 @@ from hints.orders import as_cost_ranked, builtin_hint, heaviest_first, resolve_c
 from hints.tasks import PipelineShape
 from runtime.sched.budget import MemoryBudget
 from runtime.tune.scenarios import bootstrap, from_model, from_recorded
-from runtime.tune.decide import tune
 from runtime.tune.evaluator import Evaluator, Objective, paired_bootstrap
 from runtime.durations.variability import VariabilityModel, sample_durations
 
@@ -118,76 +118,7 @@ def test_holdout_takes_the_last_iterations():
     assert len(set(names)) == 5  # tuning and held-out seeds never overlap
 
 
-# -- the search and the verdict -----------------------------------------------------------------------------
-
-
-def _slow_rank_scenarios(shape: PipelineShape, slow_rank: int, factor: float, count: int) -> object:
-    """Sequences of variable length (the language model) on a pipeline whose rank ``slow_rank`` runs its
-    forwards ``factor`` times slower (say, an older GPU, or a stage that recomputes)."""
-    model = VariabilityModel(workload="language", jitter=0.05)
-    recorded = []
-    for seed in range(count):
-        table = sample_durations(model, shape, seed)
-        for stage in shape.stages_of_rank(slow_rank):
-            table.forward[stage] = [value * factor for value in table.forward[stage]]
-        recorded.append((seed, table, table.expected()))
-    return from_recorded(shape, recorded, 0.3, 12, 12, seed=0, source="slow rank")
-
-
-def _builtin_values(outcome) -> dict[str, float]:
-    return {s.candidate.label: s.value for s in outcome.search.scored if s.candidate.family == "built-in"}
-
-
-def test_uniform_durations_leave_nothing_to_tune():
-    # No variability at all: the textbook orders are as good as it gets and tune-hint keeps a built-in.
-    shape = PipelineShape(4, 1, 8)
-    scenarios = from_model(VariabilityModel(), shape, 6, 6, seed=0)
-    outcome = tune(scenarios, "ready", "1f1b", Objective.parse("mean"), time_budget=2.0)
-    assert not outcome.verdict.tuned_kept
-    assert outcome.verdict.chosen.candidate.family in ("built-in", "baseline")
-    best_builtin = min(_builtin_values(outcome).values())
-    assert outcome.verdict.chosen.value == pytest.approx(best_builtin)
-
-
-def test_a_slow_rank_is_tuned_around_better_than_every_builtin():
-    shape = PipelineShape(4, 1, 8)
-    outcome = tune(_slow_rank_scenarios(shape, slow_rank=0, factor=2.0, count=14), "ready", "1f1b",
-                   Objective.parse("mean"), time_budget=4.0, seed=0)
-    best = outcome.search.best
-    assert best.candidate.family not in ("built-in", "baseline")
-    assert best.value < min(_builtin_values(outcome).values()) * 0.99  # measured: 3.6% better
-
-
-def test_heavy_first_stage_multimodal_is_tuned_better_than_every_builtin():
-    shape = PipelineShape(4, 1, 8)
-    model = VariabilityModel(workload="multimodal", vision_stages=1, images_mean=3.0, jitter=0.05)
-    outcome = tune(from_model(model, shape, 16, 16, seed=0), "ready", "1f1b", Objective.parse("mean"),
-                   time_budget=4.0, seed=0)
-    assert outcome.search.best.candidate.family not in ("built-in", "baseline")
-    assert outcome.search.best.value < min(_builtin_values(outcome).values()) * 0.99  # measured: 5.4% better
-
-
-def test_never_slower_than_fixed_1f1b_on_held_out_scenarios_at_the_1f1b_budget():
-    shape = PipelineShape(4, 1, 8)
-    for workload in ("language", "multimodal"):
-        outcome = tune(from_model(VariabilityModel(workload=workload, jitter=0.1), shape, 8, 8, seed=3), "ready",
-                       "1f1b", Objective.parse("mean"), time_budget=2.0)
-        held = outcome.verdict.holdout
-        assert Objective.parse("mean")(held["chosen"]) <= Objective.parse("mean")(held["fixed 1F1B"]) + 1e-12
-
-
-def test_memory_auto_gives_a_pareto_table():
-    shape = PipelineShape(4, 1, 8)
-    scenarios = from_model(VariabilityModel(workload="language", jitter=0.1), shape, 6, 6, seed=0)
-    outcome = tune(scenarios, "ready", "auto", Objective.parse("mean"), time_budget=1.0)
-    budgets = [row["budget"] for row in outcome.pareto]
-    assert budgets[0] == "1f1b" and len(budgets) >= 4
-    chosen = [row for row in outcome.pareto if row["chosen"]]
-    assert len(chosen) == 1 and outcome.budget == chosen[0]["budget"]
-    best = min(row["objective"] for row in outcome.pareto)
-    assert chosen[0]["objective"] <= best * 1.01  # the smallest budget within 1% of the best
-    smaller = [row for row in outcome.pareto if row["max_slots"] < chosen[0]["max_slots"]]
-    assert all(row["objective"] > best * 1.01 for row in smaller)
+# -- the evaluator -------------------------------------------------------------------------------------------------
 
 
 def test_evaluator_scores_cost_ranked_candidates_per_scenario():
