@@ -222,6 +222,10 @@ def test_simulate_compare_blocking_rows(tmp_path):
     out = ok(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--p2p", "blocking", "--comm-latency",
              "0.001").stdout
     assert "blocking p2p" in out
+    shown = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--p2p", "blocking", "--comm-latency",
+                    "0.001")
+    blocking_rows = [row for row in shown["rows"] if row["p2p"] == "blocking"]
+    assert blocking_rows and all(f"{row['makespan'] * 1e3:.2f}" in out for row in blocking_rows)  # each is shown
 
 
 def test_simulate_task_overhead(tmp_path):

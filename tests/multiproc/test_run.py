@@ -118,6 +118,11 @@ def test_human_output_has_a_summary(into_an_empty_out):
     tmp_path, result = into_an_empty_out
     assert result.returncode == 0, result.stderr
     assert "ready-1f1b@1f1b" in result.stdout and "tokens/s" in result.stdout
+    # the summary table: the job's column, and a value in it for each row
+    rows = {cells[0]: cells[1:] for line in result.stdout.splitlines() if line.startswith("│")
+            for cells in [[cell.strip() for cell in line.strip("│").split("│")]]}
+    assert rows["iterations"] == ["2"] and rows["median throughput"][0].endswith(" tokens/s")
+    assert float(rows["last loss"][0]) > 0 and all(len(values) == 1 and values[0] for values in rows.values()), rows
 
 
 def test_an_empty_out_directory_is_accepted_and_used(into_an_empty_out):
