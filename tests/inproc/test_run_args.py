@@ -1,7 +1,8 @@
 """What `rrfp run` refuses before any rank starts, in this process ([Note: the two CLI runners]): bad flags and
 config files, shapes and hints that cannot run, a socket address this host cannot listen on, --out that holds
 files, --p2p blocking where it cannot work, bad --resume / --checkpoint-every / --workload factories. Each is one
-`error:` line and exit 2, and nothing is written. Runs that start ranks: tests/multiproc/test_run.py.
+`error:` line and exit 2, and nothing is written. And what it does accept there: an empty --out, claimed and
+handed to the launch. Runs that start ranks: tests/multiproc/test_run.py.
 """
 
 from __future__ import annotations
