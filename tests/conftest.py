@@ -16,10 +16,18 @@ None needs a GPU.
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
 from hypothesis import settings
+
+# The test process itself trains the single-process references and runs commands with torch, on two OpenMP
+# threads; by default they spin at every barrier, and when the machine's two cores are busy with anything else
+# (ranks of another test, another job on a shared CI runner) each spin waits for the other thread's next time
+# slice: a reference training took 37 times as long with two busy loops beside it (23.5 s against 0.64 s idle;
+# 0.78 s with passive waits). Set before any test module imports torch; ranks inherit it (one thread each).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 # Property tests run on a 2-core CI machine: keep examples modest and deterministic.
 settings.register_profile("rrfp", max_examples=300, deadline=None, derandomize=True)
