@@ -10,9 +10,9 @@ import json
 from pathlib import Path
 
 from hints.orders import applicable_builtins, builtin_hint
-from runtime.sched.simulator import simulate
 from hints.tasks import LOOPING, V
 from runtime.durations.variability import VariabilityModel, sample_durations
+from runtime.sched.simulator import simulate
 
 HERE = Path(__file__).parent
 ORDER_SHAPES = [(4, 1, 8, LOOPING), (3, 1, 5, LOOPING), (4, 2, 8, LOOPING), (2, 3, 4, LOOPING), (4, 2, 8, V),

@@ -1,0 +1,76 @@
+"""The in-process runner answers as the console script does ([Note: the two CLI runners] in tests/helpers/cli.py).
+
+Most tests of arguments, errors, help and tables call ``run_cli`` (``rrfp_cli.app.main`` in the test's own
+process) instead of starting ``python -m rrfp_cli``. This checks, on a sample of every kind of answer they rely
+on (help, a group's help, tables at 200 and 80 columns, JSON, a usage error, user errors with and without
+details, errors from a run's checks before any rank starts, one of them read from the environment), that the
+two give the same exit code and the same stdout and stderr, byte for byte. The same for the repository's scripts
+that tests run in this process (``run_script``).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tests.helpers.cli import REPO, run_cli, run_rrfp, run_script
+
+DEADLOCK = {"format": "rrfp-hint/1", "shape": {"ranks": 2, "chunks": 1, "microbatches": 2},
+            "orders": [["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]]}
+
+SAMPLE = {
+    "help": (["--help"], 200),
+    "group-alone": (["trace"], 200),
+    "run-help-80": (["run", "--help"], 80),
+    "hints-show": (["hints", "show", "1f1b", "-p", "4", "-m", "8"], 200),
+    "simulate-compare-80": (["simulate", "-p", "4", "-m", "8", "--compare"], 80),
+    "hints-json": (["hints", "show", "zb", "-p", "4", "-m", "8", "--json"], 200),
+    "usage-error": (["simulate", "-p", "0"], 200),
+    "deadlock-grid": (["hints", "check", "deadlock.json"], 200),
+    "run-refused": (["run", "--stages", "2", "--hint", "nope", "--out", "x"], 200),
+    "run-device": (["run", "--stages", "2", "--device", "cuda", "--out", "x"], 200),
+    "trace-missing": (["trace", "summary", "missing"], 200),
+    "run-environment": (["run", "--stages", "2", "--out", "x"], 200, {"RRFP_SOCKET_ADDR": "192.0.2.1"}),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SAMPLE))
+def test_in_process_and_subprocess_answer_alike(tmp_path, monkeypatch, name):
+    args, columns, *env = SAMPLE[name]
+    for variable, value in (env[0] if env else {}).items():
+        monkeypatch.setenv(variable, value)
+    answers = []
+    for runner, where in ((run_rrfp, "subprocess"), (run_cli, "in-process")):
+        cwd = tmp_path / where
+        cwd.mkdir()
+        (cwd / "deadlock.json").write_text(json.dumps(DEADLOCK))
+        done = runner(cwd, *args, columns=columns)
+        answers.append((done.returncode, done.stdout.replace(str(cwd), "CWD"), done.stderr.replace(str(cwd), "CWD")))
+        assert sorted(p.name for p in cwd.iterdir()) == ["deadlock.json"]  # neither wrote anything
+    subprocess_answer, in_process_answer = answers
+    assert in_process_answer == subprocess_answer
+    assert subprocess_answer[1] or subprocess_answer[2]  # it said something
+
+
+SCRIPTS = {  # scripts of the repository that tests run in this process (tests.helpers.cli.run_script)
+    "cost-table-bad-input": ("examples/cost_table.py", ["missing.jsonl", "--out", "c.csv"]),
+    "cross-framework-bad-input": ("benchmarks/cross_framework.py", ["--cases", "uniform", "--iters", "1",
+                                                                    "--stages", "2", "--microbatches", "1"]),
+}
+
+
+@pytest.mark.parametrize("name", sorted(SCRIPTS))
+def test_scripts_in_process_and_subprocess_answer_alike(tmp_path, name):
+    script, args = SCRIPTS[name]
+    answers = []
+    for where in ("subprocess", "in-process"):
+        cwd = tmp_path / where
+        cwd.mkdir()
+        if where == "subprocess":
+            done = run_rrfp(cwd, *args, module=(str(REPO / script),))
+        else:
+            done = run_script(cwd, script, *args)
+        answers.append((done.returncode, done.stdout, done.stderr.replace(str(cwd), "CWD")))
+        assert list(cwd.iterdir()) == []  # neither wrote anything
+    assert answers[1] == answers[0] and answers[0][0] == 2
