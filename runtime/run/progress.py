@@ -1,7 +1,8 @@
 """Rank 0's progress bar while a job runs: iterations done, loss, throughput (rich, on stderr).
 
-Shown by ``rrfp run`` (not in ``--json`` mode); the worker updates it with each iteration's metrics row
-(:func:`runtime.run.metrics.metrics_row`).
+Shown by ``rrfp run`` (not in ``--json`` mode) when stderr is a terminal: into a pipe or a log file rich
+draws nothing but would still end the bar with an empty line. The worker updates it with each iteration's
+metrics row (:func:`runtime.run.metrics.metrics_row`).
 """
 
 from __future__ import annotations
@@ -19,9 +20,10 @@ class ProgressBar:
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+        console = Console(stderr=True)
         self.progress = Progress(TextColumn(f"[bold]{job.name}[/] -> {job.out_dir}"), BarColumn(), MofNCompleteColumn(),
                                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(),
-                                 console=Console(stderr=True), transient=True)
+                                 console=console, transient=True, disable=not console.is_terminal)
         self.progress.start()
         self.task = self.progress.add_task(job.name, total=config.iters, status="")
 
