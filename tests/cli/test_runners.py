@@ -5,16 +5,19 @@ process) instead of starting ``python -m rrfp_cli``. This checks, on a sample of
 on (help, a group's help, tables at 200 and 80 columns, JSON, a usage error, user errors with and without
 details, errors from a run's checks before any rank starts, one of them read from the environment), that the
 two give the same exit code and the same stdout and stderr, byte for byte. The same for the repository's scripts
-that tests run in this process (``run_script``).
+that tests run in this process (``run_script``). And for ``rrfp run`` in the warm server ([Note: the warm runner]
+in tests/helpers/warm.py): a run, a run whose rank fails and a refused run answer alike, and leave the same files.
 """
 
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from tests.helpers.cli import REPO, run_cli, run_rrfp, run_script
+from tests.helpers.warm import run_warm
 
 DEADLOCK = {"format": "rrfp-hint/1", "shape": {"ranks": 2, "chunks": 1, "microbatches": 2},
             "orders": [["0F0", "0B0", "0F1", "0B1"], ["1F1", "1B1", "1F0", "1B0"]]}
@@ -74,3 +77,38 @@ def test_scripts_in_process_and_subprocess_answer_alike(tmp_path, name):
         answers.append((done.returncode, done.stdout, done.stderr.replace(str(cwd), "CWD")))
         assert list(cwd.iterdir()) == []  # neither wrote anything
     assert answers[1] == answers[0] and answers[0][0] == 2
+
+
+RUNS = {  # rrfp run as tests run it in the warm server
+    "trains": ["run", "--workload", "tests.helpers.user_models:tiny", "-p", "2", "-m", "3", "--iters", "2", "--json"],
+    "rank-fails": ["run", "--workload", "gpt", "-p", "2", "-m", "4", "--iters", "2", "--fail-at", "1F2@1"],
+    "refused": ["run", "-p", "2", "--hint", "nope"],
+}
+TIMED = ("seconds", "median_wall_seconds", "median_makespan_seconds", "median_throughput", "mean_idle_fraction",
+         "metrics")  # measured: they differ from one run to the next however it is started
+
+
+def _comparable(result, cwd) -> tuple:
+    stdout = result.stdout
+    if stdout.startswith("{"):
+        data = json.loads(stdout)
+        for job in data["jobs"]:
+            job["losses"] = [row["loss"] for row in job["metrics"]]  # computed, not measured: bit for bit
+            for key in TIMED:
+                job.pop(key, None)
+        stdout = json.dumps({k: v for k, v in data.items() if k not in TIMED})
+    stderr = re.sub(r"t=\d+\.\d+", "t=T", result.stderr.replace(str(cwd), "CWD"))  # decision times
+    files = sorted(re.sub(r"rrfp-\w+", "rrfp-ID", str(p.relative_to(cwd))) for p in cwd.rglob("*"))
+    return result.returncode, stdout, stderr, files
+
+
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_rrfp_run_warm_and_in_a_subprocess_answer_alike(tmp_path, name):
+    answers = []
+    for runner, where in ((run_rrfp, "subprocess"), (run_warm, "warm")):
+        cwd = tmp_path / where
+        cwd.mkdir()
+        answers.append(_comparable(runner(cwd, *RUNS[name], "--out", "r"), cwd))
+    assert answers[1] == answers[0]
+    assert answers[0][0] == {"trains": 0, "rank-fails": 1, "refused": 2}[name]
+    assert answers[0][1] or answers[0][2]  # it said something

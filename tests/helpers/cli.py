@@ -6,8 +6,9 @@
 in a subprocess and returns a ``subprocess.CompletedProcess`` with the same three fields. ``run_cli`` is what
 a test of arguments, errors, help, tables or JSON uses: no interpreter to start, no torch or polars to import
 again (a second or more per call on 2 cores). ``run_rrfp`` is for what only a fresh process shows: signals,
-ranks started by ``rrfp run`` or torchrun, threads that must end for the process to exit, what importing
-the CLI imports, tracebacks under ``RRFP_DEBUG=1``.
+torchrun, threads that must end for the process to exit, what importing the CLI imports, tracebacks under
+``RRFP_DEBUG=1``. ``rrfp run`` that starts ranks goes to a third runner, ``run_warm`` ([Note: the warm runner]
+in tests/helpers/warm.py): the in-process runner in a process kept for the session, behind a hard timeout.
 
 ``run_cli`` sets up what the subprocess would see, for the duration of the call: the same environment
 (``RRFP_DEBUG`` and a torchrun job's variables removed, ``COLUMNS`` set: rich and typer lay out tables, grids

@@ -1,16 +1,14 @@
 """Jobs on real ranks (gloo, CPU), many per launch, and their checks against the single-process reference.
 
 A launch starts its ranks once and runs every job of its list in them, one after the other (starting ranks
-is the slow part on 2 cores). It runs in a subprocess (``tests.helpers.runtime_harness``) with a hard
-timeout, so a bug can fail a test but never hang CI. All jobs of a launch share its process grid (pipeline
+is the slow part on 2 cores). It runs in the warm server (``tests.helpers.runtime_harness`` there; [Note: the
+warm runner] in tests/helpers/warm.py) with a hard timeout, so a bug can fail a test but never hang CI. All jobs of a launch share its process grid (pipeline
 ranks x ``--tp`` x ``--dp``): the first job's.
 """
 
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -18,8 +16,7 @@ import torch
 
 from runtime.config import RunConfig, run_shape
 from runtime.workloads.make import reference_train
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers.warm import run_jobs_warm
 
 
 def run_jobs(tmp_path: Path, nproc: int, jobs: list[dict], timeout: float = 30.0, limit: float = 600) -> dict:
@@ -31,8 +28,7 @@ def run_jobs(tmp_path: Path, nproc: int, jobs: list[dict], timeout: float = 30.0
     spec = tmp_path / "spec.json"
     spec.write_text(json.dumps({"nproc": nproc, "timeout": timeout, "jobs": jobs}))
     results = tmp_path / "results.pt"
-    done = subprocess.run([sys.executable, "-m", "tests.helpers.runtime_harness", str(spec), str(results)],
-                          cwd=REPO, capture_output=True, text=True, timeout=limit)
+    done = run_jobs_warm(spec, results, timeout=limit)
     assert done.returncode == 0, done.stderr[-3000:]
     return torch.load(results, weights_only=False)
 

@@ -6,7 +6,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from tests.helpers.cli import run_rrfp
+from tests.helpers.warm import run_warm
 
 
 @pytest.fixture(scope="session")
@@ -16,7 +16,7 @@ def traced_compare(tmp_path_factory):
     ``root`` (the folder it ran in), ``run`` (the --compare directory, "c") and ``result``. Read, never changed,
     by test_trace_cli.py (the trace commands on its traces) and test_tables_80.py (their tables at 80 columns)."""
     root = tmp_path_factory.mktemp("traced-compare")
-    result = run_rrfp(root, "run", "--workload", "emulated", "--stages", "3", "--microbatches", "6", "--iters", "3",
+    result = run_warm(root, "run", "--workload", "emulated", "--stages", "3", "--microbatches", "6", "--iters", "3",
                       "--forward-time", "0.004", "--hint", "zb", "--memory-budget", "2x", "--compare",
                       "--trace-iters", "1:", "--out", "c", columns=80)
     return SimpleNamespace(root=root, run=root / "c", result=result)

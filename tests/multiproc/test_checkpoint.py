@@ -20,8 +20,9 @@ from hints.errors import UserError
 from runtime.config import RunConfig
 from runtime.run import checkpoint
 from runtime.run.launch import free_port
-from tests.helpers.cli import REPO, child_env, one_error_line, run_cli, run_rrfp
+from tests.helpers.cli import REPO, child_env, one_error_line, run_cli
 from tests.helpers.processes import alive, status, wait_for
+from tests.helpers.warm import run_warm
 
 GPT = ("run", "--workload", "gpt", "-p", "2", "-m", "4", "--seq-len", "16", "--hidden", "32", "--policy", "fixed")
 TINY = ("run", "--workload", "tests.helpers.user_models:tiny", "-p", "2", "-m", "3", "--policy", "fixed")
@@ -37,9 +38,9 @@ def gpt_runs(tmp_path_factory):
     same iterations; nothing in a run depends on how many follow), and one that stopped after 2 (checkpoint at
     2, "part")."""
     root = tmp_path_factory.mktemp("gpt")
-    whole = run_rrfp(root, *GPT, "--iters", "10", "--out", "whole")
+    whole = run_warm(root, *GPT, "--iters", "10", "--out", "whole")
     assert whole.returncode == 0, whole.stderr
-    first = run_rrfp(root, *GPT, "--iters", "2", "--checkpoint-every", "2", "--out", "part")
+    first = run_warm(root, *GPT, "--iters", "2", "--checkpoint-every", "2", "--out", "part")
     assert first.returncode == 0, first.stderr
     return root
 
@@ -48,7 +49,7 @@ def test_a_resumed_run_continues_bit_for_bit(gpt_runs):
     root = gpt_runs
     assert [p.name for p in (root / "part" / "checkpoints").iterdir()] == ["step-00000002"]
     shutil.copytree(root / "part", root / "resumed")  # the other tests resume "part" itself
-    resumed = run_rrfp(root, "run", "--resume", "resumed", "--iters", "4", "--json")
+    resumed = run_warm(root, "run", "--resume", "resumed", "--iters", "4", "--json")
     assert resumed.returncode == 0, resumed.stderr
     run = root / "resumed"
     assert losses(run) == losses(root / "whole")[:4]  # exact: the same floats; iterations 0-1 kept from before
@@ -60,9 +61,9 @@ def test_a_resumed_run_continues_bit_for_bit(gpt_runs):
 
 @pytest.mark.parametrize("grid", [("--tp", "2"), ("--dp", "2")])
 def test_tp_and_dp_runs_resume_bit_for_bit_from_one_sharded_deduplicated_checkpoint(tmp_path, grid):
-    whole = run_rrfp(tmp_path, *GPT, *grid, "--iters", "3", "--out", "whole")
+    whole = run_warm(tmp_path, *GPT, *grid, "--iters", "3", "--out", "whole")
     assert whole.returncode == 0, whole.stderr
-    part = run_rrfp(tmp_path, *GPT, *grid, "--iters", "2", "--checkpoint-every", "2", "--out", "part")
+    part = run_warm(tmp_path, *GPT, *grid, "--iters", "2", "--checkpoint-every", "2", "--out", "part")
     assert part.returncode == 0, part.stderr
     from torch.distributed.checkpoint import FileSystemReader
 
@@ -72,7 +73,7 @@ def test_tp_and_dp_runs_resume_bit_for_bit_from_one_sharded_deduplicated_checkpo
     assert list(qkv.size) == ([3, 32, 32] if grid[0] == "--tp" else [96, 32])  # the whole tensor, one key
     # --tp: each member wrote its half; --dp: both replicas hold it and one copy is written
     assert len(qkv.chunks) == (2 if grid[0] == "--tp" else 1)
-    resumed = run_rrfp(tmp_path, "run", "--resume", "part", "--iters", "3")
+    resumed = run_warm(tmp_path, "run", "--resume", "part", "--iters", "3")
     assert resumed.returncode == 0, resumed.stderr
     assert losses(tmp_path / "part") == losses(tmp_path / "whole")
 
@@ -81,11 +82,11 @@ def test_a_user_model_resumes_its_data_stream_and_rng_bit_for_bit(tmp_path):
     # bfw ranks each iteration's microbatches by their cost features, read before the checkpoint is loaded;
     # dropout draws from each rank's torch RNG, which the checkpoint restores
     model = ("--workload", "tests.helpers.user_models:tiny_with_dropout", "--hint", "bfw")
-    whole = run_rrfp(tmp_path, *TINY, *model, "--iters", "4", "--out", "whole")
+    whole = run_warm(tmp_path, *TINY, *model, "--iters", "4", "--out", "whole")
     assert whole.returncode == 0, whole.stderr
-    part = run_rrfp(tmp_path, *TINY, *model, "--iters", "3", "--checkpoint-every", "2", "--out", "part")
+    part = run_warm(tmp_path, *TINY, *model, "--iters", "3", "--checkpoint-every", "2", "--out", "part")
     assert part.returncode == 0, part.stderr
-    resumed = run_rrfp(tmp_path, "run", "--resume", "part", "--iters", "4")
+    resumed = run_warm(tmp_path, "run", "--resume", "part", "--iters", "4")
     assert resumed.returncode == 0, resumed.stderr
     assert losses(tmp_path / "part") == losses(tmp_path / "whole")
 
@@ -108,7 +109,7 @@ def tiny_checkpointed(tmp_path_factory):
     """The tiny user model trained 2 iterations with a checkpoint after each: the folder (the run is "t" there)
     and its result. Read by the next two tests; the one that changes it works on a copy."""
     root = tmp_path_factory.mktemp("tiny")
-    return root, run_rrfp(root, *TINY, "--iters", "2", "--checkpoint-every", "1", "--out", "t")
+    return root, run_warm(root, *TINY, "--iters", "2", "--checkpoint-every", "1", "--out", "t")
 
 
 def test_a_checkpoint_of_another_model_is_found_by_its_parameters(tiny_checkpointed, monkeypatch):
@@ -134,7 +135,7 @@ def test_a_partial_checkpoint_is_never_taken_for_one(tiny_checkpointed, tmp_path
     shutil.copytree(complete, folder / "step-00000009")
     (folder / "step-00000009" / checkpoint.MANIFEST).unlink()
     assert checkpoint.latest(tmp_path / "t") == complete
-    resumed = run_rrfp(tmp_path, "run", "--resume", "t", "--iters", "3")
+    resumed = run_warm(tmp_path, "run", "--resume", "t", "--iters", "3")
     assert resumed.returncode == 0, resumed.stderr
     assert not (folder / ".tmp-step-00000003").exists()  # cleared before the first iteration
 
@@ -142,11 +143,11 @@ def test_a_partial_checkpoint_is_never_taken_for_one(tiny_checkpointed, tmp_path
 def test_a_nan_loss_stops_the_run_and_is_never_checkpointed(tmp_path):
     args = ("run", "--workload", "tests.helpers.user_models:nan_at_iteration_2", "-p", "2", "-m", "3", "--iters", "4",
             "--checkpoint-every", "1")
-    stopped = run_rrfp(tmp_path, *args, "--out", "s")
+    stopped = run_warm(tmp_path, *args, "--out", "s")
     assert stopped.returncode == 1
     assert "NonFiniteLoss: the loss is nan at iteration 2; stopped before the optimizer step" in stopped.stderr
     assert checkpoint.latest(tmp_path / "s").name == "step-00000002"  # iterations 0 and 1 only
-    skipped = run_rrfp(tmp_path, *args, "--skip-nonfinite", "--out", "k")
+    skipped = run_warm(tmp_path, *args, "--skip-nonfinite", "--out", "k")
     assert skipped.returncode == 0, skipped.stderr
     metrics = pl.read_parquet(tmp_path / "k" / "metrics.parquet")
     assert metrics["skipped_step"].to_list() == [False, False, True, False]

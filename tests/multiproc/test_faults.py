@@ -21,6 +21,7 @@ from profiler.trace.reader import read_trace
 from runtime.run.launch import free_port
 from tests.helpers.cli import run_cli, run_rrfp, start_rrfp
 from tests.helpers.processes import alive, metrics_lines, status, wait_for
+from tests.helpers.warm import run_warm
 
 LONG_RUN = ("run", "--workload", "emulated", "-p", "3", "-m", "6", "--forward-time", "0.004", "--iters", "400")
 
@@ -83,7 +84,7 @@ def failed_at_iteration_2(tmp_path_factory):
     """A run of 4 iterations whose rank 1 fails in task 1F2 of iteration 2: the folder it ran in (the run is "f"
     there) and its result. The tests below only read what it left (one copies it first)."""
     root = tmp_path_factory.mktemp("failed")
-    result = run_rrfp(root, "run", "--workload", "emulated", "-p", "3", "-m", "6", "--forward-time", "0.002",
+    result = run_warm(root, "run", "--workload", "emulated", "-p", "3", "-m", "6", "--forward-time", "0.002",
                       "--iters", "4", "--fail-at", "1F2@2", "--out", "f")
     return root, result
 

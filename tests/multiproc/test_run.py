@@ -15,6 +15,7 @@ import pytest
 from runtime.durations.presets import PRESETS
 from tests.helpers.cli import one_error_line, run_cli, run_rrfp
 from tests.helpers.processes import live_ranks
+from tests.helpers.warm import run_warm
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +25,7 @@ def gpt_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpt")
     (root / "run.toml").write_text('workload = "gpt"\nstages = 2\nmicrobatches = 4\niters = 3\n'
                                    'memory-budget = "2x"\npolicy = "fixed"\n')
-    return root, run_rrfp(root, "run", "--config", "run.toml", "--policy", "ready", "--out", "r", "--json")
+    return root, run_warm(root, "run", "--config", "run.toml", "--policy", "ready", "--out", "r", "--json")
 
 
 def test_run_writes_config_metrics_and_rank_logs(gpt_run):
@@ -49,7 +50,7 @@ def compared(tmp_path_factory):
     """``--compare`` of ready zb at 2x with fixed 1f1b and fixed zb, on the emulated model of the vlm-mixed preset:
     the folder it ran in (the run is "c" there) and its --json result. Read by the next two tests."""
     root = tmp_path_factory.mktemp("compare")
-    return root, run_rrfp(root, "run", "--workload", "emulated", "--emulate", "vlm-mixed", "--stages", "2",
+    return root, run_warm(root, "run", "--workload", "emulated", "--emulate", "vlm-mixed", "--stages", "2",
                           "--microbatches", "4", "--iters", "2", "--forward-time", "0.004", "--hint", "zb",
                           "--memory-budget", "2x", "--compare", "--out", "c", "--json")
 
@@ -80,7 +81,7 @@ def test_emulated_run_with_a_preset(compared):
 def test_v_placement_run_compare_and_traces(tmp_path):
     # zbv runs in a V with 2 chunks by default; --compare's baseline keeps the placement (fixed zbv, so the
     # baseline and the same hint in fixed order are one job), and the traces say V all the way to the replay.
-    result = run_rrfp(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters",
+    result = run_warm(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--microbatches", "4", "--iters",
                       "2", "--forward-time", "0.004", "--hint", "zbv", "--compare", "--out", "v", "--json")
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
@@ -110,7 +111,7 @@ def into_an_empty_out(tmp_path_factory):
     (the run is "h" there) and its result. Read by the next two tests."""
     root = tmp_path_factory.mktemp("human")
     (root / "h").mkdir()
-    return root, run_rrfp(root, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
+    return root, run_warm(root, "run", "--workload", "gpt", "--stages", "2", "--microbatches", "4", "--iters", "2",
                           "--out", "h")
 
 
@@ -146,7 +147,7 @@ def test_config_file_and_flags_win(gpt_run):
 
 def test_a_failing_rank_stops_everyone_and_is_named(tmp_path):
     began = time.monotonic()
-    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
+    result = run_warm(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
                   "--fail-at", "1F2", "--out", "f")
     assert result.returncode == 1
     assert "error: run failed: rank 1 in task 1F2" in result.stderr
@@ -159,7 +160,7 @@ def test_a_failing_rank_stops_everyone_and_is_named(tmp_path):
 
 def test_a_hanging_rank_is_reported_by_the_watchdog(tmp_path):
     began = time.monotonic()
-    result = run_rrfp(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
+    result = run_warm(tmp_path, "run", "--workload", "gpt", "--stages", "3", "--microbatches", "4", "--iters", "2",
                   "--hang-at", "1B1", "--timeout", "2", "--out", "h")
     assert result.returncode == 1
     assert "rank 1 in task 1B1" in result.stderr and "stalled: no progress" in result.stderr

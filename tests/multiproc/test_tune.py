@@ -13,7 +13,8 @@ from runtime.durations.variability import VariabilityModel
 from runtime.tune.decide import tune
 from runtime.tune.evaluator import Objective
 from runtime.tune.scenarios import from_model
-from tests.helpers.cli import one_error_line, run_cli, run_rrfp
+from tests.helpers.cli import one_error_line, run_cli
+from tests.helpers.warm import run_warm
 
 
 def test_same_seed_same_result_and_jobs_are_deterministic():
@@ -33,7 +34,7 @@ def test_same_seed_same_result_and_jobs_are_deterministic():
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tune")
-    result = run_rrfp(root, "run", "--workload", "emulated", "--emulate", "multimodal", "--stages", "3",
+    result = run_warm(root, "run", "--workload", "emulated", "--emulate", "multimodal", "--stages", "3",
                       "--microbatches", "6", "--iters", "5", "--forward-time", "0.004", "--jitter", "0.1",
                       "--hint", "1f1b", "--out", "r", "--json")
     assert result.returncode == 0, result.stderr
@@ -61,7 +62,7 @@ def test_tune_hint_from_a_run_writes_everything_and_checks(traced_run):
 
     config = build_config(load_toml(out / "job.toml"), {})
     assert (config.ranks, config.microbatches, config.workload) == (3, 6, "emulated")
-    rerun = run_rrfp(root, "run", "--config", str(out / "job.toml"), "--iters", "3", "--out", "again", "--json")
+    rerun = run_warm(root, "run", "--config", str(out / "job.toml"), "--iters", "3", "--out", "again", "--json")
     assert rerun.returncode == 0, rerun.stderr
     checked = run_cli(root, "tune-hint", "--check", "again", "--report", str(out / "report.json"), "--json")
     assert checked.returncode == 0, checked.stderr
@@ -94,7 +95,7 @@ def test_tune_hint_bad_input(traced_run, tmp_path):
 
 def test_tune_hint_closes_the_loop_for_a_v_placement_run(tmp_path):
     # run (zbv, V) -> tune-hint on its trace -> rrfp run --config -> --check, all in V placement.
-    base = run_rrfp(tmp_path, "run", "--workload", "emulated", "--emulate", "multimodal", "--stages", "2",
+    base = run_warm(tmp_path, "run", "--workload", "emulated", "--emulate", "multimodal", "--stages", "2",
                     "--microbatches", "6", "--iters", "5", "--forward-time", "0.004", "--jitter", "0.1",
                     "--hint", "zbv", "--out", "r", "--json")
     assert base.returncode == 0, base.stderr
@@ -108,7 +109,7 @@ def test_tune_hint_closes_the_loop_for_a_v_placement_run(tmp_path):
     assert 'placement = "v"' in (tmp_path / "tuned" / "job.toml").read_text()
     report = (tmp_path / "tuned" / "report.md").read_text()
     assert "Placement: v" in report and "fixed zbv" in report
-    rerun = run_rrfp(tmp_path, "run", "--config", "tuned/job.toml", "--iters", "3", "--out", "again", "--json")
+    rerun = run_warm(tmp_path, "run", "--config", "tuned/job.toml", "--iters", "3", "--out", "again", "--json")
     assert rerun.returncode == 0, rerun.stderr
     checked = run_cli(tmp_path, "tune-hint", "--check", "again", "--report", "tuned/report.json", "--json")
     assert checked.returncode == 0, checked.stderr

@@ -9,14 +9,14 @@ import pytest
 
 from runtime.config import RunConfig, run_shape
 from runtime.workloads.make import reference_train
-from tests.helpers.cli import run_rrfp
+from tests.helpers.warm import run_warm
 
 LLAMA = "examples.llama_pipeline:build"
 
 
 @pytest.mark.parametrize("extra", [("--policy", "fixed"), ("--chunks", "2", "--hint", "cp")])
 def test_the_llama_example_matches_the_single_process_reference(tmp_path, extra):
-    result = run_rrfp(tmp_path, "run", "--workload", LLAMA, "-p", "2", "-m", "4", "--iters", "3", *extra,
+    result = run_warm(tmp_path, "run", "--workload", LLAMA, "-p", "2", "-m", "4", "--iters", "3", *extra,
                       "--out", "l", "--json")
     assert result.returncode == 0, result.stderr
     job = json.loads(result.stdout)["jobs"][0]
