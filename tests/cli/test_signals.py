@@ -21,19 +21,17 @@ from tests.helpers.processes import wait_for
 SIGNALS = [(signal.SIGINT, 130), (signal.SIGTERM, 143)]
 
 
-def _interrupt(process, signum) -> str:
+def _interrupt(process, signum, communicate=None) -> str:
     """Send ``signum`` as a terminal (SIGINT: the whole group) or a scheduler (SIGTERM: the process) would;
-    the command's stderr once it ended."""
-    try:
-        if signum == signal.SIGINT:
-            os.killpg(process.pid, signum)
-        else:
-            process.send_signal(signum)
-        sent = time.monotonic()
-        _, stderr = process.communicate(timeout=60)
-        assert time.monotonic() - sent < 30, "the command took more than 30 s to stop"
-    finally:
-        process.kill()
+    the command's stderr once it ended (``communicate(timeout)``: how to wait for it, ``process.communicate`` by
+    default)."""
+    if signum == signal.SIGINT:
+        os.killpg(process.pid, signum)  # Ctrl-C at the terminal: the whole foreground group
+    else:
+        process.send_signal(signum)
+    sent = time.monotonic()
+    _, stderr = (communicate or process.communicate)(timeout=60)
+    assert time.monotonic() - sent < 30, "the command took more than 30 s to stop"
     return stderr
 
 
@@ -52,13 +50,7 @@ def test_simulate_stops_cleanly(tmp_path, signum, code):
         terminal.wait_for("simulating", timeout=180)  # its progress bar: imports done, simulating
         process = terminal.process
         assert process.poll() is None, "the simulation ended before the signal"
-        if signum == signal.SIGINT:
-            os.killpg(process.pid, signum)  # Ctrl-C at the terminal: the whole foreground group
-        else:
-            process.send_signal(signum)
-        sent = time.monotonic()
-        _, stderr = terminal.communicate(timeout=60)
-        assert time.monotonic() - sent < 30, "the command took more than 30 s to stop"
+        stderr = _interrupt(process, signum, terminal.communicate)
     finally:
         terminal.kill()
     _assert_interrupted(process, stderr, signum, code)
@@ -80,7 +72,10 @@ def test_bench_stops_cleanly_and_keeps_the_finished_cells(tmp_path, signum, code
 
     wait_for(first_cell_saved, timeout=240, what="the first finished cell in results.json")
     assert process.poll() is None, "the suite ended before the signal"
-    stderr = _interrupt(process, signum)
+    try:
+        stderr = _interrupt(process, signum)
+    finally:
+        process.kill()
     _assert_interrupted(process, stderr, signum, code)
     data = json.loads(results.read_text())
     assert data["interrupted"] is True and data["complete"] is False
