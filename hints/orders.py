@@ -79,7 +79,7 @@ is looping only and ``zbv`` V only ([Note: placement] in :mod:`hints.tasks`).
     ``2p-1`` microbatches and the extra ones are left out, as torch does.
     With ``F = I = W`` and ``m >= 2p-1`` no rank idles between its first
     task and its last, and every rank peaks at ``2p`` chunks in flight, the
-    activation memory of 1F1B (``tests/test_simulator.py``).
+    activation memory of 1F1B (``tests/unit/test_simulator.py``).
 
 [Note: cost-ranked hints]
     Microbatch contents change every iteration, so an order of microbatch

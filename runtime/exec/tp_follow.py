@@ -58,7 +58,7 @@ two members running different tasks would hang, or sum the wrong tensors.
     group's collectives run only inside tasks, on the executor's thread
     (DP all-reduces use other groups; the end-of-iteration barrier comes
     after every task); and nothing but the leader chooses.
-    ``tests/test_tp.py`` drives random arrival orders per member through
+    ``tests/unit/test_tp.py`` drives random arrival orders per member through
     this logic without processes, and shows that uncoordinated members do
     reach mismatched collectives.
 """
