@@ -1,9 +1,23 @@
-"""What a split backward costs on real compute: ``(I + W) / B`` per stage, from traces of ``rrfp run``.
+"""What a split backward costs on real compute: ``(I + W) / B`` per stage, three ways side by side on the same
+modules and inputs, and end to end from traces of ``rrfp run``.
 
     .venv/bin/python benchmarks/split_cost.py [--workloads gpt multimodal] [--stages 2] [--microbatches 8]
-        [--iters 6] [--warmup 1] [--rounds 2] [--seq-len 32] [--hidden 64] [--layers-per-stage 1] [--json FILE]
+        [--iters 6] [--warmup 1] [--rounds 2] [--seq-len 32] [--hidden 64] [--layers-per-stage 1] [--pairs 15]
+        [--no-runs] [--json FILE]
 
-For each workload (the real ``gpt`` and ``multimodal`` models of :mod:`runtime.workloads.builtin`, CPU, gloo) it
+**Kernels** (first, in this process, one thread): each stage module of the workload (built as ``rrfp run``
+builds it, with the same microbatch) runs a forward, then one backward, ``--pairs`` times for each of four
+ways, taking turns in a rotating order: ``B`` (the fused backward), ``rrfp`` (this runtime's split, [Note:
+split backward in the runtime] in :mod:`runtime.exec.split_backward`), ``torch`` (torch.distributed.pipelining's
+``stage_backward_input`` / ``stage_backward_weight`` on the same module) and ``old`` (the split rrfp ran
+before: ``I`` with the graph retained, then ``W`` from the outputs over it again). Reported per stage: the
+median and quartiles of ``(I + W) / B``, each pair's ``I + W`` over the ``B`` of the same turn, and the
+median ``B``, ``I`` and ``W`` in ms. Every way's gradients are checked against ``B``'s before anything is
+timed. ``--no-runs`` stops there.
+
+**Runs** (then):
+
+for each workload (the real ``gpt`` and ``multimodal`` models of :mod:`runtime.workloads.builtin`, CPU, gloo) it
 runs, in one launch and taking turns (``--rounds`` times: full, split, full, split, ...), two fixed-order
 jobs on the same model and data: ``1f1b`` (every backward a fused ``B``) and ``zb`` (every backward split
 into ``I``, the input gradient sent upstream at once, and ``W``, the weight gradient, later; [Note: split
@@ -45,9 +59,11 @@ import torch
 from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is on sys.path
 
 from profiler.trace.reader import read_trace
-from runtime.config import RunConfig
+from runtime.config import RunConfig, run_shape
+from runtime.exec.split_backward import backward_input, backward_weight
 from runtime.run.launch import launch
 from runtime.run.worker import Job, WorkerOptions
+from runtime.workloads.make import make_workload
 
 FULL, SPLIT = "1f1b", "zb"
 TRACE_RECORDER = "profiler.trace.recorder:TraceRecorder"  # what `rrfp run` records with (rrfp_cli.cmd_run)
@@ -125,6 +141,145 @@ def measure(workload: str, args: argparse.Namespace) -> dict:
             "step_s": {str(r): {"full": f, "split": s} for r, (f, s) in durations.items()}}
 
 
+# -- kernels: the four ways on the same module and inputs ------------------------------------------------------------
+
+WAYS = ("B", "rrfp", "torch", "old")
+
+
+class _Pass:
+    """One forward of a stage on its microbatch: the leaves, the roots and their gradients, the parameters."""
+
+    def __init__(self, module, workload, batch, inputs, last: bool, output_grads) -> None:
+        module.zero_grad(set_to_none=True)
+        self.inputs = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+        outputs = module(tuple(self.inputs), batch)
+        if last:
+            self.roots, self.grads = [workload.loss(outputs, batch)], None
+        else:
+            self.roots = [o for o in outputs if o.requires_grad]
+            self.grads = [g for o, g in zip(outputs, output_grads) if o.requires_grad]
+        self.params = [p for p in module.parameters() if p.requires_grad]
+        self.wanted = [x for x in self.inputs if x.requires_grad]
+
+    def run(self, way: str) -> tuple[float, float]:
+        """Seconds of (I, W); the fused backward's in I, W 0."""
+        began = time.perf_counter()
+        if way == "B":
+            torch.autograd.backward(self.roots, self.grads)
+            return time.perf_counter() - began, 0.0
+        if way == "rrfp":
+            _, pending = backward_input(self.roots, self.grads, self.inputs, self.params)
+            middle = time.perf_counter()
+            backward_weight(pending)
+        elif way == "torch":
+            from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+
+            _, groups = stage_backward_input(self.roots, self.grads, self.inputs, iter(self.params))
+            middle = time.perf_counter()
+            stage_backward_weight(iter(self.params), groups)
+        else:  # old
+            if self.wanted:
+                torch.autograd.grad(self.roots, self.wanted, self.grads, retain_graph=True, allow_unused=True)
+            middle = time.perf_counter()
+            grads = torch.autograd.grad(self.roots, self.params, self.grads, allow_unused=True)
+            for param, grad in zip(self.params, grads):
+                if grad is not None:
+                    param.grad = grad if param.grad is None else param.grad + grad
+        return middle - began, time.perf_counter() - middle
+
+    def gradients(self) -> list:
+        return [p.grad for p in self.params]
+
+
+def stage_modules(workload: str, args: argparse.Namespace):
+    """The workload's stage modules, one microbatch, each stage's inputs and its output gradients."""
+    config = RunConfig(workload=workload, ranks=args.stages, microbatches=args.microbatches, seed=args.seed,
+                       hidden=args.hidden, layers_per_stage=args.layers_per_stage, samples=args.samples,
+                       seq_len=args.seq_len if workload == "gpt" else None, hint="zb")
+    model = make_workload(config, run_shape(config))
+    model.prepare(list(range(args.stages)))
+    batch = model.batch(0, 0)
+    generator = torch.Generator().manual_seed(args.seed)
+    stages, inputs = [], list(model.first_inputs(batch))
+    for stage in range(args.stages):
+        module = model.build_stage(stage)
+        with torch.no_grad():
+            outputs = module(tuple(inputs), batch)
+        grads = [torch.randn(o.shape, generator=generator) for o in outputs]
+        stages.append((module, inputs, grads))
+        inputs = [o.detach() for o in outputs]
+    return model, batch, stages
+
+
+def kernel_costs(workload: str, args: argparse.Namespace) -> dict:
+    torch.set_num_threads(1)
+    model, batch, stages = stage_modules(workload, args)
+    importable = list(WAYS)
+    result: dict = {"workload": workload, "stages": {}, "notes": []}
+    for index, (module, inputs, grads) in enumerate(stages):
+        available = list(importable)
+        last = index == len(stages) - 1
+
+        def forward():
+            return _Pass(module, model, batch, inputs, last, grads)
+
+        reference = forward()
+        reference.run("B")
+        expected = reference.gradients()
+        for way in WAYS[1:]:
+            check = forward()
+            try:
+                check.run(way)
+            except ImportError:
+                importable.remove(way)
+                available.remove(way)
+                result["notes"].append(f"{way}: not in this torch (torch.distributed.pipelining._backward)")
+                continue
+            got = check.gradients()
+            if any((a is None) != (b is None) or (a is not None and not torch.allclose(a, b, rtol=1e-4, atol=1e-6))
+                   for a, b in zip(got, expected)):
+                if way != "torch":
+                    raise SystemExit(f"error: {workload} stage {index}: the {way} split's gradients differ from B's")
+                # torch's W starts only from nodes on the input path: where the inputs are data, it computes no
+                # weight gradient (torch's schedules run such a stage's backward whole); not timed there
+                available.remove(way)
+                result["notes"].append(f"stage {index}: torch's split computes no weight gradient (the stage's "
+                                       f"inputs are data), so it is not timed there")
+        seconds: dict[str, list[tuple[float, float]]] = {way: [] for way in available}
+        for pair in range(args.warmup + args.pairs):
+            turn = available[pair % len(available):] + available[:pair % len(available)]
+            for way in turn:
+                step = forward()
+                spent = step.run(way)
+                if pair >= args.warmup:
+                    seconds[way].append(spent)
+        fused = [i for i, _ in seconds["B"]]
+        stage_result = {"B_ms": statistics.median(fused) * 1e3}
+        for way in available[1:]:
+            ratios = [(i + w) / b for (i, w), b in zip(seconds[way], fused)]
+            stage_result[way] = {"split": quantiles(ratios),
+                                 "I_ms": statistics.median(i for i, _ in seconds[way]) * 1e3,
+                                 "W_ms": statistics.median(w for _, w in seconds[way]) * 1e3}
+        stage_result["ways"] = available
+        result["stages"][index] = stage_result
+    result["ways"] = importable
+    return result
+
+
+def print_kernels(result: dict, args: argparse.Namespace) -> None:
+    print(f"\n### {result['workload']}: kernels, {args.stages} stages, one thread, {args.pairs} turns of "
+          f"({', '.join(result['ways'])}) after {args.warmup} warm-up\n")
+    print("| stage | way | (I+W)/B median | quartiles | min - max | B ms | I ms | W ms | n |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for stage, values in result["stages"].items():
+        for way in values["ways"][1:]:
+            v = values[way]
+            print(f"| {stage} | {way} | {cell(v['split'])} | {values['B_ms']:.2f} | {v['I_ms']:.2f} "
+                  f"| {v['W_ms']:.2f} | {v['split']['n']} |")
+    for note in result["notes"]:
+        print(f"\n* {note}")
+
+
 def cell(q: dict[str, float]) -> str:
     return f"{q['median']:.3f} | {q['q1']:.3f} - {q['q3']:.3f} | {q['min']:.3f} - {q['max']:.3f}"
 
@@ -159,9 +314,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--samples", type=int, default=2, help="samples per microbatch (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0, help="stall timeout, seconds")
+    parser.add_argument("--pairs", type=int, default=15, help="kernels: turns of the four ways per stage (default 15)")
+    parser.add_argument("--no-runs", action="store_true", help="the kernels only, no rrfp run jobs")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the numbers as JSON")
     args = parser.parse_args(argv)
-    for name in ("stages", "microbatches", "iters", "rounds", "seq_len", "hidden", "layers_per_stage", "samples"):
+    for name in ("stages", "microbatches", "iters", "rounds", "seq_len", "hidden", "layers_per_stage", "samples",
+                 "pairs"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     if args.stages < 2 or args.warmup < 0:
@@ -179,10 +337,15 @@ def main(argv: list[str] | None = None) -> None:
           f"{platform.python_version()}, torch {torch.__version__}, gloo; gpt/multimodal hidden {args.hidden}, "
           f"{args.layers_per_stage} block(s) per stage, {args.samples} samples per microbatch"
           + (f", gpt seq-len {args.seq_len}" if "gpt" in args.workloads else ""))
-    results = []
+    results = {"kernels": [], "runs": []}
     for workload in args.workloads:
-        results.append(measure(workload, args))
-        print_workload(results[-1], args)
+        progress(f"{workload}: kernels")
+        results["kernels"].append(kernel_costs(workload, args))
+        print_kernels(results["kernels"][-1], args)
+        sys.stdout.flush()
+    for workload in [] if args.no_runs else args.workloads:
+        results["runs"].append(measure(workload, args))
+        print_workload(results["runs"][-1], args)
         sys.stdout.flush()
     if args.json is not None:
         args.json.write_text(json.dumps(results, indent=1) + "\n")

@@ -333,9 +333,12 @@ class Durations:
         ``split_overhead`` (a :class:`VariabilityModel` knob; by default the
         workload's measured figure, 1.0 for ``uniform``: [Note: split backward
         cost by preset] in :mod:`runtime.durations.presets`) is what splitting costs on
-        real models: the executor's ``W`` calls
-        autograd again from the stage's outputs ([Note: split backward in the
-        runtime]), which walks the whole backward graph a second time.
+        real models. The figures below were measured with the runtime's first
+        split, whose ``W`` called autograd again from the stage's outputs and
+        walked the whole backward graph a second time; the runtime's ``W`` now
+        starts from gradients saved by ``I`` ([Note: split backward in the
+        runtime] in :mod:`runtime.exec.split_backward`), and re-deriving the
+        defaults from it is open (docs/benchmarks/split-cost.md).
         ``benchmarks/split_cost.py --stages 2 --iters 6 --rounds 3 --hidden
         256 --seq-len 128 --layers-per-stage 2`` (2-core CPU) measured, on the
         stage with an input gradient, ``(I + W) / B`` medians of 1.57 (gpt,

@@ -29,16 +29,11 @@ Conventions of :class:`StageHandlers`:
 * Each microbatch's loss is divided by the microbatch count, so gradients
   accumulated over an iteration equal those of the mean loss.
 
-[Note: split backward in the runtime]
-    ``I`` computes the gradients of the stage inputs with
-    ``torch.autograd.grad(..., retain_graph=True)`` and sends them upstream at
-    once; ``W`` later computes the parameter gradients from the retained graph
-    and accumulates them. This is exact, but the ``W`` pass re-traverses the
-    graph between the outputs and the parameters, so a split backward costs
-    more than a fused ``B`` on real models: ``W`` about a whole ``B``
-    (``benchmarks/split_cost.py``; the emulated workload sleeps ``I`` and
-    ``W`` as [Note: split backward durations] in :mod:`runtime.durations.variability`
-    models it, ``--split-overhead``).
+``I`` and ``W`` split a backward as [Note: split backward in the runtime] in
+:mod:`runtime.exec.split_backward` says: ``I`` computes the input gradients and sends them upstream at
+once, keeping the gradients ``W`` starts from; ``W`` runs only the weight-gradient kernels. The
+emulated workload sleeps ``I`` and ``W`` as [Note: split backward durations] in
+:mod:`runtime.durations.variability` models it (``--split-overhead``).
 """
 
 from __future__ import annotations
@@ -49,6 +44,7 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from hints.tasks import B, F, I, Kind, Task, W
+from runtime.exec.split_backward import PendingWeights, backward_input, backward_weight
 from runtime.workloads.base import Workload
 
 Outputs = tuple[torch.Tensor, ...] | None
@@ -129,9 +125,10 @@ class StageHandlers:
         self.last_stage, self.microbatches = stages - 1, microbatches
         self.received: dict[int, tuple[torch.Tensor, ...]] = {}
         self.stash: dict[tuple[int, int], tuple[tuple, tuple]] = {}
-        self.weight_roots: dict[tuple[int, int], tuple[tuple, tuple | None]] = {}
+        self.pending_weights: dict[tuple[int, int], tuple[PendingWeights, int]] = {}  # (what W needs, its bytes)
         self.loss_sum = 0.0  # this iteration's: sum over microbatches of loss / m (last stage only)
-        self.activation_bytes = 0  # bytes held in the stash (inputs and outputs kept for backward)
+        # bytes held for backward: the stash (inputs and outputs), and from I to W the saved gradients W starts from
+        self.activation_bytes = 0
 
     def table(self) -> HandlerTable:
         return HandlerTable({F: self.forward, B: self.backward, I: self.backward_input, W: self.backward_weight})
@@ -165,24 +162,20 @@ class StageHandlers:
     def backward_input(self, iteration: int, task: Task, tid: int) -> Outputs:
         stage, mb = task.stage, task.microbatch
         roots, root_grads, inputs = self._roots(stage, mb, tid)
-        self.weight_roots[(stage, mb)] = (roots, root_grads)
-        wanted = [x for x in inputs if x.requires_grad]
-        grads = (torch.autograd.grad(roots, wanted, root_grads, retain_graph=True, allow_unused=True)
-                 if roots and wanted else [None] * len(wanted))
+        params = [p for p in self.modules[stage].parameters() if p.requires_grad]
+        grads, pending = backward_input(roots, root_grads, inputs, params)
+        held = pending.nbytes
+        self.pending_weights[(stage, mb)] = (pending, held)
+        self.activation_bytes += held
         if stage == 0:
             return None
-        by_input = dict(zip(map(id, wanted), grads))
-        return _input_grads(inputs, [by_input.get(id(x)) for x in inputs])
+        return _input_grads(inputs, grads)
 
     def backward_weight(self, iteration: int, task: Task, tid: int) -> None:
         stage, mb = task.stage, task.microbatch
-        roots, root_grads = self.weight_roots.pop((stage, mb))
-        params = [p for p in self.modules[stage].parameters() if p.requires_grad]
-        if roots and params:
-            grads = torch.autograd.grad(roots, params, root_grads, allow_unused=True)
-            for param, grad in zip(params, grads):
-                if grad is not None:
-                    param.grad = grad if param.grad is None else param.grad + grad
+        pending, held = self.pending_weights.pop((stage, mb))
+        backward_weight(pending)
+        self.activation_bytes -= held
         self._unstash((stage, mb))
         return None
 

@@ -1,0 +1,211 @@
+"""The split backward in one process ([Note: split backward in the runtime] in runtime/exec/split_backward.py):
+``I`` then ``W`` give the fused backward's gradients on every kind of stage graph, and ``W`` never runs an
+input-gradient kernel again. On real ranks, against the single-process reference: tests/multiproc/test_runtime.py,
+test_tp_dp.py, test_user_model.py."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from runtime.config import RunConfig, run_shape
+from runtime.exec.split_backward import backward_input, backward_weight
+
+
+class Counted(torch.autograd.Function):
+    """Identity; counts how often its backward runs (in ``calls``)."""
+
+    calls = 0
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        Counted.calls += 1
+        return grad
+
+
+class MLP(nn.Module):
+    def __init__(self, width=8):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x):
+        return (self.b(Counted.apply(torch.relu(self.a(x)))),)  # counted: between the layers
+
+
+class Tied(nn.Module):
+    """One layer applied twice: its parameters meet the input path at two nodes, one above the other."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.a = nn.Linear(width, width)
+
+    def forward(self, x):
+        return (self.a(torch.tanh(self.a(x))),)
+
+
+class ParamBranch(nn.Module):
+    """A parameter reaches the output without meeting the input path (a bias-like term added at the end),
+    and one parameter is never used."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.a = nn.Linear(width, width)
+        self.offset = nn.Parameter(torch.randn(width))
+        self.unused = nn.Parameter(torch.randn(width))
+
+    def forward(self, x):
+        return (self.a(x) + self.offset * self.offset,)
+
+
+class ChainedOutputs(nn.Module):
+    """Two outputs, the second computed from the first (which lies on the input path: it is an intermediate)."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+        self.p = nn.Parameter(torch.randn(width))
+
+    def forward(self, x):
+        y = self.a(x) * self.p
+        return y, self.b(y)
+
+
+class ParamOutputFeedsAnother(nn.Module):
+    """An output computed from parameters alone that another output also uses: an output start with parents,
+    which the split does not cover; W falls back to the outputs."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.a = nn.Linear(width, width)
+        self.p = nn.Parameter(torch.randn(width))
+
+    def forward(self, x):
+        y = self.p * self.p
+        return y, self.a(x) + y
+
+
+class Embedding(nn.Module):
+    """A first stage: its input is data (no gradient), so I has nothing to do and W is the whole backward."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.e, self.a = nn.Embedding(16, width), nn.Linear(width, width)
+
+    def forward(self, tokens):
+        return (self.a(self.e(tokens)),)
+
+
+def _fused(module, inputs, grads):
+    module.zero_grad(set_to_none=True)
+    leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+    outputs = module(*leaves)
+    pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+    torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return [x.grad for x in leaves], {n: p.grad for n, p in module.named_parameters()}
+
+
+def _split(module, inputs, grads):
+    module.zero_grad(set_to_none=True)
+    leaves = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
+    outputs = module(*leaves)
+    pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
+    input_grads, pending = backward_input([o for o, _ in pairs], [g for _, g in pairs], leaves,
+                                          list(module.parameters()))
+    assert all(p.grad is None for p in module.parameters())  # I wrote no parameter gradient
+    held = pending.nbytes  # the saved gradients, from I to W
+    backward_weight(pending)
+    assert pending.nbytes == 0  # W let them go
+    return input_grads, {n: p.grad for n, p in module.named_parameters()}, (held, pending.fallback is not None)
+
+
+def _check(module, inputs, output_shapes):
+    torch.manual_seed(1)
+    grads = [torch.randn(shape) for shape in output_shapes]
+    expected_inputs, expected_params = _fused(module, inputs, grads)
+    got_inputs, got_params, held = _split(copy.deepcopy(module), inputs, grads)
+    for want, got in zip(expected_inputs, got_inputs):
+        assert (want is None) == (got is None)
+        if want is not None:
+            torch.testing.assert_close(got, want)
+    assert got_params.keys() == expected_params.keys()
+    for name, want in expected_params.items():
+        if want is None:
+            assert got_params[name] is None, name
+        else:
+            torch.testing.assert_close(got_params[name], want, msg=name)
+    return held
+
+
+@pytest.mark.parametrize("module, inputs, shapes, falls_back", [
+    (MLP(), [torch.randn(4, 8)], [(4, 8)], False),
+    (Tied(), [torch.randn(4, 8)], [(4, 8)], False),
+    (ParamBranch(), [torch.randn(4, 8)], [(4, 8)], False),
+    (ChainedOutputs(), [torch.randn(4, 8)], [(4, 8), (4, 8)], False),
+    (ParamOutputFeedsAnother(), [torch.randn(4, 8)], [(8,), (4, 8)], True),
+    (Embedding(), [torch.randint(0, 16, (4, 3))], [(4, 3, 8)], True),
+], ids=["mlp", "tied", "param-branch", "chained-outputs", "param-output-feeds-another", "embedding"])
+def test_i_then_w_give_the_fused_gradients(module, inputs, shapes, falls_back):
+    torch.manual_seed(0)
+    held, fell_back = _check(module, inputs, shapes)
+    assert fell_back == falls_back
+    assert (held > 0) == (not falls_back)
+
+
+@pytest.mark.parametrize("workload", ["gpt", "multimodal"])
+def test_builtin_stages_split_exactly(workload):
+    from runtime.workloads.make import make_workload
+
+    config = RunConfig(workload=workload, ranks=3, microbatches=2, hidden=32, seq_len=16 if workload == "gpt" else None)
+    model = make_workload(config, run_shape(config))
+    model.prepare([0, 1, 2])
+    batch = model.batch(0, 0)
+    inputs = [t for t in model.first_inputs(batch)]
+    for stage in range(3):
+        module = model.build_stage(stage)
+        outputs = module(tuple(inputs), batch)
+        if stage == 2:  # the loss is the root; its gradient is 1
+            call = _Last(module, model, batch)
+            _check(call, inputs, [()])
+        else:
+            held, fell_back = _check(_Stage(module, batch), inputs, [o.shape for o in outputs])
+            # stage 0's inputs are data: W is its whole backward; later stages save gradients for W
+            assert fell_back == (stage == 0) and (held > 0) == (stage > 0)
+        inputs = [o.detach() for o in outputs]
+
+
+class _Stage(nn.Module):
+    def __init__(self, module, batch):
+        super().__init__()
+        self.module, self.batch = module, batch
+
+    def forward(self, *inputs):
+        return self.module(tuple(inputs), self.batch)
+
+
+class _Last(_Stage):
+    def __init__(self, module, workload, batch):
+        super().__init__(module, batch)
+        self.workload = workload
+
+    def forward(self, *inputs):
+        return (self.workload.loss(self.module(tuple(inputs), self.batch), self.batch),)
+
+
+def test_w_runs_no_input_gradient_kernel_again():
+    torch.manual_seed(0)
+    module = MLP()
+    x = torch.randn(4, 8, requires_grad=True)
+    (y,) = module(x)
+    Counted.calls = 0
+    _, pending = backward_input([y], [torch.ones_like(y)], [x], list(module.parameters()))
+    assert Counted.calls == 1
+    backward_weight(pending)
+    assert Counted.calls == 1  # the old split (W from the outputs over the retained graph) ran it twice
+    assert all(p.grad is not None for p in module.parameters())
