@@ -224,6 +224,8 @@ def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, fl
 # [Note: split backward cost by preset]
 #     What a split backward costs, ``(I + W) / B``, on the real models of this repository: medians over
 #     the stages that compute an input gradient, measured by ``benchmarks/split_cost.py`` on a 2-core CPU
+#     with the runtime's split as it was until f5e1052 (its ``W`` walked the whole graph again; the split now
+#     starts ``W`` from saved gradients and costs less: docs/benchmarks/split-cost.md; re-deriving these is open)
 #     ([Note: split backward durations] in runtime.durations.variability has the run and its quartiles). Every
 #     workload model charges its kind's figure by default, so a zero-bubble hint is not credited with a
 #     free split: language presets (pretrain-packed, sft-chat, legacy-language) the gpt figure,
