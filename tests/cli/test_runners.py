@@ -81,7 +81,8 @@ def test_scripts_in_process_and_subprocess_answer_alike(tmp_path, name):
 
 RUNS = {  # rrfp run as tests run it in the warm server
     "trains": ["run", "--workload", "tests.helpers.user_models:tiny", "-p", "2", "-m", "3", "--iters", "2", "--json"],
-    "rank-fails": ["run", "--workload", "gpt", "-p", "2", "-m", "4", "--iters", "2", "--fail-at", "1F2@1"],
+    "rank-fails": ["run", "--workload", "gpt", "-p", "2", "-m", "4", "--iters", "2", "--fail-at", "1F2@1", "--policy",
+                   "fixed"],
     "refused": ["run", "-p", "2", "--hint", "nope"],
 }
 TIMED = ("seconds", "median_wall_seconds", "median_makespan_seconds", "median_throughput", "mean_idle_fraction",
@@ -98,7 +99,13 @@ def _comparable(result, cwd) -> tuple:
                 job.pop(key, None)
         stdout = json.dumps({k: v for k, v in data.items() if k not in TIMED})
     stderr = re.sub(r"t=\d+\.\d+", "t=T", result.stderr.replace(str(cwd), "CWD"))  # decision times
-    files = sorted(re.sub(r"rrfp-\w+", "rrfp-ID", str(p.relative_to(cwd))) for p in cwd.rglob("*"))
+    stderr = re.sub(r"ready=\[[^]]*\]", "ready=[...]", stderr)  # what had arrived when: timing
+    # Whether the failed rank's neighbours report too (the transport error the failure caused them) is a race
+    # with the agent stopping them, however the run is started: compare the culprit's report only.
+    culprit = re.search(r"rank (\d+) in task", stderr)
+    stderr = "\n".join(line for line in stderr.split("\n") if not line.startswith("also reported:"))
+    files = sorted(re.sub(r"rrfp-\w+", "rrfp-ID", str(p.relative_to(cwd))) for p in cwd.rglob("*")
+                   if not (p.parent.name == "failures" and culprit and not p.name.startswith(f"rank{culprit[1]}-")))
     return result.returncode, stdout, stderr, files
 
 
