@@ -12,8 +12,8 @@ Conventions
   ``--policy ready`` (lookahead).
 * Fixed orders ignore the budget; a cell's budget applies to the ready rows.
 * A split backward (the zb rows) costs each workload's measured ``(I + W) / B``
-  ([Note: split backward cost by preset] in :mod:`runtime.durations.presets`: 1.57 for
-  the language presets, 1.65 for the vision-language ones, 1.0 for
+  ([Note: split backward cost by preset] in :mod:`runtime.durations.presets`: 1.14 for
+  the language presets, 1.33 for the vision-language ones, 1.0 for
   ``uniform``) unless ``--split-overhead`` sets one figure for all.
 
 [Note: honest credit]

@@ -223,9 +223,10 @@ def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, fl
 
 # [Note: split backward cost by preset]
 #     What a split backward costs, ``(I + W) / B``, on the real models of this repository: medians over
-#     the stages that compute an input gradient, measured by ``benchmarks/split_cost.py`` on a 2-core CPU
-#     with the runtime's split as it was until f5e1052 (its ``W`` walked the whole graph again; the split now
-#     starts ``W`` from saved gradients and costs less: docs/benchmarks/split-cost.md; re-deriving these is open)
+#     the stages that compute an input gradient, in traces of ``rrfp run`` (``benchmarks/split_cost.py``, its
+#     run part, the same command as before; docs/benchmarks/split-cost.md), on a 2-core CPU, with the split
+#     ``W`` starting from the gradients ``I`` saved (f5e1052; until then 1.57 and 1.65: ``W`` walked the whole
+#     graph again). No device was lent when they were measured: CUDA figures are not in them.
 #     ([Note: split backward durations] in runtime.durations.variability has the run and its quartiles). Every
 #     workload model charges its kind's figure by default, so a zero-bubble hint is not credited with a
 #     free split: language presets (pretrain-packed, sft-chat, legacy-language) the gpt figure,
@@ -234,7 +235,7 @@ def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, fl
 #     the zero-bubble schedules assume), the reference on which schedule structure and the golden
 #     makespans are stated, and no paper row reads it (profiler.bench.matrix.PAPER_KIND). ``--split-overhead F``
 #     overrides any of them; a recorded table keeps what it recorded.
-MEASURED_SPLIT_OVERHEAD = {"gpt": 1.57, "multimodal": 1.65}
+MEASURED_SPLIT_OVERHEAD = {"gpt": 1.14, "multimodal": 1.33}
 _LANGUAGE_SPLIT = MEASURED_SPLIT_OVERHEAD["gpt"]
 _VISION_SPLIT = MEASURED_SPLIT_OVERHEAD["multimodal"]
 
