@@ -15,9 +15,10 @@ later) that together cost about one fused ``B``.
       that reaches an output without meeting the input path starts at that output instead. Parameters
       that share an intermediate form one group. A stage whose inputs are data (stage 0) has no input
       path: its ``I`` does nothing and its ``W`` is the whole backward.
-    * ``I`` hooks every intermediate, computes the input gradients with ``retain_graph=True``, and keeps
-      the gradient that flowed into each intermediate: the autograd engine ran these nodes, but only for
-      the outputs the inputs needed, so no weight-gradient kernel has run yet.
+    * ``I`` computes the input gradients with ``retain_graph=True`` and, in the same engine call, the
+      gradient that flows into each intermediate (extra targets of the call), which it keeps: the engine
+      ran these nodes, but only for the outputs the inputs needed, so no weight-gradient kernel has run
+      yet.
     * ``W`` runs one engine call per group, from the saved gradients at its intermediates (and from the
       outputs' gradients at its output starts) to its parameters: the engine computes only what those
       parameters need, i.e. the weight-gradient kernels of the intermediates and the branches below them.
@@ -55,7 +56,11 @@ from torch.autograd.graph import GradientEdge, Node, get_gradient_edge
 # (outputs, grad_outputs, keep_graph, create_graph, inputs, allow_unreachable, accumulate_grad): what
 # torch.autograd.grad calls once it has checked its arguments (torch/autograd/graph.py)
 _ENGINE_RUN_BACKWARD = getattr(torch.autograd.graph, "_engine_run_backward", None)
-_ACCUMULATE_GRAD = type(torch.empty(1, requires_grad=True).view(1).grad_fn.next_functions[0][0])  # a leaf's node
+with torch.enable_grad():
+    _PROBE = torch.empty(1, requires_grad=True).view(1).grad_fn
+_ACCUMULATE_GRAD = type(_PROBE.next_functions[0][0])  # the node of a leaf's gradient
+_OUTPUT_COUNT_KNOWN = hasattr(_PROBE, "_input_metadata")  # a node's forward outputs, one entry each
+del _PROBE
 
 
 @dataclass
@@ -102,13 +107,26 @@ def backward_input(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Ten
         pending = PendingWeights([], {}, (tuple(roots), tuple(grads_of_roots), list(params)))
     else:
         pending = PendingWeights(groups, {})
-    handles = [node.register_prehook(_saver(pending.saved, node))
-               for group in pending.groups for node in group.intermediates]
-    try:
-        grads = _grad(graph.root_edges, [_edge(x) for x in wanted], grads_of_roots, keep_graph=True)
-    finally:
-        for handle in handles:
-            handle.remove()
+    intermediates = [node for group in pending.groups for node in group.intermediates]
+    if _OUTPUT_COUNT_KNOWN:
+        # The gradients flowing into the intermediates come back from the same engine call as the inputs':
+        # each intermediate's forward outputs are extra targets (the engine captures a target's gradient when it
+        # reaches the node, and runs the node on to the inputs as it would anyway): no Python hook per node.
+        captured = [(node, k) for node in intermediates for k in range(len(node._input_metadata))]
+        targets = [_edge(x) for x in wanted] + [GradientEdge(node, k) for node, k in captured]
+        everything = _grad(graph.root_edges, targets, grads_of_roots, keep_graph=True)
+        grads = everything[:len(wanted)]
+        by_node: dict[Node, list] = {}
+        for (node, k), grad in zip(captured, everything[len(wanted):]):
+            by_node.setdefault(node, [None] * len(node._input_metadata))[k] = grad
+        pending.saved.update((node, tuple(node_grads)) for node, node_grads in by_node.items())
+    else:  # a torch whose nodes do not say how many outputs they have: a hook on each intermediate saves them
+        handles = [node.register_prehook(_saver(pending.saved, node)) for node in intermediates]
+        try:
+            grads = _grad(graph.root_edges, [_edge(x) for x in wanted], grads_of_roots, keep_graph=True)
+        finally:
+            for handle in handles:
+                handle.remove()
     by_input = dict(zip(map(id, wanted), grads))
     return [by_input.get(id(x)) for x in inputs], pending
 

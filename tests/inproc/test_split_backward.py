@@ -12,6 +12,7 @@ import torch
 from torch import nn
 
 from runtime.config import RunConfig, run_shape
+from runtime.exec import split_backward
 from runtime.exec.split_backward import backward_input, backward_weight
 
 
@@ -151,7 +152,11 @@ def _check(module, inputs, output_shapes):
     (ParamOutputFeedsAnother(), [torch.randn(4, 8)], [(8,), (4, 8)], True),
     (Embedding(), [torch.randint(0, 16, (4, 3))], [(4, 3, 8)], True),
 ], ids=["mlp", "tied", "param-branch", "chained-outputs", "param-output-feeds-another", "embedding"])
-def test_i_then_w_give_the_fused_gradients(module, inputs, shapes, falls_back):
+@pytest.mark.parametrize("capture", ["engine", "hooks"])
+def test_i_then_w_give_the_fused_gradients(module, inputs, shapes, falls_back, capture, monkeypatch):
+    """``capture``: I gets the intermediates' gradients from its engine call, or (a torch whose nodes do not say
+    how many outputs they have) from a hook on each."""
+    monkeypatch.setattr(split_backward, "_OUTPUT_COUNT_KNOWN", capture == "engine")
     torch.manual_seed(0)
     held, fell_back = _check(module, inputs, shapes)
     assert fell_back == falls_back
