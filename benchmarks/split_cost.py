@@ -21,7 +21,7 @@ for each workload (the real ``gpt`` and ``multimodal`` models of :mod:`runtime.w
 runs, in one launch and taking turns (``--rounds`` times: full, split, full, split, ...), two fixed-order
 jobs on the same model and data: ``1f1b`` (every backward a fused ``B``) and ``zb`` (every backward split
 into ``I``, the input gradient sent upstream at once, and ``W``, the weight gradient, later; [Note: split
-backward in the runtime] in :mod:`runtime.exec.executor`). It reads each task's duration from the jobs'
+backward in the runtime] in :mod:`runtime.exec.split_backward`). It reads each task's duration from the jobs'
 traces (:func:`profiler.trace.reader.read_trace`, the ``tasks`` frame: the handler's own time, no waiting) and
 pairs the two jobs task by task: for each (round, stage, iteration, microbatch) after the warm-up,
 ``(I + W) / B``, ``I / B`` and ``W / B``, where ``B`` is that microbatch's fused backward on that stage in
