@@ -214,3 +214,30 @@ def test_w_runs_no_input_gradient_kernel_again():
     backward_weight(pending)
     assert Counted.calls == 1  # the old split (W from the outputs over the retained graph) ran it twice
     assert all(p.grad is not None for p in module.parameters())
+
+
+def test_the_saved_gradients_count_in_activation_bytes_from_i_to_w():
+    """The executor's handlers: between a stage's I and W the saved gradients are held, and counted; W lets
+    them go with the stash."""
+    from hints.tasks import F, I, Task, W
+    from runtime.exec.handlers import StageHandlers
+    from runtime.workloads.make import make_workload
+
+    config = RunConfig(workload="gpt", ranks=2, microbatches=1, hidden=32, seq_len=16, hint="zb")
+    workload = make_workload(config, run_shape(config))
+    workload.prepare([0, 1])
+    handlers = StageHandlers(workload, {0: workload.build_stage(0), 1: workload.build_stage(1)},
+                             torch.device("cpu"), stages=2, microbatches=1)
+    activations = handlers.forward(0, Task(0, F, 0), tid=0)
+    handlers.received[1] = activations  # stage 1's forward consumes stage 0's output (task id 1 here)
+    handlers.forward(0, Task(1, F, 0), tid=1)
+    stashed = handlers.activation_bytes
+    stage_0_inputs, stage_0_outputs = handlers.stash[(0, 0)]
+    stage_1_stash = stashed - sum(x.numel() * x.element_size() for x in stage_0_inputs + stage_0_outputs)
+    input_grads = handlers.backward_input(0, Task(1, I, 0), tid=2)
+    _, held = handlers.pending_weights[(1, 0)]
+    assert held > 0 and handlers.activation_bytes == stashed + held
+    assert input_grads[0].shape == activations[0].shape
+    handlers.backward_weight(0, Task(1, W, 0), tid=3)
+    assert handlers.activation_bytes == stashed - stage_1_stash  # the saved gradients and stage 1's stash let go
+    assert all(p.grad is not None for p in handlers.modules[1].parameters())
