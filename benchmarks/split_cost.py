@@ -65,6 +65,11 @@ from runtime.run.launch import launch
 from runtime.run.worker import Job, WorkerOptions
 from runtime.workloads.make import make_workload
 
+try:  # torch.distributed.pipelining's split (a private module: older or newer torch may lack it)
+    from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
+except ImportError:
+    stage_backward_input = stage_backward_weight = None
+
 FULL, SPLIT = "1f1b", "zb"
 TRACE_RECORDER = "profiler.trace.recorder:TraceRecorder"  # what `rrfp run` records with (rrfp_cli.cmd_run)
 
@@ -172,8 +177,6 @@ class _Pass:
             middle = time.perf_counter()
             backward_weight(pending)
         elif way == "torch":
-            from torch.distributed.pipelining._backward import stage_backward_input, stage_backward_weight
-
             _, groups = stage_backward_input(self.roots, self.grads, self.inputs, iter(self.params))
             middle = time.perf_counter()
             stage_backward_weight(iter(self.params), groups)
@@ -182,9 +185,8 @@ class _Pass:
                 torch.autograd.grad(self.roots, self.wanted, self.grads, retain_graph=True, allow_unused=True)
             middle = time.perf_counter()
             grads = torch.autograd.grad(self.roots, self.params, self.grads, allow_unused=True)
-            for param, grad in zip(self.params, grads):
-                if grad is not None:
-                    param.grad = grad if param.grad is None else param.grad + grad
+            for param, grad in zip(self.params, grads):  # .grad is None: each pass starts from zero_grad
+                param.grad = grad
         return middle - began, time.perf_counter() - middle
 
     def gradients(self) -> list:
@@ -214,8 +216,10 @@ def stage_modules(workload: str, args: argparse.Namespace):
 def kernel_costs(workload: str, args: argparse.Namespace) -> dict:
     torch.set_num_threads(1)
     model, batch, stages = stage_modules(workload, args)
-    importable = list(WAYS)
+    importable = [way for way in WAYS if way != "torch" or stage_backward_input is not None]
     result: dict = {"workload": workload, "stages": {}, "notes": []}
+    if "torch" not in importable:
+        result["notes"].append("torch: not in this torch (torch.distributed.pipelining._backward)")
     for index, (module, inputs, grads) in enumerate(stages):
         available = list(importable)
         last = index == len(stages) - 1
@@ -226,15 +230,9 @@ def kernel_costs(workload: str, args: argparse.Namespace) -> dict:
         reference = forward()
         reference.run("B")
         expected = reference.gradients()
-        for way in WAYS[1:]:
+        for way in available[1:]:
             check = forward()
-            try:
-                check.run(way)
-            except ImportError:
-                importable.remove(way)
-                available.remove(way)
-                result["notes"].append(f"{way}: not in this torch (torch.distributed.pipelining._backward)")
-                continue
+            check.run(way)
             got = check.gradients()
             if any((a is None) != (b is None) or (a is not None and not torch.allclose(a, b, rtol=1e-4, atol=1e-6))
                    for a, b in zip(got, expected)):

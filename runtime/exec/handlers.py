@@ -162,8 +162,7 @@ class StageHandlers:
     def backward_input(self, iteration: int, task: Task, tid: int) -> Outputs:
         stage, mb = task.stage, task.microbatch
         roots, root_grads, inputs = self._roots(stage, mb, tid)
-        params = [p for p in self.modules[stage].parameters() if p.requires_grad]
-        grads, pending = backward_input(roots, root_grads, inputs, params)
+        grads, pending = backward_input(roots, root_grads, inputs, list(self.modules[stage].parameters()))
         held = pending.nbytes
         self.pending_weights[(stage, mb)] = (pending, held)
         self.activation_bytes += held

@@ -80,7 +80,7 @@ class PendingWeights:
 
     groups: list[_Group]
     saved: dict[Node, tuple[torch.Tensor | None, ...]]
-    fallback: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...] | None, list[torch.Tensor]] | None = None
+    fallback: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], list[torch.Tensor]] | None = None
 
     @property
     def nbytes(self) -> int:
@@ -94,19 +94,19 @@ def backward_input(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Ten
     """``I``: the gradients of ``inputs`` (None where an input needs none or gets none), and what ``W`` needs.
     ``root_grads`` None: ``roots`` are scalar losses."""
     roots = list(roots)
+    if not roots:
+        return [None] * len(inputs), PendingWeights([], {})
     grads_of_roots = (list(root_grads) if root_grads is not None
                       else [torch.ones_like(r) for r in roots])
     wanted = [x for x in inputs if x.requires_grad]
-    if not roots:
-        return [None] * len(inputs), PendingWeights([], {})
+    params = [p for p in params if p.requires_grad]
+    whole = PendingWeights([], {}, (tuple(roots), tuple(grads_of_roots), params))  # W from the outputs
     if not wanted:  # the inputs are data (stage 0): nothing for I to do, and W is the whole backward
-        return [None] * len(inputs), PendingWeights([], {}, (tuple(roots), tuple(grads_of_roots), list(params)))
+        return [None] * len(inputs), whole
     graph = _Graph([_edge(r) for r in roots])
-    groups = graph.groups(wanted, [p for p in params if p.requires_grad], grads_of_roots)
-    if groups is None:  # a graph the split does not cover: W from the outputs, as a fused backward would
-        pending = PendingWeights([], {}, (tuple(roots), tuple(grads_of_roots), list(params)))
-    else:
-        pending = PendingWeights(groups, {})
+    groups = graph.groups(wanted, params, grads_of_roots)
+    # None: a graph the split does not cover; W from the outputs, as a fused backward would
+    pending = whole if groups is None else PendingWeights(groups, {})
     intermediates = [node for group in pending.groups for node in group.intermediates]
     if _OUTPUT_COUNT_KNOWN:
         # The gradients flowing into the intermediates come back from the same engine call as the inputs':
@@ -135,9 +135,8 @@ def backward_weight(pending: PendingWeights) -> None:
     """``W``: accumulate the parameters' gradients into their ``.grad``."""
     if pending.fallback is not None:
         roots, root_grads, params = pending.fallback
-        wanted = [p for p in params if p.requires_grad]
-        if wanted:
-            _accumulate(wanted, torch.autograd.grad(roots, wanted, root_grads, allow_unused=True))
+        if params:
+            _accumulate(params, torch.autograd.grad(roots, params, root_grads, allow_unused=True))
         return
     for index, group in enumerate(pending.groups):
         starts, start_grads = [], []
@@ -167,8 +166,9 @@ def _grad(starts: list, targets: list[GradientEdge], grads: list[torch.Tensor], 
     """``torch.autograd.grad(starts, targets, grads, retain_graph=keep_graph, allow_unused=True)`` without its
     argument checks: ``W`` makes one call per group, a dozen or more per task, and on a small stage the checks
     (``_make_grads`` compares every gradient's shape with its start's) cost as much as a layer-norm's weight
-    gradient. The gradients here are the ones autograd itself handed to the hooks, so they fit by
-    construction. Falls back to the public call where torch lacks the private one."""
+    gradient. The gradients here are the ones ``I`` saved from autograd, or the stage's output gradients, whose
+    shapes the engine itself checks at the start of the call ("invalid gradient at index ..."). Falls back to
+    the public call where torch lacks the private one."""
     if _ENGINE_RUN_BACKWARD is None:
         return torch.autograd.grad(starts, targets, grads, retain_graph=keep_graph, allow_unused=True)
     return _ENGINE_RUN_BACKWARD(tuple(starts), tuple(grads), keep_graph, False, tuple(targets), True, False)

@@ -75,6 +75,7 @@ class WarmServer:
                 pass
         _kill_session(self._process)
         self._process = None
+        self._log.unlink(missing_ok=True)  # kept only when the server died (its tail is in the failure)
 
     def _start(self) -> None:
         request_read, request_write = os.pipe()
