@@ -3,7 +3,7 @@ modules and inputs, and end to end from traces of ``rrfp run``.
 
     .venv/bin/python benchmarks/split_cost.py [--workloads gpt multimodal] [--stages 2] [--microbatches 8]
         [--iters 6] [--warmup 1] [--rounds 2] [--seq-len 32] [--hidden 64] [--layers-per-stage 1] [--pairs 15]
-        [--no-runs] [--json FILE]
+        [--ops N] [--no-runs] [--json FILE]
 
 **Kernels** (first, in this process, one thread): each stage module of the workload (built as ``rrfp run``
 builds it, with the same microbatch) runs a forward, then one backward, ``--pairs`` times for each of four
@@ -13,7 +13,9 @@ split backward in the runtime] in :mod:`runtime.exec.split_backward`), ``torch``
 before: ``I`` with the graph retained, then ``W`` from the outputs over it again). Reported per stage: the
 median and quartiles of ``(I + W) / B``, each pair's ``I + W`` over the ``B`` of the same turn, and the
 median ``B``, ``I`` and ``W`` in ms. Every way's gradients are checked against ``B``'s before anything is
-timed. ``--no-runs`` stops there.
+timed. ``--ops N`` then profiles five more passes of ``B`` and of rrfp's split per stage (torch.profiler, apart
+from the timed turns) and shows the ``N`` aten ops whose self CPU time grows most from one to the other: where
+a split's extra time goes. ``--no-runs`` stops there.
 
 **Runs** (then):
 
@@ -60,7 +62,7 @@ from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is
 
 from profiler.trace.reader import read_trace
 from runtime.config import RunConfig, run_shape
-from runtime.exec.split_backward import backward_input, backward_weight
+from runtime.exec.split_backward import SplitPlans, backward_input, backward_weight
 from runtime.run.launch import launch
 from runtime.run.worker import Job, WorkerOptions
 from runtime.workloads.make import make_workload
@@ -154,7 +156,8 @@ WAYS = ("B", "rrfp", "torch", "old")
 class _Pass:
     """One forward of a stage on its microbatch: the leaves, the roots and their gradients, the parameters."""
 
-    def __init__(self, module, workload, batch, inputs, last: bool, output_grads) -> None:
+    def __init__(self, module, workload, batch, inputs, last: bool, output_grads, plans: SplitPlans) -> None:
+        self.plans = plans  # the stage's graph readings, kept across passes as the runtime's handlers keep them
         module.zero_grad(set_to_none=True)
         self.inputs = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
         outputs = module(tuple(self.inputs), batch)
@@ -173,7 +176,7 @@ class _Pass:
             torch.autograd.backward(self.roots, self.grads)
             return time.perf_counter() - began, 0.0
         if way == "rrfp":
-            _, pending = backward_input(self.roots, self.grads, self.inputs, self.params)
+            _, pending = backward_input(self.roots, self.grads, self.inputs, self.params, self.plans)
             middle = time.perf_counter()
             backward_weight(pending)
         elif way == "torch":
@@ -223,9 +226,10 @@ def kernel_costs(workload: str, args: argparse.Namespace) -> dict:
     for index, (module, inputs, grads) in enumerate(stages):
         available = list(importable)
         last = index == len(stages) - 1
+        plans = SplitPlans()
 
         def forward():
-            return _Pass(module, model, batch, inputs, last, grads)
+            return _Pass(module, model, batch, inputs, last, grads, plans)
 
         reference = forward()
         reference.run("B")
@@ -259,9 +263,33 @@ def kernel_costs(workload: str, args: argparse.Namespace) -> dict:
                                  "I_ms": statistics.median(i for i, _ in seconds[way]) * 1e3,
                                  "W_ms": statistics.median(w for _, w in seconds[way]) * 1e3}
         stage_result["ways"] = available
+        if args.ops and "rrfp" in available:
+            stage_result["ops"] = op_times(forward, args.ops)
         result["stages"][index] = stage_result
     result["ways"] = importable
     return result
+
+
+def op_times(forward, top: int, passes: int = 5) -> list[dict]:
+    """Self CPU time per aten op (torch.profiler, ``passes`` passes of each way, after the timed turns and apart
+    from them): the ``top`` ops whose time grows most from ``B`` to rrfp's split, then all aten ops together."""
+    from torch.profiler import ProfilerActivity, profile
+
+    spent: dict[str, dict[str, float]] = {}
+    for way in ("B", "rrfp"):
+        for _ in range(passes):
+            step = forward()
+            with profile(activities=[ProfilerActivity.CPU]) as prof:
+                step.run(way)
+            for event in prof.key_averages():
+                if event.key.startswith("aten::"):
+                    per_way = spent.setdefault(event.key, {"B": 0.0, "rrfp": 0.0})
+                    per_way[way] += event.self_cpu_time_total / passes
+    rows = sorted(({"op": op, "B_us": t["B"], "rrfp_us": t["rrfp"]} for op, t in spent.items()),
+                  key=lambda row: row["B_us"] - row["rrfp_us"])[:top]
+    rows.append({"op": "all aten ops", "B_us": sum(t["B"] for t in spent.values()),
+                 "rrfp_us": sum(t["rrfp"] for t in spent.values())})
+    return rows
 
 
 def print_kernels(result: dict, args: argparse.Namespace) -> None:
@@ -276,6 +304,14 @@ def print_kernels(result: dict, args: argparse.Namespace) -> None:
                   f"| {v['W_ms']:.2f} | {v['split']['n']} |")
     for note in result["notes"]:
         print(f"\n* {note}")
+    for stage, values in result["stages"].items():
+        if "ops" in values:
+            print(f"\nStage {stage}, self CPU time per aten op (torch.profiler, 5 passes of each way), the ops that "
+                  f"grow most from B to rrfp's I + W:\n")
+            print("| op | B us | rrfp us | rrfp - B us |")
+            print("|---|---|---|---|")
+            for row in values["ops"]:
+                print(f"| {row['op']} | {row['B_us']:.0f} | {row['rrfp_us']:.0f} | {row['rrfp_us'] - row['B_us']:+.0f} |")
 
 
 def cell(q: dict[str, float]) -> str:
@@ -313,9 +349,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=120.0, help="stall timeout, seconds")
     parser.add_argument("--pairs", type=int, default=15, help="kernels: turns of the four ways per stage (default 15)")
+    parser.add_argument("--ops", type=int, default=0, metavar="N",
+                        help="kernels: also profile B and rrfp's split per aten op; show the N that grow most")
     parser.add_argument("--no-runs", action="store_true", help="the kernels only, no rrfp run jobs")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the numbers as JSON")
     args = parser.parse_args(argv)
+    if args.ops < 0:
+        parser.error(f"--ops must be >= 0, got {args.ops}")
     for name in ("stages", "microbatches", "iters", "rounds", "seq_len", "hidden", "layers_per_stage", "samples",
                  "pairs"):
         if getattr(args, name) < 1:

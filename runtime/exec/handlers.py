@@ -44,7 +44,7 @@ from typing import Callable, Iterable, Mapping
 import torch
 
 from hints.tasks import B, F, I, Kind, Task, W
-from runtime.exec.split_backward import PendingWeights, backward_input, backward_weight
+from runtime.exec.split_backward import PendingWeights, SplitPlans, backward_input, backward_weight
 from runtime.workloads.base import Workload
 
 Outputs = tuple[torch.Tensor, ...] | None
@@ -126,6 +126,7 @@ class StageHandlers:
         self.received: dict[int, tuple[torch.Tensor, ...]] = {}
         self.stash: dict[tuple[int, int], tuple[tuple, tuple]] = {}
         self.pending_weights: dict[tuple[int, int], tuple[PendingWeights, int]] = {}  # (what W needs, its bytes)
+        self.split_plans = SplitPlans()  # the split's reading of each stage graph's shape, made once
         self.loss_sum = 0.0  # this iteration's: sum over microbatches of loss / m (last stage only)
         # bytes held for backward: the stash (inputs and outputs), and from I to W the saved gradients W starts from
         self.activation_bytes = 0
@@ -162,7 +163,8 @@ class StageHandlers:
     def backward_input(self, iteration: int, task: Task, tid: int) -> Outputs:
         stage, mb = task.stage, task.microbatch
         roots, root_grads, inputs = self._roots(stage, mb, tid)
-        grads, pending = backward_input(roots, root_grads, inputs, list(self.modules[stage].parameters()))
+        grads, pending = backward_input(roots, root_grads, inputs, list(self.modules[stage].parameters()),
+                                        self.split_plans)
         held = pending.nbytes
         self.pending_weights[(stage, mb)] = (pending, held)
         self.activation_bytes += held

@@ -19,6 +19,12 @@ later) that together cost about one fused ``B``.
       gradient that flows into each intermediate (extra targets of the call), which it keeps: the engine
       ran these nodes, but only for the outputs the inputs needed, so no weight-gradient kernel has run
       yet.
+    * Groups whose intermediates are norms or elementwise nodes (:data:`_CHEAP_WEIGHT_GRADIENT`: a layer norm's
+      scale and shift, an RMS norm's weight, an added embedding) are computed by ``I`` instead, in the same
+      engine call: their weight gradient is a reduction over the tokens, cheaper than the engine call ``W``
+      would spend on it (tens of microseconds plus a walk of the graph below the start), so deferring it fills
+      no bubble worth the cost. This is the line Megatron-LM's zero-bubble schedules draw too: they defer the
+      weight GEMMs. Computing a group in ``I`` is exact whatever its shape (``I``'s call starts at the outputs).
     * ``W`` runs one engine call per group, from the saved gradients at its intermediates (and from the
       outputs' gradients at its output starts) to its parameters: the engine computes only what those
       parameters need, i.e. the weight-gradient kernels of the intermediates and the branches below them.
@@ -33,6 +39,11 @@ later) that together cost about one fused ``B``.
     argument: such a stage takes the old way (``W`` from the outputs over the retained graph), which is
     exact in every case. The gradient-equality tests run every split hint against the single-process
     reference (tests/multiproc/test_runtime.py, test_tp_dp.py, test_user_model.py).
+
+    Reading the graph costs a walk in Python over every node (about 0.3 ms on a two-block stage, mostly
+    torch creating the nodes' Python objects); the grouping is done once per graph shape and kept
+    (:class:`SplitPlans`, one per executor): a stage's microbatches build the same graph node for node unless
+    its forward branches on the data, and a graph is matched by everything the grouping depends on.
 
     What stays alive between ``I`` and ``W``: the retained graph with the tensors its nodes saved (as
     before: the stage's activations, counted in ``activation_bytes`` through the stash), and the saved
@@ -63,6 +74,16 @@ _OUTPUT_COUNT_KNOWN = hasattr(_PROBE, "_input_metadata")  # a node's forward out
 del _PROBE
 
 
+# Nodes whose weight gradient is a reduction or a copy over the tokens (norms, elementwise products and sums,
+# concatenation): a few microseconds of kernel, less than the engine call ``W`` would spend on them. ``I``
+# computes these groups' gradients in its own engine call ([Note: split backward in the runtime]).
+_CHEAP_WEIGHT_GRADIENT = frozenset({
+    "NativeLayerNormBackward0", "NativeGroupNormBackward0", "NativeBatchNormBackward0", "CudnnBatchNormBackward0",
+    "FusedRmsNormBackward0", "AddBackward0", "SubBackward0", "MulBackward0", "DivBackward0", "CatBackward0",
+    "StackBackward0", "ExpandBackward0",
+})
+
+
 @dataclass
 class _Group:
     """Parameters whose gradients come from the same starts."""
@@ -76,11 +97,13 @@ class _Group:
 @dataclass
 class PendingWeights:
     """What ``I`` leaves for ``W``: per group, where to start and with which gradients; or the whole graph's
-    outputs (``fallback``) when the graph is of a shape the split does not cover."""
+    outputs (``fallback``) when the graph is of a shape the split does not cover. ``early``: the parameters
+    whose gradients ``I`` already wrote (the cheap groups)."""
 
     groups: list[_Group]
     saved: dict[Node, tuple[torch.Tensor | None, ...]]
     fallback: tuple[tuple[torch.Tensor, ...], tuple[torch.Tensor, ...], list[torch.Tensor]] | None = None
+    early: list[torch.Tensor] = field(default_factory=list)
 
     @property
     def nbytes(self) -> int:
@@ -88,11 +111,43 @@ class PendingWeights:
         return sum(g.numel() * g.element_size() for grads in self.saved.values() for g in grads if g is not None)
 
 
+@dataclass(frozen=True)
+class _Plan:
+    """The split's reading of one graph, by position (of nodes in :class:`_Graph`'s order, of parameters in the
+    list given, of outputs among the roots), so that it applies to every graph of the same shape. ``groups``
+    None: a graph the split does not cover. Each group: (parameter positions, intermediate positions, output
+    positions, computed in ``I``)."""
+
+    groups: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool], ...] | None
+
+
+class SplitPlans:
+    """Plans kept by graph shape: one stage's microbatches build the same graph, node for node, so the reading
+    of [Note: split backward in the runtime] is done once per shape; a graph is matched by its node types, its
+    edges and where the inputs, parameters and outputs sit in it (:meth:`_Graph.shape_key`), which is all the
+    reading depends on. At most ``limit`` shapes are kept, the oldest dropped first."""
+
+    def __init__(self, limit: int = 64) -> None:
+        self.limit = limit
+        self._plans: dict[tuple, _Plan] = {}
+
+    def plan(self, graph: "_Graph") -> _Plan:
+        key = graph.shape_key()
+        plan = self._plans.get(key)
+        if plan is None:
+            plan = graph.plan()
+            if len(self._plans) >= self.limit:
+                self._plans.pop(next(iter(self._plans)))
+            self._plans[key] = plan
+        return plan
+
+
 def backward_input(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Tensor] | None,
-                   inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor]
+                   inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor], plans: SplitPlans | None = None
                    ) -> tuple[list[torch.Tensor | None], PendingWeights]:
     """``I``: the gradients of ``inputs`` (None where an input needs none or gets none), and what ``W`` needs.
-    ``root_grads`` None: ``roots`` are scalar losses."""
+    ``root_grads`` None: ``roots`` are scalar losses. ``plans``: where graph readings are kept between calls
+    (one per executor); None reads every graph afresh."""
     roots = list(roots)
     if not roots:
         return [None] * len(inputs), PendingWeights([], {})
@@ -103,31 +158,39 @@ def backward_input(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Ten
     whole = PendingWeights([], {}, (tuple(roots), tuple(grads_of_roots), params))  # W from the outputs
     if not wanted:  # the inputs are data (stage 0): nothing for I to do, and W is the whole backward
         return [None] * len(inputs), whole
-    graph = _Graph([_edge(r) for r in roots])
-    groups = graph.groups(wanted, params, grads_of_roots)
-    # None: a graph the split does not cover; W from the outputs, as a fused backward would
-    pending = whole if groups is None else PendingWeights(groups, {})
+    graph = _Graph([_edge(r) for r in roots], wanted, params)
+    plan = plans.plan(graph) if plans is not None else graph.plan()
+    early: list[_Group] = []
+    if plan.groups is None:  # a graph the split does not cover: W from the outputs, as a fused backward would
+        pending = whole
+    else:
+        pending = PendingWeights([], {})
+        for group, in_i in graph.groups(plan, params, grads_of_roots):
+            (early if in_i else pending.groups).append(group)
+        pending.early = [p for group in early for p in group.params]
+    early_targets = [t for group in early for t in group.targets]
+    ahead = [_edge(x) for x in wanted] + early_targets  # what I returns first, in this order
     intermediates = [node for group in pending.groups for node in group.intermediates]
     if _OUTPUT_COUNT_KNOWN:
         # The gradients flowing into the intermediates come back from the same engine call as the inputs':
         # each intermediate's forward outputs are extra targets (the engine captures a target's gradient when it
         # reaches the node, and runs the node on to the inputs as it would anyway): no Python hook per node.
         captured = [(node, k) for node in intermediates for k in range(len(node._input_metadata))]
-        targets = [_edge(x) for x in wanted] + [GradientEdge(node, k) for node, k in captured]
-        everything = _grad(graph.root_edges, targets, grads_of_roots, keep_graph=True)
-        grads = everything[:len(wanted)]
+        everything = _grad(graph.root_edges, ahead + [GradientEdge(node, k) for node, k in captured],
+                           grads_of_roots, keep_graph=True)
         by_node: dict[Node, list] = {}
-        for (node, k), grad in zip(captured, everything[len(wanted):]):
+        for (node, k), grad in zip(captured, everything[len(ahead):]):
             by_node.setdefault(node, [None] * len(node._input_metadata))[k] = grad
         pending.saved.update((node, tuple(node_grads)) for node, node_grads in by_node.items())
     else:  # a torch whose nodes do not say how many outputs they have: a hook on each intermediate saves them
         handles = [node.register_prehook(_saver(pending.saved, node)) for node in intermediates]
         try:
-            grads = _grad(graph.root_edges, [_edge(x) for x in wanted], grads_of_roots, keep_graph=True)
+            everything = _grad(graph.root_edges, ahead, grads_of_roots, keep_graph=True)
         finally:
             for handle in handles:
                 handle.remove()
-    by_input = dict(zip(map(id, wanted), grads))
+    _accumulate(pending.early, everything[len(wanted):len(ahead)])
+    by_input = dict(zip(map(id, wanted), everything[:len(wanted)]))
     return [by_input.get(id(x)) for x in inputs], pending
 
 
@@ -202,102 +265,136 @@ def _replacer(grads):
 
 
 class _Graph:
-    """A stage's autograd graph, read from its outputs: each node's parents (the nodes whose backward feeds
-    it), and where each output starts."""
+    """A stage's autograd graph, read once from its outputs: its nodes in the order found (breadth first), each
+    node's children by position (-1 for an edge to nothing), and where the inputs' and parameters' gradient
+    accumulators sit."""
 
-    def __init__(self, root_edges: list[GradientEdge]) -> None:
+    def __init__(self, root_edges: list[GradientEdge], inputs: Sequence[torch.Tensor],
+                 params: Sequence[torch.Tensor]) -> None:
         self.root_edges = root_edges
-        self.parents: dict[Node, list[Node]] = {}
-        self.accumulators: dict[int, Node] = {}  # id of a leaf tensor -> its accumulator in this graph
-        queue = deque()
+        self.nodes: list[Node] = []
+        self.children: list[tuple[int, ...]] = []
+        # position of an accumulator -> ("x", input position) or ("p", parameter position)
+        self.leaves: dict[int, tuple[str, int]] = {}
+        self.param_accumulators: dict[int, Node] = {}  # parameter position -> its accumulator
+        roles = {id(x): ("x", k) for k, x in enumerate(inputs)}
+        roles.update((id(p), ("p", k)) for k, p in enumerate(params))
+        position: dict[Node, int] = {}
+        nodes = self.nodes
         for edge in root_edges:
-            if edge.node not in self.parents:
-                self.parents[edge.node] = []
-                queue.append(edge.node)
-        while queue:
-            node = queue.popleft()
-            for child, _ in node.next_functions:
+            if edge.node not in position:
+                position[edge.node] = len(nodes)
+                nodes.append(edge.node)
+        at = 0
+        while at < len(nodes):
+            kids = []
+            for child, _ in nodes[at].next_functions:
                 if child is None:
+                    kids.append(-1)
                     continue
-                if child not in self.parents:
-                    self.parents[child] = []
-                    queue.append(child)
+                j = position.get(child)
+                if j is None:
+                    j = position[child] = len(nodes)
+                    nodes.append(child)
                     if type(child) is _ACCUMULATE_GRAD:
-                        self.accumulators[id(child.variable)] = child
-                self.parents[child].append(node)
+                        role = roles.get(id(child.variable))
+                        if role is not None:
+                            self.leaves[j] = role
+                            if role[0] == "p":
+                                self.param_accumulators[role[1]] = child
+                kids.append(j)
+            self.children.append(tuple(kids))
+            at += 1
+        self.root_positions = tuple((position[e.node], e.output_nr) for e in root_edges)
 
-    def groups(self, inputs: Sequence[torch.Tensor], params: Sequence[torch.Tensor],
-               root_grads: Sequence[torch.Tensor]) -> list[_Group] | None:
-        """The parameter groups of [Note: split backward in the runtime], or None when an output start has
-        parents of its own (the split's argument does not cover it)."""
-        input_path = self._ancestors([self.accumulators[id(x)] for x in inputs if id(x) in self.accumulators])
-        outputs_off_path: dict[Node, list[int]] = {}
-        for i, edge in enumerate(self.root_edges):
-            if edge.node not in input_path:
-                outputs_off_path.setdefault(edge.node, []).append(i)
-        # Union-find over the starts (intermediate nodes, output indices): parameters sharing one share a group.
-        leader: dict[object, object] = {}
+    def shape_key(self) -> tuple:
+        """What :meth:`plan` depends on: two graphs with equal keys get equal plans."""
+        return (tuple(map(type, self.nodes)), tuple(self.children), self.root_positions, tuple(self.leaves.items()))
+
+    def plan(self) -> _Plan:
+        """The parameter groups of [Note: split backward in the runtime], or a plan without groups when an output
+        start has parents of its own (the split's argument does not cover it)."""
+        parents: list[list[int]] = [[] for _ in self.nodes]
+        for node, kids in enumerate(self.children):
+            for child in kids:
+                if child >= 0:
+                    parents[child].append(node)
+        input_path = _ancestors(parents, [j for j, (kind, _) in self.leaves.items() if kind == "x"])
+        outputs_off_path: dict[int, list[int]] = {}
+        for i, (node, _) in enumerate(self.root_positions):
+            if node not in input_path:
+                outputs_off_path.setdefault(node, []).append(i)
+        # Union-find over the starts (intermediate nodes, output positions): parameters sharing one share a group.
+        leader: dict[tuple[str, int], tuple[str, int]] = {}
 
         def find(key):
-            while leader[key] is not key:
+            while leader[key] != key:
                 leader[key] = leader[leader[key]]
                 key = leader[key]
             return key
 
         found = []
-        for param in params:
-            acc = self.accumulators.get(id(param))
-            if acc is None:
-                continue  # not used by this stage's graph: no gradient, as allow_unused gives
-            intermediates, outputs = self._meet(acc, input_path, outputs_off_path)
-            if any(self.parents[self.root_edges[i].node] for i in outputs):
-                return None
-            keys = [*intermediates, *outputs]
+        for acc, (kind, k) in self.leaves.items():
+            if kind != "p":
+                continue
+            intermediates, outputs = _meet(parents, acc, input_path, outputs_off_path)
+            if any(parents[self.root_positions[i][0]] for i in outputs):
+                return _Plan(None)
+            keys = [("n", j) for j in intermediates] + [("o", i) for i in outputs]
             for key in keys:
                 leader.setdefault(key, key)
             for key in keys[1:]:
                 a, b = find(keys[0]), find(key)
-                if a is not b:
+                if a != b:
                     leader[b] = a
-            found.append((param, acc, intermediates, outputs, keys))
-        groups: dict[int, _Group] = {}
-        for param, acc, intermediates, outputs, keys in found:
-            group = groups.setdefault(id(find(keys[0])), _Group())
-            group.params.append(param)
-            group.targets.append(GradientEdge(acc, 0))
-            group.intermediates.extend(n for n in intermediates if n not in group.intermediates)
-            for i in outputs:
-                if all(edge is not self.root_edges[i] for edge, _ in group.output_starts):
-                    group.output_starts.append((self.root_edges[i], root_grads[i]))
-        return list(groups.values())
+            found.append((k, intermediates, outputs, keys))
+        found.sort()  # parameters in their order
+        groups: dict[tuple[str, int], tuple[list[int], list[int], list[int]]] = {}
+        for k, intermediates, outputs, keys in found:
+            params, nodes, outs = groups.setdefault(find(keys[0]), ([], [], []))
+            params.append(k)
+            nodes.extend(j for j in intermediates if j not in nodes)
+            outs.extend(i for i in outputs if i not in outs)
+        return _Plan(tuple((tuple(params), tuple(nodes), tuple(outs),
+                            not outs and all(type(self.nodes[j]).__name__ in _CHEAP_WEIGHT_GRADIENT for j in nodes))
+                           for params, nodes, outs in groups.values()))
 
-    def _ancestors(self, nodes: list[Node]) -> set[Node]:
-        seen = set(nodes)
-        queue = deque(nodes)
-        while queue:
-            for parent in self.parents[queue.popleft()]:
-                if parent not in seen:
-                    seen.add(parent)
-                    queue.append(parent)
-        return seen
+    def groups(self, plan: _Plan, params: Sequence[torch.Tensor], root_grads: Sequence[torch.Tensor]
+               ) -> list[tuple[_Group, bool]]:
+        """``plan``'s groups on this graph's nodes and tensors, each with whether ``I`` computes it."""
+        return [(_Group([params[k] for k in ps], [GradientEdge(self.param_accumulators[k], 0) for k in ps],
+                        [self.nodes[j] for j in nodes], [(self.root_edges[i], root_grads[i]) for i in outs]), in_i)
+                for ps, nodes, outs, in_i in plan.groups]
 
-    def _meet(self, acc: Node, input_path: set[Node], outputs_off_path: dict[Node, list[int]]
-              ) -> tuple[list[Node], list[int]]:
-        """Walk up from a parameter's accumulator: the input-path nodes its branch meets first, and the outputs
-        (indices into the roots) it reaches without meeting the input path."""
-        intermediates: list[Node] = []
-        outputs: list[int] = []
-        seen = {acc}
-        queue = deque([acc])
-        while queue:
-            node = queue.popleft()
-            outputs.extend(outputs_off_path.get(node, ()))
-            for parent in self.parents[node]:
-                if parent in seen:
-                    continue
+
+def _ancestors(parents: list[list[int]], nodes: list[int]) -> set[int]:
+    seen = set(nodes)
+    queue = deque(nodes)
+    while queue:
+        for parent in parents[queue.popleft()]:
+            if parent not in seen:
                 seen.add(parent)
-                if parent in input_path:
-                    intermediates.append(parent)
-                else:
-                    queue.append(parent)
-        return intermediates, outputs
+                queue.append(parent)
+    return seen
+
+
+def _meet(parents: list[list[int]], acc: int, input_path: set[int], outputs_off_path: dict[int, list[int]]
+          ) -> tuple[list[int], list[int]]:
+    """Walk up from a parameter's accumulator: the input-path nodes its branch meets first, and the outputs
+    (positions among the roots) it reaches without meeting the input path."""
+    intermediates: list[int] = []
+    outputs: list[int] = []
+    seen = {acc}
+    queue = deque([acc])
+    while queue:
+        node = queue.popleft()
+        outputs.extend(outputs_off_path.get(node, ()))
+        for parent in parents[node]:
+            if parent in seen:
+                continue
+            seen.add(parent)
+            if parent in input_path:
+                intermediates.append(parent)
+            else:
+                queue.append(parent)
+    return intermediates, outputs

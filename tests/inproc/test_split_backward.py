@@ -119,7 +119,9 @@ def _split(module, inputs, grads):
     pairs = [(o, g) for o, g in zip(outputs, grads) if o.requires_grad]
     input_grads, pending = backward_input([o for o, _ in pairs], [g for _, g in pairs], leaves,
                                           list(module.parameters()))
-    assert all(p.grad is None for p in module.parameters())  # I wrote no parameter gradient
+    early = {id(p) for p in pending.early}
+    # I wrote only the cheap groups' parameter gradients (norms, elementwise weights); W writes the rest
+    assert {id(p) for p in module.parameters() if p.grad is not None} == early
     held = pending.nbytes  # the saved gradients, from I to W
     backward_weight(pending)
     assert pending.nbytes == 0  # W let them go
@@ -241,3 +243,62 @@ def test_the_saved_gradients_count_in_activation_bytes_from_i_to_w():
     handlers.backward_weight(0, Task(1, W, 0), tid=3)
     assert handlers.activation_bytes == stashed - stage_1_stash  # the saved gradients and stage 1's stash let go
     assert all(p.grad is not None for p in handlers.modules[1].parameters())
+
+
+class Branchy(nn.Module):
+    """A forward whose graph depends on the data: a second layer only for inputs of positive sum."""
+
+    def __init__(self, width=8):
+        super().__init__()
+        self.norm = nn.LayerNorm(width)
+        self.a, self.b = nn.Linear(width, width), nn.Linear(width, width)
+
+    def forward(self, x):
+        h = self.a(self.norm(x))
+        return (self.b(h) * h if x.sum() > 0 else h,)
+
+
+def test_plans_are_kept_per_graph_shape_and_each_shape_splits_exactly():
+    """One reading per graph shape ([Note: split backward in the runtime]): microbatches of the same shape reuse
+    it, a microbatch whose forward builds another graph gets its own, and every one of them splits exactly."""
+    torch.manual_seed(0)
+    module = Branchy()
+    plans = split_backward.SplitPlans()
+    made = []
+    real_plan = split_backward._Graph.plan
+
+    def counted(graph):
+        made.append(graph.shape_key())
+        return real_plan(graph)
+
+    for sign in (1, 1, -1, 1, -1):
+        x = (sign * (torch.rand(4, 8) + 0.1)).requires_grad_()
+        fused = copy.deepcopy(module)
+        (y,) = fused(x)
+        g = torch.randn_like(y)
+        torch.autograd.backward([y], [g])
+        leaf = x.detach().requires_grad_()
+        (y,) = module(leaf)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(split_backward._Graph, "plan", counted)
+            (input_grad,), pending = backward_input([y], [g], [leaf], list(module.parameters()), plans)
+        backward_weight(pending)
+        torch.testing.assert_close(input_grad, x.grad)
+        for (name, want), got in zip(fused.named_parameters(), module.parameters()):
+            torch.testing.assert_close(got.grad, want.grad, msg=name)
+        module.zero_grad(set_to_none=True)
+    assert len(made) == 2 and made[0] != made[1]  # one reading per shape: positive and negative sums
+
+
+def test_norm_weights_are_computed_in_i_and_matmul_weights_in_w():
+    """The cheap groups (a norm's scale and shift) come from I's engine call; the linear layers' weights, the
+    weight-gradient kernels a zero-bubble schedule defers, from W."""
+    torch.manual_seed(0)
+    module = Branchy()
+    x = torch.rand(4, 8, requires_grad=True)
+    (y,) = module(x)
+    _, pending = backward_input([y], [torch.ones_like(y)], [x], list(module.parameters()))
+    assert {id(p) for p in pending.early} == {id(module.norm.weight), id(module.norm.bias)}
+    assert module.norm.weight.grad is not None and module.a.weight.grad is None
+    deferred = {id(p) for group in pending.groups for p in group.params}
+    assert deferred == {id(p) for p in (*module.a.parameters(), *module.b.parameters())}
