@@ -311,7 +311,8 @@ def print_kernels(result: dict, args: argparse.Namespace) -> None:
             print("| op | B us | rrfp us | rrfp - B us |")
             print("|---|---|---|---|")
             for row in values["ops"]:
-                print(f"| {row['op']} | {row['B_us']:.0f} | {row['rrfp_us']:.0f} | {row['rrfp_us'] - row['B_us']:+.0f} |")
+                fused, split = row["B_us"], row["rrfp_us"]
+                print(f"| {row['op']} | {fused:.0f} | {split:.0f} | {split - fused:+.0f} |")
 
 
 def cell(q: dict[str, float]) -> str:
