@@ -11,7 +11,8 @@ Rules (``S`` model stages, see :mod:`hints.tasks` for conventions):
   two stages sit on different ranks).
 * ``B(k, i)`` (or ``I(k, i)`` when the backward is split) needs its own
   ``F(k, i)`` (the stashed activations) and, unless ``k == S-1`` where the loss
-  is computed locally, ``B/I(k+1, i)`` (the output gradient, sent over a link).
+  is computed locally, ``B/I(k+1, i)`` (the output gradient, sent over a link:
+  ``I`` when stage ``k+1`` splits its backward, ``B`` when it is fused).
 * ``W(k, i)`` needs ``I(k, i)`` (same rank).
 
 The rules name model stages, never ranks: placement ([Note: placement] in
@@ -48,7 +49,7 @@ def prerequisites(task: Task, shape: PipelineShape) -> tuple[Task, ...]:
     own_forward = Task(stage, F, mb)
     if stage == shape.stages - 1:
         return (own_forward,)
-    return (own_forward, Task(stage + 1, shape.upstream_backward, mb))
+    return (own_forward, Task(stage + 1, shape.upstream_backward_of(stage + 1), mb))
 
 
 @dataclass(eq=False)
@@ -95,8 +96,7 @@ class TaskGraph:
     @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
     def build(cls, shape: PipelineShape) -> "TaskGraph":
         m = shape.microbatches
-        kind_slot = {kind: i for i, kind in enumerate(shape.kinds)}
-        final = shape.final_backward
+        first_ids = _first_ids(shape)
         stage_kinds: list[tuple[int, Kind]] = []  # the graph's blocks
         rank: list[int] = []
         admits: list[bool] = []
@@ -108,7 +108,8 @@ class TaskGraph:
         remote_blocks: dict[int, list[int]] = {}
         for r in range(shape.ranks):
             for stage in shape.stages_of_rank(r):
-                for kind in shape.kinds:
+                final = shape.final_backward_of(stage)
+                for kind in shape.kinds_of(stage):
                     first = len(stage_kinds) * m
                     stage_kinds.append((stage, kind))
                     rank.extend(repeat(r, m))
@@ -119,7 +120,7 @@ class TaskGraph:
                     assert all(need.microbatch == 0 for need in needs), "rules must not cross microbatches"
                     prereq_count.extend(repeat(len(needs), m))
                     for need in needs:
-                        producer = cls._tid(shape, kind_slot, need.stage, need.kind, 0)
+                        producer = first_ids[need.kind][need.stage]
                         blocks = local_blocks if shape.rank_of(need.stage) == r else remote_blocks
                         blocks.setdefault(producer, []).append(first)
         return cls(
@@ -173,12 +174,6 @@ class TaskGraph:
             for first, deltas in zip(range(0, len(self), m), offsets)
         ))
 
-    @staticmethod
-    def _tid(shape: PipelineShape, kind_slot: dict, stage: int, kind, mb: int) -> int:
-        per_chunk = len(kind_slot) * shape.microbatches
-        return shape.rank_of(stage) * shape.chunks * per_chunk + shape.chunk_of(stage) * per_chunk \
-            + kind_slot[kind] * shape.microbatches + mb
-
     @cached_property
     @cyclic_gc_paused()  # [Note: cyclic GC and task-sized lists] in hints.tasks
     def tasks(self) -> list[Task]:
@@ -195,11 +190,7 @@ class TaskGraph:
         """The id of ``task``; ``KeyError`` if the shape has no such task."""
         if not self.shape.contains(task):
             raise KeyError(f"task {task} is not part of {self.shape.describe()}")
-        return self._tid(self.shape, self._kind_slot, task.stage, task.kind, task.microbatch)
-
-    @property
-    def _kind_slot(self) -> dict:
-        return {kind: i for i, kind in enumerate(self.shape.kinds)}
+        return self._first_ids[task.kind][task.stage] + task.microbatch
 
     def ids(self, tasks) -> list[int]:
         """Task ids of ``tasks`` (:meth:`tid` without its checks: it runs once per task per run)."""
@@ -209,8 +200,7 @@ class TaskGraph:
     @cached_property
     def _first_ids(self) -> dict:
         """kind -> stage -> the id of that (stage, kind)'s microbatch 0 (each block's first id)."""
-        shape, slot = self.shape, self._kind_slot
-        return {kind: [self._tid(shape, slot, stage, kind, 0) for stage in range(shape.stages)] for kind in shape.kinds}
+        return _first_ids(self.shape)
 
     def links(self) -> set[tuple[int, int]]:
         """Directed ``(producer rank, consumer rank)`` pairs that carry messages in this shape."""
@@ -220,6 +210,20 @@ class TaskGraph:
 
     def consumers(self, tid: int) -> tuple[int, ...]:
         return self.local_consumers[tid] + self.remote_consumers[tid]
+
+
+def _first_ids(shape: PipelineShape) -> dict:
+    """kind -> stage -> the id of that (stage, kind)'s microbatch 0, -1 where the stage has no such kind
+    (:meth:`PipelineShape.tasks` order: rank by rank, a rank's stages in chunk order, a stage's kinds in
+    dependency order)."""
+    first = {kind: [-1] * shape.stages for kind in shape.kinds}
+    at = 0
+    for rank in range(shape.ranks):
+        for stage in shape.stages_of_rank(rank):
+            for kind in shape.kinds_of(stage):
+                first[kind][stage] = at
+                at += shape.microbatches
+    return first
 
 
 __all__ = ["TaskGraph", "prerequisites"]

@@ -99,7 +99,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from itertools import chain, repeat
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from hints.errors import HintError
 from hints.tasks import (
@@ -235,7 +235,8 @@ def by_priority(
     if priorities is None:
         raise HintError("cp ranks tasks by their critical path, so it needs expected task durations: "
                         "use it with rrfp simulate or rrfp run (which know the workload)")
-    shape = PipelineShape(ranks, chunks, microbatches, split_backward=True, placement=placement)
+    shape = PipelineShape(ranks, chunks, microbatches, split_backward=True, placement=placement,
+                          fused_stages=fused_in(priorities))
     orders: RankOrders = []
     for rank in range(ranks):
         tasks = list(shape.tasks_of_rank(rank))  # task-id order
@@ -245,6 +246,11 @@ def by_priority(
         position = {task: i for i, task in enumerate(tasks)}
         orders.append(sorted(tasks, key=lambda t: (tuple(-x for x in priorities[t]), position[t])))
     return orders
+
+
+def fused_in(tasks: Iterable[Task]) -> frozenset[int]:
+    """The stages that have a whole backward ``B`` among ``tasks`` (in a split shape: its fused stages)."""
+    return frozenset(task.stage for task in tasks if task.kind is B)
 
 
 def microbatches_per_round(ranks: int, microbatches: int) -> int:
@@ -450,7 +456,9 @@ class BuiltinHint:
         if placement not in self.placements:
             raise HintError(f"{self.name} places stages {_PLACED[self.placements[0]]}; it has no "
                             f"{placement} order (use `placement` {self.placements[0]}, or a hint for {placement})")
-        shape = PipelineShape(ranks, chunks, microbatches, self.split_backward, placement)
+        # cp's priorities say which stages keep a whole backward ([Note: which stages split])
+        fused = fused_in(priorities) if self.takes_priorities and priorities is not None else frozenset()
+        shape = PipelineShape(ranks, chunks, microbatches, self.split_backward, placement, fused)
         extra = {"placement": placement} if len(self.placements) > 1 else {}
         if self.takes_costs:
             rank_orders = self.generator(ranks, chunks, microbatches, costs, **extra)
@@ -546,14 +554,14 @@ def baseline_hint_name(chunks: int, placement: str = LOOPING) -> str:
     return "1f1b" if chunks == 1 else "interleaved-1f1b"
 
 
-def peak_in_flight(order: Sequence[Task], final_backward) -> int:
+def peak_in_flight(order: Sequence[Task], shape: PipelineShape) -> int:
     """Most microbatch-chunks forwarded and not yet finished along one rank's order."""
     live = peak = 0
     for task in order:
         if task.kind is F:
             live += 1
             peak = max(peak, live)
-        elif task.kind is final_backward:
+        elif task.kind is shape.final_backward_of(task.stage):
             live -= 1
     return peak
 

@@ -27,7 +27,6 @@ under the fixed policy.
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Protocol, Sequence
 
 from hints.deps import TaskGraph
@@ -42,8 +41,26 @@ class TaskDurations(Protocol):
 
 
 def cp_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[Task, tuple[float, int]]:
-    """Every task of ``shape`` (split backward) -> ``(bottom level, -topological position)``; higher first."""
-    return list_priorities(shape, expected)["longest remaining path"]
+    """Every task of ``shape`` (split backward, the fused stages' whole) -> ``(bottom level, -topological
+    position)``; higher first."""
+    graph = TaskGraph.build(_split(shape))
+    compute, transfer = expected.for_graph(graph)
+    order, _, tail = longest_paths(graph, compute, transfer)
+    position = _positions(order)
+    tasks = graph.tasks
+    return {tasks[t]: (compute[t] + tail[t], -position[t]) for t in range(len(graph))}
+
+
+def _split(shape: PipelineShape) -> PipelineShape:
+    """``shape`` as the priorities see it: split, with its fused stages if it has any."""
+    return shape if shape.split_backward else shape.with_split(True)
+
+
+def _positions(order: Sequence[int]) -> list[int]:
+    position = [0] * len(order)
+    for index, tid in enumerate(order):
+        position[tid] = index
+    return position
 
 
 def list_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[str, dict[Task, tuple[float, int]]]:
@@ -55,13 +72,10 @@ def list_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[str, 
     every order made from them is consistent with one topological order of the graph (it completes in
     fixed order too).
     """
-    split = replace(shape, split_backward=True)
-    graph = TaskGraph.build(split)
+    graph = TaskGraph.build(_split(shape))
     compute, transfer = expected.for_graph(graph)
     order, _, tail = longest_paths(graph, compute, transfer)
-    position = [0] * len(graph)
-    for index, tid in enumerate(order):
-        position[tid] = index
+    position = _positions(order)
     # Remaining work counts every descendant once: summing over consumers would count shared ones twice,
     # so walk the descendants (a microbatch's subgraph is small).
     remaining = [0.0] * len(graph)

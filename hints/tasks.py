@@ -148,6 +148,17 @@ def check_placement(placement: object, where: str = "placement") -> str:
     return placement  # type: ignore[return-value]
 
 
+def _ranges(stages) -> str:
+    """``{0, 1, 2, 5}`` -> ``0-2, 5``."""
+    runs: list[list[int]] = []
+    for s in sorted(stages):
+        if runs and s == runs[-1][1] + 1:
+            runs[-1][1] = s
+        else:
+            runs.append([s, s])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
 def default_chunks(placement: str) -> int:
     """Chunks per rank when none are given: 2 under V placement (the only count it takes), else 1."""
     return 2 if placement == V else 1
@@ -157,7 +168,9 @@ def default_chunks(placement: str) -> int:
 class PipelineShape:
     """``ranks`` x ``chunks`` model stages placed ``placement`` ([Note: placement]), and ``microbatches``.
 
-    ``split_backward`` says whether every backward is split into ``I`` + ``W``.
+    ``split_backward`` says whether backwards are split into ``I`` + ``W``: every stage's, except the stages in
+    ``fused_stages``, whose backward stays one ``B`` (a split that costs more than the bubble it fills is not
+    worth it: the ``cp`` hint decides per stage, [Note: which stages split] in :mod:`hints.priorities`).
     """
 
     ranks: int
@@ -165,6 +178,7 @@ class PipelineShape:
     microbatches: int
     split_backward: bool = False
     placement: str = LOOPING
+    fused_stages: frozenset[int] = frozenset()
 
     def __post_init__(self) -> None:
         for name in ("ranks", "chunks", "microbatches"):
@@ -172,6 +186,16 @@ class PipelineShape:
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"must be a whole number >= 1, got {value!r}", f"shape {name}")
         check_placement(self.placement, "shape placement")
+        fused = self.fused_stages
+        if not isinstance(fused, frozenset):
+            object.__setattr__(self, "fused_stages", frozenset(fused))
+        if fused and not self.split_backward:
+            raise UserError("fused stages are the exceptions of a split backward; this shape splits none",
+                            "shape fused_stages")
+        bad = next((s for s in sorted(fused, key=repr) if not isinstance(s, int) or isinstance(s, bool)
+                    or not 0 <= s < self.ranks * self.chunks), None)
+        if bad is not None:
+            raise UserError(f"{bad!r} is not a stage of {self.ranks * self.chunks}", "shape fused_stages")
         if self.placement == V and self.chunks != 2:
             odd = ", an odd number" if self.chunks % 2 else ""
             raise UserError(
@@ -200,29 +224,38 @@ class PipelineShape:
         return [self.stage_of(rank, chunk) for chunk in range(self.chunks)]
 
     # -- task kinds --------------------------------------------------------
-    @property
-    def backward_kinds(self) -> tuple[Kind, ...]:
-        """The backward kinds every (stage, microbatch) has, in dependency order."""
-        return (I, W) if self.split_backward else (B,)
+    def splits(self, stage: int) -> bool:
+        """Whether ``stage``'s backward is split into ``I`` + ``W``."""
+        return self.split_backward and stage not in self.fused_stages
 
-    @property
-    def upstream_backward(self) -> Kind:
-        """The backward kind whose output the previous stage waits for (B, or I when split)."""
-        return I if self.split_backward else B
+    def backward_kinds_of(self, stage: int) -> tuple[Kind, ...]:
+        """The backward kinds each microbatch of ``stage`` has, in dependency order."""
+        return (I, W) if self.splits(stage) else (B,)
 
-    @property
-    def final_backward(self) -> Kind:
+    def upstream_backward_of(self, stage: int) -> Kind:
+        """The backward kind of ``stage`` whose output the previous stage waits for (B, or I when split)."""
+        return I if self.splits(stage) else B
+
+    def final_backward_of(self, stage: int) -> Kind:
         """The last task of a (stage, microbatch); its end frees the stashed activations."""
-        return W if self.split_backward else B
+        return W if self.splits(stage) else B
+
+    def kinds_of(self, stage: int) -> tuple[Kind, ...]:
+        return (F, *self.backward_kinds_of(stage))
 
     @property
     def kinds(self) -> tuple[Kind, ...]:
-        return (F, *self.backward_kinds)
+        """Every kind some stage has, in the order F, B, I, W."""
+        return tuple(k for k in (F, B, I, W) if any(k in self.kinds_of(s) for s in range(self.stages)))
+
+    @property
+    def split_stages(self) -> tuple[int, ...]:
+        return tuple(s for s in range(self.stages) if self.splits(s))
 
     # -- enumeration -------------------------------------------------------
     def tasks_of_rank(self, rank: int) -> Iterator[Task]:
         for stage in self.stages_of_rank(rank):
-            for kind in self.kinds:
+            for kind in self.kinds_of(stage):
                 for mb in range(self.microbatches):
                     yield Task(stage, kind, mb)
 
@@ -230,31 +263,58 @@ class PipelineShape:
         for rank in range(self.ranks):
             yield from self.tasks_of_rank(rank)
 
+    def tasks_of(self, rank: int) -> int:
+        """How many tasks ``rank`` runs."""
+        return self.microbatches * sum(len(self.kinds_of(s)) for s in self.stages_of_rank(rank))
+
     @property
     def tasks_per_rank(self) -> int:
-        return self.chunks * self.microbatches * len(self.kinds)
+        """The most tasks one rank runs (every rank's count when no stage is fused)."""
+        return max(self.tasks_of(r) for r in range(self.ranks))
 
     @property
     def total_tasks(self) -> int:
-        return self.ranks * self.tasks_per_rank
+        return self.microbatches * sum(len(self.kinds_of(s)) for s in range(self.stages))
 
     def contains(self, task: Task) -> bool:
         return (
             0 <= task.stage < self.stages
             and 0 <= task.microbatch < self.microbatches
-            and task.kind in self.kinds
+            and task.kind in self.kinds_of(task.stage)
         )
 
     def describe(self) -> str:
         split = ", split backward" if self.split_backward else ""
+        if self.fused_stages:
+            split += f" (fused at stage{'s' if len(self.fused_stages) > 1 else ''} {_ranges(self.fused_stages)})"
         placed = " (V)" if self.placement == V else ""
         return f"{self.ranks} ranks x {self.chunks} chunks{placed}, {self.microbatches} microbatches{split}"
 
+    def split_stages_text(self) -> str:
+        """The split stages as ranges (``2-7``), or ``none``."""
+        return _ranges(self.split_stages) or "none"
+
+    def describe_backward(self) -> str:
+        """Which stages split their backward, in words."""
+        split = self.split_stages
+        if not split:
+            return "whole (B) at every stage"
+        if len(split) == self.stages:
+            return "split (I + W) at every stage"
+        return f"split (I + W) at stages {_ranges(split)}, whole (B) at {_ranges(self.fused_stages)}"
+
+    def with_split(self, split: bool) -> "PipelineShape":
+        """This shape with every backward split (``True``) or none (``False``)."""
+        return PipelineShape(self.ranks, self.chunks, self.microbatches, split, self.placement)
+
     def to_json(self) -> dict:
-        return {
+        data = {
             "ranks": self.ranks,
             "chunks": self.chunks,
             "microbatches": self.microbatches,
             "split_backward": self.split_backward,
             "placement": self.placement,
         }
+        if self.fused_stages:
+            data["fused_stages"] = sorted(self.fused_stages)
+        return data

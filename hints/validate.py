@@ -45,16 +45,16 @@ def _validate_rank(shape: PipelineShape, rank: int, order: Sequence[Task], where
         if task in position:
             raise HintError(f"task {task} appears twice (steps {position[task]} and {step})", where)
         position[task] = step
-    if len(position) != shape.tasks_per_rank:
+    if len(position) != shape.tasks_of(rank):
         missing = [task for task in shape.tasks_of_rank(rank) if task not in position]
         more = f" and {len(missing) - 1} more" if len(missing) > 1 else ""
         raise HintError(f"task {missing[0]}{more} missing", where)
     # Rules never cross microbatches (hints.deps), so what a task needs on its stage is read once, for microbatch 0.
     needs = {(stage, kind): [needed.kind for needed in reversed(_needed_on_stage(Task(stage, kind, 0), shape))]
-             for stage in shape.stages_of_rank(rank) for kind in shape.backward_kinds}  # the forward first
+             for stage in shape.stages_of_rank(rank) for kind in shape.backward_kinds_of(stage)}  # forward first
     for stage in shape.stages_of_rank(rank):
         for mb in range(shape.microbatches):
-            for kind in shape.backward_kinds:
+            for kind in shape.backward_kinds_of(stage):
                 task = Task(stage, kind, mb)
                 for needed in (Task(stage, needed_kind, mb) for needed_kind in needs[(stage, kind)]):
                     if position[task] < position[needed]:

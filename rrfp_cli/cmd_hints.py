@@ -13,7 +13,7 @@ from hints.files.hint_json import hint_to_json, save_hint
 from hints.files.torch_csv import save_torch_csv
 from hints.files.torch_names import TORCH_SCHEDULES
 from hints.orders import BUILTIN_HINTS, HintOrder
-from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Ranks, placement_value
+from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Ranks, SplitOverhead, Workload, placement_value
 from rrfp_cli.output import Column, Output, print_table
 
 app = typer.Typer(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
@@ -28,11 +28,19 @@ MICROBATCH_COLOURS = (
 KIND_STYLE = {"F": "", "B": "reverse ", "I": "reverse ", "W": "underline "}
 
 
-def resolve_hint(spec: str, stages, chunks, microbatches, placement=None) -> HintOrder:
-    """A hint as the other commands build it (``cp`` from uniform durations: no workload here)."""
+def resolve_hint(spec: str, stages, chunks, microbatches, placement=None, workload=None,
+                 split_overhead=None) -> HintOrder:
+    """A hint as the other commands build it; ``cp`` from the expected durations of ``workload`` (default
+    uniform), which decide its priorities and which stages it splits."""
     from runtime.sched.evaluate import resolve
 
-    return resolve(spec, stages, chunks, microbatches, placement=placement_value(placement))
+    model = None
+    if workload is not None or split_overhead is not None:
+        from runtime.durations.variability import VariabilityModel
+
+        model = VariabilityModel(workload=workload.value if workload is not None else "uniform",
+                                 split_overhead=split_overhead)
+    return resolve(spec, stages, chunks, microbatches, placement=placement_value(placement), model=model)
 
 
 @app.command("list")
@@ -64,10 +72,13 @@ def show(
     microbatches: Microbatches = None,
     chunks: Chunks = None,
     placement: Placement = None,
+    workload: Workload = None,
+    split_overhead: SplitOverhead = None,
     json_mode: JsonFlag = False,
 ) -> None:
-    """Draw a hint as a coloured grid, one row per rank (colour = microbatch)."""
-    order = resolve_hint(hint, stages, chunks, microbatches, placement)
+    """Draw a hint as a coloured grid, one row per rank (colour = microbatch). ``cp`` is built from the
+    workload's expected durations (``--workload``, default uniform), which also decide the stages it splits."""
+    order = resolve_hint(hint, stages, chunks, microbatches, placement, workload, split_overhead)
     Output(json_mode).result(hint_to_json(order), lambda console: render_grid(console, order))
 
 
@@ -103,12 +114,14 @@ def export(
     torch_csv: Annotated[Optional[Path], typer.Option("--torch-csv", help="Write torch's per-rank CSV "
                                                       "(PipelineScheduleMulti._load_csv, compute_only).")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write an rrfp-hint/1 JSON file.")] = None,
+    workload: Workload = None,
+    split_overhead: SplitOverhead = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """Write a hint as rrfp-hint/1 JSON (--out) and/or torch CSV (--torch-csv)."""
     if torch_csv is None and out is None:
         raise typer.BadParameter("give --out FILE.json and/or --torch-csv FILE.csv", param_hint="--out")
-    order = resolve_hint(hint, stages, chunks, microbatches, placement)
+    order = resolve_hint(hint, stages, chunks, microbatches, placement, workload, split_overhead)
     written = []
     if out is not None:
         save_hint(order, out)

@@ -146,7 +146,8 @@ def summary_command(run: RunArg, iterations: Iterations = None, json_mode: JsonF
 
 def _render_summary(console: Console, data: dict) -> None:
     pairs = [(key.replace("_", " "), str(data[key]))
-             for key in ("job", "workload", "shape", "grid", "policy", "p2p", "hint", "memory_budget", "timing")
+             for key in ("job", "workload", "shape", "backward", "grid", "policy", "p2p", "hint", "memory_budget",
+                         "timing")
              if data.get(key) is not None or key != "grid"]
     makespan = data["median_makespan_s"]
     pairs += [

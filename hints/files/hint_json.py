@@ -6,6 +6,8 @@
       "format": "rrfp-hint/1",
       "name": "1f1b",
       "shape": {"ranks": 4, "chunks": 1, "microbatches": 8, "split_backward": false},
+                                                            # with "split_backward": true, optional
+                                                            # "fused_stages": [0, 3]: stages left unsplit
       "placement": "looping",                               # optional: "looping" (the default) or "v"
       "orders": [["0F0", "0F1", ...], ["1F0", ...], ...],   # one list per rank
       "provenance": {"generator": "1f1b", ...}               # free-form, kept verbatim
@@ -40,7 +42,7 @@ HINT_FORMAT = "rrfp-hint/1"
 HINT_FORMAT_2 = "rrfp-hint/2"
 _TOP_KEYS = {"format", "name", "shape", "placement", "orders", "provenance"}
 _TOP_KEYS_2 = _TOP_KEYS | {"microbatches", "cost_model"}
-_SHAPE_KEYS = {"ranks", "chunks", "microbatches", "split_backward"}
+_SHAPE_KEYS = {"ranks", "chunks", "microbatches", "split_backward", "fused_stages"}
 
 
 def hint_to_json(hint: HintOrder) -> dict[str, Any]:
@@ -132,8 +134,11 @@ def _shape_from_json(data: Any, where: str, placement: str = LOOPING) -> Pipelin
     split = data.get("split_backward", False)
     if not isinstance(split, bool):
         raise HintError("'split_backward' must be true or false", where)
+    fused = data.get("fused_stages", [])
+    if not isinstance(fused, list) or not all(isinstance(k, int) and not isinstance(k, bool) for k in fused):
+        raise HintError("'fused_stages' must be a list of stage numbers", where)
     try:
-        return PipelineShape(data["ranks"], data["chunks"], data["microbatches"], split, placement)
+        return PipelineShape(data["ranks"], data["chunks"], data["microbatches"], split, placement, frozenset(fused))
     except UserError as err:
         raise HintError(err.what, f"{where}: {err.where}") from None
 

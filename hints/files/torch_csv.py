@@ -21,7 +21,7 @@ from typing import Sequence
 
 from hints.errors import HintError
 from hints.files.hint_json import write_text
-from hints.orders import HintOrder
+from hints.orders import HintOrder, fused_in
 from hints.tasks import PLACEMENTS, PipelineShape, Task, V, check_placement
 from hints.validate import validate_orders
 
@@ -82,7 +82,8 @@ def hint_from_task_orders(
     split = any(task.kind.value in "IW" for task in tasks)
     microbatches = max(task.microbatch for task in tasks) + 1
     placement = infer_placement(orders, stages // ranks, where, placement)
-    shape = PipelineShape(ranks, stages // ranks, microbatches, split, placement)
+    # A split schedule whose stage runs whole backwards (B): that stage is fused (PipelineShape.fused_stages).
+    shape = PipelineShape(ranks, stages // ranks, microbatches, split, placement, fused_in(tasks) if split else ())
     validate_orders(shape, orders, where)
     return HintOrder(shape, tuple(tuple(o) for o in orders), name, provenance)
 

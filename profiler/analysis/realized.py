@@ -84,8 +84,11 @@ def _realize(frames: TraceFrames, shape: PipelineShape, iteration: int) -> Reali
         task = Task.parse(text)
         table[task.kind.value][task.stage][task.microbatch] = (end - start) * 1e-9
         ends[text] = end
-    if shape.split_backward:
-        table["B"] = [[table["I"][k][i] + table["W"][k][i] for i in range(m)] for k in range(stages)]
+    for k in range(stages):  # a split stage's B is its I + W; a fused stage's I and W are unknown: halves of B
+        if shape.splits(k):
+            table["B"][k] = [table["I"][k][i] + table["W"][k][i] for i in range(m)]
+        elif shape.split_backward:
+            table["I"][k] = table["W"][k] = [b / 2 for b in table["B"][k]]
     latency = {}
     for producer, recv_end in frames.transfers.filter(
             (pl.col("iteration") == iteration) & pl.col("recv_end_ns").is_not_null()).select(
@@ -93,7 +96,6 @@ def _realize(frames: TraceFrames, shape: PipelineShape, iteration: int) -> Reali
         if producer in ends:
             latency[producer] = max(0.0, (recv_end - ends[producer]) * 1e-9)
     fill = statistics.median(latency.values()) if latency else 0.0
-    backward = shape.upstream_backward.value
     measured: list[str] = []
     filled: list[str] = []
 
@@ -104,17 +106,18 @@ def _realize(frames: TraceFrames, shape: PipelineShape, iteration: int) -> Reali
         filled.append(text)
         return fill
 
-    def sends(kind: str, step: int) -> list[list[float]]:
-        """Latencies of ``kind``'s messages to stage ``k + step``; 0 where there is none or it stays on the rank."""
+    def sends(kind, step: int) -> list[list[float]]:
+        """Latencies of the messages of stage ``k``'s task ``kind(k)`` to stage ``k + step``; 0 where there is
+        none or it stays on the rank."""
         rows = []
         for k in range(stages):
             consumer = k + step
             crosses = 0 <= consumer < stages and shape.rank_of(consumer) != shape.rank_of(k)
-            rows.append([sent(f"{k}{kind}{i}") if crosses else 0.0 for i in range(m)])
+            rows.append([sent(f"{k}{kind(k)}{i}") if crosses else 0.0 for i in range(m)])
         return rows
 
-    send_forward = sends("F", +1)
-    send_backward = sends(backward, -1)
+    send_forward = sends(lambda k: "F", +1)
+    send_backward = sends(lambda k: shape.upstream_backward_of(k).value, -1)
     costs = [sum(table["F"][k][i] + table["B"][k][i] for k in range(stages)) for i in range(m)]
     durations = Durations(stages, m, table["F"], table["B"], send_forward, send_backward, costs,
                           input_grad=table["I"] if shape.split_backward else None,

@@ -24,11 +24,13 @@ def summary(frames: TraceFrames) -> dict:
     agreement = conformance(frames)
     makespans = windows.get_column("makespan_ns").to_list()
     idle = totals["makespan_ns"] - totals["busy_ns"]
+    shape = pipeline_shape(frames)
     return {
         "trace": frames.path,
         "job": meta.get("job"),
         "workload": meta.get("workload"),
-        "shape": pipeline_shape(frames).describe(),
+        "shape": shape.describe(),
+        "backward": shape.describe_backward(),
         "policy": meta.get("policy"),
         "p2p": meta.get("p2p", "async"),  # traces older than --p2p ran async
         "hint": meta.get("hint"),

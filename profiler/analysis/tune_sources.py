@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import json
 import statistics
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
@@ -55,7 +55,7 @@ def from_runs(runs: Sequence[str | Path], shape: PipelineShape | None, holdout: 
     for run in runs:
         frames = read_trace(run)
         run_shape = pipeline_shape(frames)
-        unsplit = replace(run_shape, split_backward=False)
+        unsplit = run_shape.with_split(False)
         if shape is not None and (shape.ranks, shape.chunks, shape.microbatches) != \
                 (unsplit.ranks, unsplit.chunks, unsplit.microbatches):
             raise UserError(f"the trace is of {unsplit.describe()} but {shape.describe()} was asked "

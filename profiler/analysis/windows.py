@@ -34,9 +34,11 @@ def pipeline_shape(frames: TraceFrames) -> PipelineShape:
     if meta is None:
         raise UserError("the trace has no rrfp metadata", frames.path)
     split = frames.tasks.filter(pl.col("kind").is_in(["I", "W"])).height > 0
+    # A split run whose stage ran B: the hint left that stage's backward whole (PipelineShape.fused_stages).
+    fused = frames.tasks.filter(pl.col("kind") == "B").get_column("stage").unique().to_list() if split else []
     # Traces written before placement was recorded are all looping.
     return PipelineShape(int(meta["stages"]), int(meta["chunks"]), int(meta["microbatches"]), split,
-                         meta.get("placement", LOOPING))
+                         meta.get("placement", LOOPING), frozenset(fused))
 
 
 def traced_iterations(frames: TraceFrames) -> list[int]:

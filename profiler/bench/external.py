@@ -88,7 +88,7 @@ import torch
 from hints.errors import HintError, UserError, as_flag, render_inputs
 from hints.files.torch_import import import_torch_schedule
 from hints.orders import peak_in_flight
-from hints.tasks import LOOPING, B, PipelineShape, V, W
+from hints.tasks import LOOPING, PipelineShape, V
 from profiler.bench.script_args import Parser, progress
 from profiler.bench.torch_side import run_torch
 from runtime.config import RunConfig
@@ -180,8 +180,7 @@ def structure_config(config: RunConfig, structure: Structure, layers_per_rank: i
 def torch_peaks(schedule: str, stages: int, microbatches: int) -> list[int]:
     """Per-rank peak microbatch-chunks in flight of torch's own order for ``schedule``."""
     hint = import_torch_schedule(schedule, stages, microbatches, PAIRS[schedule].chunks)
-    final = W if hint.shape.split_backward else B
-    return [peak_in_flight(order, final) for order in hint.orders]
+    return [peak_in_flight(order, hint.shape) for order in hint.orders]
 
 
 def fixed_within(hint: str, stages: int, microbatches: int, budget: str) -> bool:
@@ -190,9 +189,8 @@ def fixed_within(hint: str, stages: int, microbatches: int, budget: str) -> bool
     from runtime.sched.evaluate import resolve
 
     order = resolve(hint, stages, 1, microbatches)
-    final = W if order.shape.split_backward else B
     slots = MemoryBudget.parse(budget).per_rank(order.shape)
-    return all(peak_in_flight(tasks, final) <= limit for tasks, limit in zip(order.orders, slots))
+    return all(peak_in_flight(tasks, order.shape) <= limit for tasks, limit in zip(order.orders, slots))
 
 
 def equal_memory_budget(schedule: str, stages: int, microbatches: int) -> tuple[str, bool]:

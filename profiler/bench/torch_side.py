@@ -114,8 +114,8 @@ def torch_worker(configs: dict[str, RunConfig]) -> dict:
             workload = make_workload(config, shape)
             # A zero-bubble schedule's emulated W sleeps the split's price in torch as in rrfp (the worker
             # sets the same flag; [Note: split backward durations] in runtime.durations.variability).
-            workload.split_backward = import_torch_schedule(name, config.ranks, microbatches,
-                                                            shape.chunks).shape.split_backward
+            torch_shape = import_torch_schedule(name, config.ranks, microbatches, shape.chunks).shape
+            workload.split_stages = frozenset(torch_shape.split_stages)
             adapters = {k: TorchStageAdapter(workload, k) for k in local}
             loss_adapter = adapters.get(last_stage)
 

@@ -73,9 +73,10 @@ class GradientReducer:
 
         return counted
 
-    def install(self, handlers: HandlerTable, split: bool) -> None:
-        """Wrap the executor's gradient-writing handler: ``W`` when backwards are split, else ``B``."""
-        handlers.wrap(self.counting, "dp", kinds=(W if split else B,))
+    def install(self, handlers: HandlerTable) -> None:
+        """Wrap the executor's gradient-writing handlers, ``B`` and ``W`` (a stage's last backward task writes
+        its weight gradients: ``W`` where the hint splits the stage's backward, ``B`` where it does not)."""
+        handlers.wrap(self.counting, "dp", kinds=(B, W))
 
     def task_done(self, task: Task) -> None:
         self.left[task.stage] -= 1

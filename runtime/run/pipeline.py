@@ -91,7 +91,8 @@ class ReadyPipeline:
                             f"{sorted(modules)}", "ReadyPipeline")
         self.modules = {stage: module.to(self.device) for stage, module in modules.items()}
         self.workload = _StepWorkload(self.config, shape, self.device, loss, vision_stages=vision_stages)
-        self.plan = HintPlan(self.config, self.workload)
+        # cp splits the stages of the checked shape on every step: the graph below is built once, for it
+        self.plan = HintPlan(self.config, self.workload, split=graph_shape)
         self.rule = self.config.rule()
         self._iteration = 0
         self.graph = TaskGraph.build(graph_shape)

@@ -10,6 +10,9 @@ one clear error instead of a hang across processes.
 iteration (new sequence lengths, new image counts): :class:`HintPlan`
 rebuilds them per iteration from what the workload knows before the
 iteration starts (``Workload.expected``); every other hint is built once.
+Which stages ``cp`` splits ([Note: which stages split] in
+:mod:`runtime.sched.split_choice`) is chosen on the first iteration and kept:
+the ranks' task graphs and handlers are built once, for one shape.
 """
 
 from __future__ import annotations
@@ -30,16 +33,20 @@ def _per_iteration(spec: str) -> bool:
 class HintPlan:
     """The hint of each iteration of one job."""
 
-    def __init__(self, config, workload) -> None:
+    def __init__(self, config, workload, split: PipelineShape | None = None) -> None:
+        """``split``: the shape whose split stages ``cp`` keeps (default: its choice on the first iteration)."""
         self.config, self.workload = config, workload
         self.spec = hint_spec(config)
         self._static: HintOrder | None = None
+        self._split = split  # cp's split stages, once chosen
 
     def for_iteration(self, iteration: int) -> HintOrder:
         c = self.config
         if _per_iteration(self.spec):
-            return resolve(self.spec, c.ranks, c.chunks, c.microbatches, self.workload.expected(iteration),
-                           c.placement)
+            hint = resolve(self.spec, c.ranks, c.chunks, c.microbatches, self.workload.expected(iteration),
+                           c.placement, split=self._split)
+            self._split = hint.shape
+            return hint
         if self._static is None:
             self._static = resolve(self.spec, c.ranks, c.chunks, c.microbatches, placement=c.placement)
         if self._static.cost_ranked:  # [Note: cost-ranked hints]: slots -> this iteration's microbatches

@@ -295,7 +295,7 @@ class _JobRun:
             write_job_inputs(self.out_dir, config, workload)
         self.plan = HintPlan(config, workload)
         shape = self.plan.for_iteration(0).shape  # the hint decides whether backwards are split
-        workload.split_backward = shape.split_backward
+        workload.split_stages = frozenset(shape.split_stages)
         self.graph = TaskGraph.build(shape)
         self.rule = config.rule()
         budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if self.rule.uses_budget else None
@@ -460,5 +460,5 @@ def _gradient_reducer(ctx: RankContext, modules: dict, shape, executor):
     from runtime.run.dp import GradientReducer
 
     reducer = GradientReducer(modules, ctx.groups.dp, ctx.grid.dp, shape.microbatches)
-    reducer.install(executor.handlers, shape.split_backward)
+    reducer.install(executor.handlers)
     return reducer

@@ -114,7 +114,7 @@ def split_bound(shape: PipelineShape, table: Durations) -> LowerBound:
     stays a schedule of the free one, so the free split's bound holds for the
     split hints too (recorded ``I`` and ``W`` are used as recorded).
     """
-    split_shape = replace(shape, split_backward=True)
+    split_shape = shape.with_split(True)
     graph = TaskGraph.build(split_shape)
     if table.split_overhead != 1.0 and not (table.input_grad and table.weight_grad):
         table = replace(table, split_overhead=1.0)

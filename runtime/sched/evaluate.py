@@ -31,7 +31,7 @@ answers it once:
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
@@ -66,10 +66,13 @@ def durations_for(shape: PipelineShape, model: VariabilityModel | None = None, s
 
 
 def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int | None,
-            table: Durations | None = None, placement: str | None = None) -> HintOrder:
+            table: Durations | None = None, placement: str | None = None,
+            model: VariabilityModel | None = None, split: PipelineShape | None = None) -> HintOrder:
     """``spec`` for the shape; ``bfw`` and ``cp`` take their inputs from ``table.expected()``.
 
-    Without a table ``bfw`` keeps index order and ``cp`` uses uniform durations (``rrfp hints show cp``).
+    Without a table ``bfw`` keeps index order and ``cp`` uses ``model``'s durations (default uniform: ``rrfp
+    hints show cp``, ``--workload`` for another). ``split``: the stages ``cp`` splits are those of this shape
+    instead of its own choice ([Note: which stages split]; a run keeps its first iteration's).
     ``placement`` None is the hint's own (see :func:`hints.files.load.resolve_hint`).
     """
     builtin = BUILTIN_HINTS.get(spec)
@@ -82,8 +85,8 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
     if table is None:
         if not builtin.takes_priorities:
             return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
-        table = sample_durations(VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
-    costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities)
+        table = sample_durations(model or VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
+    costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities, split)
     return resolve_hint(spec, ranks, chunks, microbatches, costs, priorities, placement)
 
 
@@ -113,12 +116,16 @@ def builtin_candidates(shape: PipelineShape, table: Durations) -> dict[str, Hint
     return applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)
 
 
-def _expected_inputs(shape: PipelineShape, table: Durations, priorities: bool):
-    """``bfw``'s per-microbatch costs and ``cp``'s per-task priorities, from expected durations only."""
+def _expected_inputs(shape: PipelineShape, table: Durations, priorities: bool, split: PipelineShape | None = None):
+    """``bfw``'s per-microbatch costs and ``cp``'s per-task priorities (on the stages it splits: [Note: which
+    stages split] in :mod:`runtime.sched.split_choice`), from expected durations only."""
     from hints.priorities import cp_priorities
+    from runtime.sched.split_choice import choose_split
 
     expected = table.expected()
-    return expected.microbatch_costs, cp_priorities(shape, expected) if priorities else None
+    if not priorities:
+        return expected.microbatch_costs, None
+    return expected.microbatch_costs, cp_priorities(split or choose_split(shape, expected), expected)
 
 
 @dataclass
@@ -200,7 +207,7 @@ def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
     ``advance(n)`` reports progress.
     """
     first = next(iter(hints.values()))
-    shape = replace(first.shape, split_backward=False)
+    shape = first.shape.with_split(False)
     baseline_name = baseline_hint_name(shape.chunks, shape.placement)
     plan: list[tuple[str, HintOrder, ArbiterRule, str]] = []
     if baseline_name not in hints or "fixed" not in rules:

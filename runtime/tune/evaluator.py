@@ -38,12 +38,13 @@ from __future__ import annotations
 import math
 import random
 import statistics
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Sequence
 
 from hints.deps import TaskGraph
 from hints.errors import UserError
 from hints.orders import HintOrder
+from hints.tasks import PipelineShape
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import concrete, resolve
 from runtime.sched.results import ScheduleDeadlock, SimResult
@@ -172,29 +173,30 @@ class Evaluator:
         self.slots = budget.per_rank(self.shape)
         self.overhead = overhead
         self.sets = {"tuning": scenarios.tuning, "holdout": scenarios.holdout}
-        self._graphs: dict[bool, TaskGraph] = {}
-        self._arrays: dict[tuple[str, int, bool], tuple] = {}
+        self._graphs: dict[PipelineShape, TaskGraph] = {}  # by shape: which stages split is part of it
+        self._arrays: dict[tuple[str, int, PipelineShape], tuple] = {}
         self._builtins: dict[tuple[str, str, int], HintOrder] = {}
         self.simulations = 0
 
-    def graph(self, split: bool) -> TaskGraph:
-        if split not in self._graphs:
-            self._graphs[split] = TaskGraph.build(replace(self.shape, split_backward=split))
-        return self._graphs[split]
+    def graph(self, shape: PipelineShape) -> TaskGraph:
+        """The task graph of ``shape`` (this evaluator's, split or not, some stages fused or none)."""
+        if shape not in self._graphs:
+            self._graphs[shape] = TaskGraph.build(shape)
+        return self._graphs[shape]
 
     def prepare(self) -> None:
         """Build every array now (before forking workers, so they share them)."""
         for which, scenarios in self.sets.items():
             for index in range(len(scenarios)):
                 for split in (False, True):
-                    self._scenario_arrays(which, index, split)
+                    self._scenario_arrays(which, index, self.shape.with_split(split))
 
-    def _scenario_arrays(self, which: str, index: int, split: bool) -> tuple:
-        key = (which, index, split)
+    def _scenario_arrays(self, which: str, index: int, shape: PipelineShape) -> tuple:
+        key = (which, index, shape)
         arrays = self._arrays.get(key)
         if arrays is None:
             scenario = self.sets[which][index]
-            graph = self.graph(split)
+            graph = self.graph(shape)
             arrays = self._arrays[key] = (*scenario.table.for_graph(graph), scenario.expected.for_graph(graph))
         return arrays
 
@@ -213,11 +215,10 @@ class Evaluator:
 
     def simulate(self, candidate: Candidate, which: str, index: int, record: bool = False) -> SimResult:
         hint = self.hint_for(candidate, which, index)
-        split = hint.shape.split_backward
-        compute, transfer, estimates = self._scenario_arrays(which, index, split)
+        compute, transfer, estimates = self._scenario_arrays(which, index, hint.shape)
         self.simulations += 1
         return simulate(hint, (compute, transfer), candidate.rule, self.slots, record=record,
-                        graph=self.graph(split), overhead=self.overhead, estimates=estimates)
+                        graph=self.graph(hint.shape), overhead=self.overhead, estimates=estimates)
 
     def makespans(self, candidate: Candidate, which: str = "tuning", indices: Sequence[int] | None = None
                   ) -> list[float]:

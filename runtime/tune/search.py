@@ -35,7 +35,7 @@ import math
 import multiprocessing
 import random
 import signal
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from hints.errors import HintError
@@ -53,6 +53,7 @@ from hints.tasks import LOOPING, PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.durations.variability import Durations
 from runtime.sched.evaluate import resolve
+from runtime.sched.split_choice import choose_split
 from runtime.tune.evaluator import Candidate, Evaluator, Objective
 
 
@@ -128,8 +129,15 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
 
     for name, priority in list_priorities(shape, mean).items():
         hint = by_priority(p, v, m, priority, placement)
-        add(name, "priority", HintOrder(replace(shape, split_backward=True), tuple(map(tuple, hint)), name,
+        add(name, "priority", HintOrder(shape.with_split(True), tuple(map(tuple, hint)), name,
                                         {"generator": name}))
+    # The same rules on the stages where a split pays ([Note: which stages split] in runtime.sched.split_choice)
+    chosen = choose_split(shape, mean)
+    if chosen.fused_stages:
+        for name, priority in list_priorities(chosen, mean).items():
+            hint = by_priority(p, v, m, priority, placement)
+            label = f"{name}, split at stages {chosen.split_stages_text()}"
+            add(label, "priority", HintOrder(chosen, tuple(map(tuple, hint)), label, {"generator": name}))
 
     slots_heavy_first = [float(m - i) for i in range(m)]  # slot k already is microbatch k: ranks stay as written
     for name, hint in index_orders.items():

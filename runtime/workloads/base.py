@@ -66,9 +66,9 @@ class Workload:
     # iteration of replicas*m microbatches, the reference's data with ``microbatches = replicas x m``.
     replica: int = 0
     replicas: int = 1
-    # Whether this job's hint splits backwards (set by the worker once the hint is known): the emulated
+    # The stages whose backward this job's hint splits (set by the worker once the hint is known): the emulated
     # workload's split sleeps split_overhead x B in all ([Note: split backward durations]).
-    split_backward: bool = False
+    split_stages: frozenset[int] = frozenset()
 
     name = "base"
 

@@ -258,7 +258,7 @@ class EmulatedStage(nn.Module):
         # B/2 and (split_overhead - 1/2) x B ([Note: split backward durations] in runtime.durations.variability).
         if table.input_grad and table.weight_grad:
             input_part, weight_part = table.input_grad[k][i], table.weight_grad[k][i]
-        elif self.workload.split_backward:
+        elif k in self.workload.split_stages:
             input_part, weight_part = split_parts(backward, table.split_overhead)
         else:
             input_part = backward / 2

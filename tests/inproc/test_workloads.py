@@ -20,7 +20,7 @@ def test_emulated_stage_sleeps_the_split_overhead_in_w(monkeypatch, split, overh
     config = RunConfig(workload="emulated", emulate="uniform", ranks=2, microbatches=2, forward_time=0.001,
                        split_overhead=overhead)
     workload = make_workload(config, run_shape(config))
-    workload.split_backward = split
+    workload.split_stages = frozenset({0, 1}) if split else frozenset()
     stage = workload.build_stage(1)
     batch = workload.batch(0, 0)
     x = torch.randn(2, 32, requires_grad=True)

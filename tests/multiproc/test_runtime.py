@@ -72,11 +72,34 @@ def two_ranks(tmp_path_factory):
     return SimpleNamespace(root=root, results=run_jobs(root, 2, jobs, limit=900))
 
 
+def mixed_split_jobs(root) -> list[dict]:
+    """A cp hint that splits stages 2-3 and keeps 0-1 whole ([Note: which stages split]), from a file, on both
+    workloads, fixed and ready."""
+    from dataclasses import replace
+
+    from hints.files.hint_json import save_hint
+    from hints.orders import HintOrder, by_priority
+    from hints.priorities import cp_priorities
+    from hints.tasks import PipelineShape
+    from runtime.durations.variability import VariabilityModel
+    from runtime.sched.evaluate import durations_for
+
+    shape = replace(PipelineShape(4, 1, 8, True), fused_stages=frozenset({0, 1}))
+    priorities = cp_priorities(shape, durations_for(shape, VariabilityModel(), 0).expected())
+    path = root / "mixed-cp.json"
+    save_hint(HintOrder(shape, tuple(map(tuple, by_priority(4, 1, 8, priorities))), "cp-mixed"), path)
+    return [{"name": f"{workload}-mixed-{policy}",
+             "config": dict(workload=workload, ranks=4, microbatches=8, hint=str(path), policy=policy, iters=ITERS,
+                            seed=4)}
+            for workload in ("gpt", "multimodal") for policy in ("fixed", "ready")]
+
+
 @pytest.fixture(scope="module")
 def four_ranks(tmp_path_factory):
-    """Every 4-rank job of this module, in one launch: the matrix and V placement."""
+    """Every 4-rank job of this module, in one launch: the matrix, V placement, a hint splitting some stages."""
     root = tmp_path_factory.mktemp("four")
-    return SimpleNamespace(root=root, results=run_jobs(root, 4, [*matrix(4, 8), *v_jobs(*V_SHAPES[1])], limit=900))
+    jobs = [*matrix(4, 8), *v_jobs(*V_SHAPES[1]), *mixed_split_jobs(root)]
+    return SimpleNamespace(root=root, results=run_jobs(root, 4, jobs, limit=900))
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +119,14 @@ def test_every_hint_and_policy_matches_single_process(launched, request):
     for job in jobs:
         check_against_reference(results, job)
         check_budget(results, job)
+
+
+def test_a_hint_splitting_some_stages_matches_single_process(four_ranks):
+    """Stages 0-1 run B, stages 2-3 run I and W (stage 1's B waits for stage 2's I): same gradients."""
+    jobs = mixed_split_jobs(four_ranks.root)
+    for job in jobs:
+        check_against_reference(four_ranks.results, job)
+        check_budget(four_ranks.results, job)
 
 
 def test_fixed_runs_the_hint_exactly(four_stage):

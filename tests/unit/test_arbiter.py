@@ -31,7 +31,7 @@ def test_budget_parse_rejects(text):
 @pytest.mark.parametrize("p,v,m", [(4, 1, 8), (4, 1, 2), (8, 1, 32), (4, 2, 8), (4, 2, 12), (3, 3, 6), (2, 2, 1)])
 def test_1f1b_bound_is_the_baseline_orders_peak(p, v, m):
     hint = builtin_hint("1f1b" if v == 1 else "interleaved-1f1b", p, v, m)
-    peaks = [peak_in_flight(order, hint.shape.final_backward) for order in hint.orders]
+    peaks = [peak_in_flight(order, hint.shape) for order in hint.orders]
     assert one_f_one_b_bounds(hint.shape) == peaks
 
 
