@@ -44,23 +44,18 @@ def cp_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[Task, t
     """Every task of ``shape`` (split backward, the fused stages' whole) -> ``(bottom level, -topological
     position)``; higher first."""
     graph = TaskGraph.build(_split(shape))
-    compute, transfer = expected.for_graph(graph)
-    order, _, tail = longest_paths(graph, compute, transfer)
-    position = _positions(order)
-    tasks = graph.tasks
-    return {tasks[t]: (compute[t] + tail[t], -position[t]) for t in range(len(graph))}
+    return bottom_levels(graph, *expected.for_graph(graph))
+
+
+def bottom_levels(graph: TaskGraph, compute: Sequence[float], transfer: Sequence[float]
+                  ) -> dict[Task, tuple[float, int]]:
+    """:func:`cp_priorities` on a graph already built, with its durations already read."""
+    return _rules(graph, compute, transfer, every=False)["longest remaining path"]
 
 
 def _split(shape: PipelineShape) -> PipelineShape:
     """``shape`` as the priorities see it: split, with its fused stages if it has any."""
     return shape if shape.split_backward else shape.with_split(True)
-
-
-def _positions(order: Sequence[int]) -> list[int]:
-    position = [0] * len(order)
-    for index, tid in enumerate(order):
-        position[tid] = index
-    return position
 
 
 def list_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[str, dict[Task, tuple[float, int]]]:
@@ -73,9 +68,20 @@ def list_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[str, 
     fixed order too).
     """
     graph = TaskGraph.build(_split(shape))
-    compute, transfer = expected.for_graph(graph)
+    return _rules(graph, *expected.for_graph(graph), every=True)
+
+
+def _rules(graph: TaskGraph, compute: Sequence[float], transfer: Sequence[float], every: bool
+           ) -> dict[str, dict[Task, tuple[float, int]]]:
+    """The rules of :func:`list_priorities` (``every``), or only the longest remaining path."""
     order, _, tail = longest_paths(graph, compute, transfer)
-    position = _positions(order)
+    position = [0] * len(graph)
+    for index, tid in enumerate(order):
+        position[tid] = index
+    tasks = graph.tasks
+    rules = {"longest remaining path": {tasks[t]: (compute[t] + tail[t], -position[t]) for t in range(len(graph))}}
+    if not every:
+        return rules
     # Remaining work counts every descendant once: summing over consumers would count shared ones twice,
     # so walk the descendants (a microbatch's subgraph is small).
     remaining = [0.0] * len(graph)
@@ -91,12 +97,9 @@ def list_priorities(shape: PipelineShape, expected: TaskDurations) -> dict[str, 
                     stack.append(consumer)
         remaining[tid] = total
         longest[tid] = max([compute[tid], *(longest[c] for c in graph.consumers(tid))])
-    tasks = graph.tasks
-    return {
-        "longest remaining path": {tasks[t]: (compute[t] + tail[t], -position[t]) for t in range(len(graph))},
-        "most remaining work": {tasks[t]: (remaining[t], -position[t]) for t in range(len(graph))},
-        "longest task first": {tasks[t]: (longest[t], -position[t]) for t in range(len(graph))},
-    }
+    rules["most remaining work"] = {tasks[t]: (remaining[t], -position[t]) for t in range(len(graph))}
+    rules["longest task first"] = {tasks[t]: (longest[t], -position[t]) for t in range(len(graph))}
+    return rules
 
 
-__all__ = ["cp_priorities", "list_priorities"]
+__all__ = ["bottom_levels", "cp_priorities", "list_priorities"]

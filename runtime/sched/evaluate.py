@@ -120,12 +120,14 @@ def _expected_inputs(shape: PipelineShape, table: Durations, priorities: bool, s
     """``bfw``'s per-microbatch costs and ``cp``'s per-task priorities (on the stages it splits: [Note: which
     stages split] in :mod:`runtime.sched.split_choice`), from expected durations only."""
     from hints.priorities import cp_priorities
-    from runtime.sched.split_choice import choose_split
+    from runtime.sched.split_choice import split_and_priorities
 
     expected = table.expected()
     if not priorities:
         return expected.microbatch_costs, None
-    return expected.microbatch_costs, cp_priorities(split or choose_split(shape, expected), expected)
+    if split is not None:
+        return expected.microbatch_costs, cp_priorities(split, expected)
+    return expected.microbatch_costs, split_and_priorities(shape, expected)[1]
 
 
 @dataclass

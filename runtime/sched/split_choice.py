@@ -23,32 +23,46 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import NamedTuple
 
 from hints.deps import TaskGraph
 from hints.orders import HintOrder, by_priority
-from hints.priorities import TaskDurations, cp_priorities
-from hints.tasks import PipelineShape
+from hints.priorities import TaskDurations, bottom_levels
+from hints.tasks import PipelineShape, Task
 from runtime.sched.simulator import simulate
 
 
 def choose_split(shape: PipelineShape, expected: TaskDurations) -> PipelineShape:
     """``shape`` split where [Note: which stages split] finds it pays (its ``fused_stages`` the others)."""
+    return split_and_priorities(shape, expected)[0]
+
+
+def split_and_priorities(shape: PipelineShape, expected: TaskDurations
+                         ) -> tuple[PipelineShape, dict[Task, tuple[float, int]]]:
+    """:func:`choose_split`, with ``cp``'s priorities on the chosen shape (computed on the way)."""
     every = shape.with_split(True)
     stages = shape.stages
     starts = sorted({0, 1, stages // 8, stages // 4, stages // 2, 3 * stages // 4, stages})
-    candidates = [replace(every, fused_stages=frozenset(range(min(k, stages)))) for k in starts]
-    makespans = [_run(candidate, expected).makespan for candidate in candidates]
-    best = min(range(len(candidates)), key=lambda i: (makespans[i], len(candidates[i].split_stages)))
-    return candidates[best]
+    tried = [_run(replace(every, fused_stages=frozenset(range(min(k, stages)))), expected) for k in starts]
+    best = min(tried, key=lambda run: (run.makespan, run.splits))
+    return best.shape, best.priorities
 
 
-def _run(shape: PipelineShape, expected: TaskDurations):
+class _Tried(NamedTuple):
+    makespan: float
+    splits: int
+    shape: PipelineShape
+    priorities: dict[Task, tuple[float, int]]
+
+
+def _run(shape: PipelineShape, expected: TaskDurations) -> _Tried:
     """``cp`` for ``shape``, in fixed order, on the expected durations."""
     graph = TaskGraph.build(shape)
-    orders = by_priority(shape.ranks, shape.chunks, shape.microbatches, cp_priorities(shape, expected),
-                         shape.placement)
-    return simulate(HintOrder(shape, tuple(map(tuple, orders)), "cp"), expected.for_graph(graph), "fixed",
-                    graph=graph)
+    compute, transfer = expected.for_graph(graph)
+    priorities = bottom_levels(graph, compute, transfer)
+    orders = by_priority(shape.ranks, shape.chunks, shape.microbatches, priorities, shape.placement)
+    result = simulate(HintOrder(shape, tuple(map(tuple, orders)), "cp"), (compute, transfer), "fixed", graph=graph)
+    return _Tried(result.makespan, len(shape.split_stages), shape, priorities)
 
 
-__all__ = ["choose_split"]
+__all__ = ["choose_split", "split_and_priorities"]
