@@ -490,3 +490,23 @@ def test_split_overhead_slows_a_split_hint_only_and_bad_values_are_one_line(tmp_
     for bad in ("0.5", "nan"):
         assert "split-overhead" in user_error(tmp_path, *base, "--hint", "zb", "--split-overhead", bad)
     assert "--split-overhead" in user_error(tmp_path, "run", "--workload", "emulated", "--split-overhead", "0.9")
+
+
+def test_hints_cp_for_a_workload_names_its_fused_stages_and_refuses_bad_knobs(tmp_path):
+    """``--workload`` / ``--split-overhead`` on ``hints show|export``: cp's split follows the workload's costs
+    ([Note: which stages split]); bad values are one error line, exit 2, and no file."""
+    dear = ok_json(tmp_path, "hints", "show", "cp", "-p", "4", "-m", "8", "--workload", "legacy-multimodal",
+                   "--split-overhead", "2")
+    assert dear["shape"]["fused_stages"] == [0, 1, 2, 3]
+    free = ok_json(tmp_path, "hints", "show", "cp", "-p", "4", "-m", "8", "--split-overhead", "1")
+    assert 3 not in free["shape"].get("fused_stages", [])  # a free split is taken on the last stage
+    assert "fused at stages 0-3" in ok(tmp_path, "hints", "export", "cp", "-p", "4", "-m", "8", "--split-overhead",
+                                        "2", "--workload", "legacy-multimodal", "--out", "cp.json").stdout
+    assert json.loads((tmp_path / "cp.json").read_text())["shape"]["fused_stages"] == [0, 1, 2, 3]
+    assert user_error(tmp_path, "hints", "show", "cp", "-p", "4", "-m", "8", "--split-overhead", "0.5") == (
+        "error: --split-overhead: must be a finite number >= 1 (I + W over B), got 0.5")
+    assert user_error(tmp_path, "hints", "export", "cp", "-p", "4", "-m", "8", "--split-overhead", "nan",
+                      "--out", "bad.json").startswith("error: --split-overhead: must be a finite number >= 1")
+    assert user_error(tmp_path, "hints", "export", "cp", "-p", "4", "-m", "8", "--workload", "nope",
+                      "--torch-csv", "bad.csv").startswith("error: Invalid value for '--workload'")
+    assert not (tmp_path / "bad.json").exists() and not (tmp_path / "bad.csv").exists()
