@@ -39,6 +39,12 @@ Built-ins (``BUILTIN_HINTS``):
     first. :mod:`hints.priorities` computes the bottom levels from the
     dependency model and a table of expected durations (what the caller
     brings, as it brings ``bfw``'s costs); :func:`by_priority` sorts by them.
+``1f1b-light``, ``1f1b-heavy``
+    1F1B (interleaved with chunks >= 2) with the microbatches sorted by the
+    cost known before the iteration, lightest or heaviest first: the fixed
+    order a user could run without readiness from the same costs ``bfw``
+    reads ([Note: sorted 1F1B]). Same warm-ups, so the same memory, as
+    ``1f1b``/``interleaved-1f1b``.
 ``zb``
     Zero-bubble with split backward (Qi et al., "Zero Bubble Pipeline
     Parallelism", 2023, the ZB-H1 idea): the 1F1B skeleton with ``I`` in place
@@ -67,6 +73,18 @@ is looping only and ``zbv`` V only ([Note: placement] in :mod:`hints.tasks`).
     workload model (estimated per-microbatch compute summed over stages);
     without costs every microbatch weighs the same and ``bfw`` runs
     microbatches in index order in both passes.
+
+[Note: sorted 1F1B]
+    Ordering by known cost is a lever of its own, and a fixed order gets it
+    too: a 1F1B whose microbatch ``k`` is the ``k``-th lightest (or
+    heaviest) by the workload's estimate holds exactly 1F1B's activation
+    memory and needs no runtime. Relabelling microbatches keeps every
+    dependency (they are per microbatch), so any 1F1B-family order stays
+    valid. Lightest first fills and drains the pipeline with cheap
+    microbatches and leaves the heavy ones to the steady state, where every
+    rank is busy; heaviest first is Graham's LPT. These are the baselines
+    readiness is credited against (``runtime.sched.baselines`` adds warm-ups
+    that fill a larger budget); without costs both keep index order.
 
 [Note: zbv]
     Rank ``r`` holds stage ``r`` (chunk 0, on the way down the ranks) and
@@ -212,6 +230,47 @@ def breadth_first_weighted(
     return _breadth_first(PipelineShape(ranks, chunks, microbatches, placement=placement), heavy_first, heavy_first)
 
 
+def sorted_one_f_one_b(ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None,
+                       lightest_first: bool = True, warmups: Sequence[int] | None = None) -> RankOrders:
+    """1F1B (interleaved with chunks >= 2) with microbatches sorted by cost ([Note: sorted 1F1B]).
+
+    ``warmups``: forwards each rank runs before its first backward (default 1F1B's); a rank then holds
+    ``min(warmup + 1, chunks * microbatches)`` microbatch-chunks at its peak.
+    """
+    if costs is None:
+        costs = [1.0] * microbatches
+    if len(costs) != microbatches:
+        raise HintError(f"sorted 1F1B needs one cost per microbatch: got {len(costs)} for {microbatches}")
+    if warmups is None:
+        warmups = one_f_one_b_warmups(ranks, chunks, microbatches)
+    if len(warmups) != ranks or any(w < 0 for w in warmups):
+        raise HintError(f"sorted 1F1B needs a warm-up >= 0 per rank: got {list(warmups)} for {ranks} ranks")
+    order = heaviest_first(costs)
+    if lightest_first:
+        order = sorted(range(microbatches), key=lambda mb: (costs[mb], mb))
+    return [tuple(Task(t.stage, t.kind, order[t.microbatch])
+                  for t in _one_f_one_b_rank(rank, ranks, chunks, microbatches, warmups[rank], None))
+            for rank in range(ranks)]
+
+
+def one_f_one_b_warmups(ranks: int, chunks: int, microbatches: int) -> list[int]:
+    """Per rank, the forwards 1F1B (interleaved with chunks >= 2) runs before its first backward."""
+    if chunks == 1:
+        return [ranks - 1 - rank for rank in range(ranks)]
+    per_round = microbatches_per_round(ranks, microbatches)
+    return [(chunks - 1) * per_round + 2 * (ranks - 1 - rank) for rank in range(ranks)]
+
+
+def _lightest_first_1f1b(ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None
+                         ) -> RankOrders:
+    return sorted_one_f_one_b(ranks, chunks, microbatches, costs, lightest_first=True)
+
+
+def _heaviest_first_1f1b(ranks: int, chunks: int, microbatches: int, costs: Sequence[float] | None = None
+                         ) -> RankOrders:
+    return sorted_one_f_one_b(ranks, chunks, microbatches, costs, lightest_first=False)
+
+
 def _breadth_first(shape: PipelineShape, forward_mbs: Sequence[int], backward_mbs: Sequence[int]) -> RankOrders:
     orders: RankOrders = []
     for rank in range(shape.ranks):
@@ -324,23 +383,16 @@ def one_f_one_b(ranks: int, chunks: int, microbatches: int) -> RankOrders:
         raise HintError(
             f"1f1b runs one chunk per rank (got `chunks` {chunks}); use interleaved-1f1b for chunks >= 2"
         )
-    return [
-        _one_f_one_b_rank(rank, ranks, 1, microbatches, ranks - 1 - rank, None)
-        for rank in range(ranks)
-    ]
+    return [_one_f_one_b_rank(rank, ranks, 1, microbatches, warmup, None)
+            for rank, warmup in enumerate(one_f_one_b_warmups(ranks, 1, microbatches))]
 
 
 def interleaved_one_f_one_b(ranks: int, chunks: int, microbatches: int) -> RankOrders:
     """Megatron/torch interleaved 1F1B; needs two or more chunks per rank."""
     if chunks < 2:
         raise HintError("interleaved-1f1b needs `chunks` >= 2; use 1f1b for one chunk per rank")
-    per_round = microbatches_per_round(ranks, microbatches)
-    return [
-        _one_f_one_b_rank(
-            rank, ranks, chunks, microbatches, (chunks - 1) * per_round + 2 * (ranks - 1 - rank), None
-        )
-        for rank in range(ranks)
-    ]
+    return [_one_f_one_b_rank(rank, ranks, chunks, microbatches, warmup, None)
+            for rank, warmup in enumerate(one_f_one_b_warmups(ranks, chunks, microbatches))]
 
 
 def zero_bubble(ranks: int, chunks: int, microbatches: int) -> RankOrders:
@@ -491,6 +543,14 @@ BUILTIN_HINTS: dict[str, BuiltinHint] = {
             breadth_first_weighted, takes_costs=True, placements=(LOOPING, V),
         ),
         BuiltinHint(
+            "1f1b-light", "1F1B (interleaved for chunks >= 2), lightest microbatches first (needs workload costs)",
+            _lightest_first_1f1b, takes_costs=True,
+        ),
+        BuiltinHint(
+            "1f1b-heavy", "1F1B (interleaved for chunks >= 2), heaviest microbatches first (needs workload costs)",
+            _heaviest_first_1f1b, takes_costs=True,
+        ),
+        BuiltinHint(
             "zb", "zero-bubble 1F1B: split backward, W deferred into the drain (ZB-H1)",
             zero_bubble, split_backward=True,
         ),
@@ -585,7 +645,9 @@ __all__ = [
     "microbatches_per_round",
     "one_f_one_b_family",
     "one_f_one_b",
+    "one_f_one_b_warmups",
     "peak_in_flight",
+    "sorted_one_f_one_b",
     "zero_bubble",
     "zero_bubble_v",
 ]

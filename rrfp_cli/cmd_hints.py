@@ -76,8 +76,9 @@ def show(
     split_overhead: SplitOverhead = None,
     json_mode: JsonFlag = False,
 ) -> None:
-    """Draw a hint as a coloured grid, one row per rank (colour = microbatch). ``cp`` is built from the
-    workload's expected durations (``--workload``, default uniform), which also decide the stages it splits."""
+    """Draw a hint as a coloured grid, one row per rank (colour = microbatch). ``cp``, ``bfw`` and the sorted
+    1F1Bs are built from the workload's expected durations (``--workload``, microbatches sampled at seed 0;
+    default uniform), which also decide the stages ``cp`` splits."""
     order = resolve_hint(hint, stages, chunks, microbatches, placement, workload, split_overhead)
     Output(json_mode).result(hint_to_json(order), lambda console: render_grid(console, order))
 

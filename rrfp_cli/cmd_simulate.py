@@ -149,7 +149,7 @@ def simulate(
     from runtime.sched.evaluate import DEFAULT_RULES
     from runtime.sched.evaluate import compare as run_compare
 
-    hints = builtin_candidates(shape, table)
+    hints = builtin_candidates(shape, table, budget)
     if file_hint is not None or hint_spec.startswith(TORCH_PREFIX):
         extra = file_hint or resolve(hint_spec, stages, chunks, microbatches, placement=placed)
         hints[extra.name] = extra
@@ -254,6 +254,8 @@ def _render_compare(console: Console, comparison) -> None:
              f"{format_seconds(comparison.bound.value)} ({comparison.bound.binding}); memory: peak "
              f"microbatch-chunks in flight summed over ranks, over the budget's sum; ready+la: ready with "
              f"lookahead."]
+    if comparison.credit.best_fixed is not None:
+        notes.append(comparison.credit.sentence(format_seconds))
     if any(r.p2p == "blocking" for r in rows) or comparison.deadlocked:
         notes.append("fixed (blocking p2p): the same fixed order with Megatron's blocking send/receive, each rank "
                      "waiting after every task until its peers posted their receives (docs/simulator.md).")

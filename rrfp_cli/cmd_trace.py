@@ -283,6 +283,10 @@ def _render_sensitivity(console: Console, result, data: dict) -> None:
     console.print(f"measured {data['measured_makespan_s'] * 1e3:.2f} ms (median); the traced hint replayed "
                   f"with {result.overhead_s * 1e6:.0f} us dispatch overhead per task ({source}) is off by "
                   f"{min(errors):+.1%} .. {max(errors):+.1%} per iteration")
+    sentence = result.credit.sentence(lambda seconds: f"{seconds * 1e3:.2f} ms")
+    if sentence:
+        console.print(f"[dim]{sentence} (1f1b-light/heavy: 1F1B with microbatches sorted by known cost; "
+                      f"@budget: warm-ups that fill the budget.)[/]")
 
 
 @app.command("decisions")

@@ -76,7 +76,16 @@ class Sensitivity:
                         "error": self.errors.get(i)} for i in self.iterations],
             "rows": [{**row.to_json(), "speedup_vs_traced": own / row.makespan if row.makespan else None}
                      for row in self.rows],
+            "credit": self.credit.to_json(),
         }
+
+    @property
+    def credit(self):
+        """The fastest fixed order and ready run within the budget ([Note: the best fixed order at equal
+        memory] in runtime.sched.baselines), on the median rows."""
+        from runtime.sched.evaluate import credit
+
+        return credit(self.rows)
 
 
 def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
@@ -119,7 +128,7 @@ def sensitivity(frames: TraceFrames, iterations: Sequence[int] | None = None,
     comparisons = []
     for it in iterations:
         table = realized_durations(frames, it)
-        hints = {own_name: trace_hint(frames, it), **builtin_candidates(pipeline_shape(frames), table)}
+        hints = {own_name: trace_hint(frames, it), **builtin_candidates(pipeline_shape(frames), table, budget)}
         comparisons.append(compare(hints, table, budget, overhead=overhead, own=(own_name, rule), own_p2p=p2p))
     rows = median_rows(comparisons)
     rows.sort(key=lambda r: r.hint != own_name)  # the traced hint first, then the built-ins in order

@@ -10,7 +10,11 @@ Conventions
 * Speedups are per table (fixed 1F1B's makespan over the row's on the same
   table), then summarized. The ready rows use the default rule of
   ``--policy ready`` (lookahead).
-* Fixed orders ignore the budget; a cell's budget applies to the ready rows.
+* Fixed orders ignore the budget; a cell's budget applies to the ready rows. The sorted 1F1B rows
+  (``fixed-1f1b-light``/``-heavy``) are the exception: their warm-ups fill each cell's budget.
+* *ready / best fixed*: per table, the makespan of the best fixed row that kept to the budget (lowest
+  median) over the ready row's: what readiness earns over the best fixed order a user could run at that
+  memory ([Note: the best fixed order at equal memory] in :mod:`runtime.sched.baselines`).
 * A split backward (the zb rows) costs each workload's measured ``(I + W) / B``
   ([Note: split backward cost by preset] in :mod:`runtime.durations.presets`: 1.14 for
   the language presets, 1.33 for the vision-language ones, 1.0 for
@@ -77,9 +81,16 @@ def tune_cell(workload: str, ranks: int, budget: str, settings: Settings) -> Tun
     return Tuned(chosen, chosen.label, outcome.verdict.tuned_kept, outcome.verdict.reason)
 
 
-def _hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None):
+def _hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, budget: str):
+    from runtime.sched.baselines import sorted_baselines
+    from runtime.sched.budget import MemoryBudget
     from runtime.sched.evaluate import concrete, resolve
 
+    if row.fills_budget:  # the sorted 1F1B with warm-ups that fill this budget (its built-in at 1F1B's)
+        fitted = sorted_baselines(shape, table.expected().microbatch_costs,
+                                  MemoryBudget.parse(budget).per_rank(shape), budget)
+        if f"{row.hint} @{budget}" in fitted:
+            return fitted[f"{row.hint} @{budget}"]
     if row.hint == TUNED:
         candidate = tuned.candidate
         if candidate.hint is not None:
@@ -124,7 +135,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
 
     def run(row: MatrixRow, rule: str, budget: str) -> dict | None:
         """One simulation; fixed orders ignore the budget, so each runs once for all budgets."""
-        hint_budget = budget if row.hint == TUNED else None  # the tuner picks per budget
+        hint_budget = budget if row.hint == TUNED or row.fills_budget else None  # the hint depends on the budget
         key = (row.hint, row.chunks, row.p2p, rule, hint_budget, budget if rule != "fixed" else None)
         if key in cache:
             return cache[key]
@@ -132,7 +143,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         table = table_for(row.chunks)
         hint_key = (row.hint, row.chunks, hint_budget)
         if hint_key not in hints:
-            hints[hint_key] = _hint_for(row, shape, table, (tuned or {}).get(budget))
+            hints[hint_key] = _hint_for(row, shape, table, (tuned or {}).get(budget), budget)
         hint = hints[hint_key]
         if hint.shape not in graphs:
             graphs[hint.shape] = TaskGraph.build(hint.shape)
@@ -219,10 +230,39 @@ def summarize_cell(workload: str, ranks: int, budget: str, per_table: Sequence[d
         if row.hint == TUNED:
             entry["tuned"] = {"picked": tuned.label, "kept_over_built_ins": tuned.kept, "reason": tuned.reason}
         out_rows.append(entry)
+    best_fixed = _best_fixed(rows, per_table, budget)
+    if best_fixed is not None:
+        name, fixed_makespans = best_fixed
+        by_name = {row.name: row for row in rows}
+        for entry in out_rows:
+            row = by_name[entry["row"]]
+            if row.ready or row.hint == TUNED:
+                runs = [t["runs"].get((row.name, budget)) for t in per_table]
+                entry["ready_over_best_fixed"] = spread([f / r["makespan"] if f and r else None
+                                                         for f, r in zip(fixed_makespans, runs)])
+                entry["best_fixed"] = name
     return {"workload": workload, "ranks": ranks, "microbatches": MICROBATCHES_PER_RANK * ranks, "budget": budget,
             "jitter": jitter, "tables": len(per_table),
             "lower_bound_s": spread([t["bound"][1] for t in per_table]),
             "cost_spread": spread([t["cost_spread"] for t in per_table]), "rows": out_rows}
+
+
+def _best_fixed(rows: Sequence[MatrixRow], per_table: Sequence[dict], budget: str
+                ) -> tuple[str, list[float | None]] | None:
+    """The fixed row within the budget on every table with the lowest median makespan, and its makespans:
+    the best fixed order a user could run at this memory ([Note: the best fixed order at equal memory] in
+    :mod:`runtime.sched.baselines`). Async p2p only (the blocking row is the same order, slower)."""
+    best = None
+    for row in rows:
+        if row.ready or row.hint == TUNED or row.p2p is not None:
+            continue
+        runs = [t["runs"].get((row.name, budget)) for t in per_table]
+        if not all(runs) or not all(r["within"] for r in runs):
+            continue
+        makespans = [r["makespan"] for r in runs]
+        if best is None or statistics.median(makespans) < statistics.median(best[1]):
+            best = (row.name, makespans)
+    return best
 
 
 def simulation_units(settings: Settings) -> int:

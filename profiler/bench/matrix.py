@@ -50,6 +50,7 @@ class MatrixRow:
     chunks: int = 1
     p2p: str | None = None  # "blocking": Megatron-style fixed baseline ([Note: rows that need an option])
     about: str = ""
+    fills_budget: bool = False  # a sorted 1F1B whose warm-ups fill each cell's budget (runtime.sched.baselines)
 
     @property
     def ready(self) -> bool:
@@ -63,9 +64,15 @@ MATRIX_ROWS: tuple[MatrixRow, ...] = (
     MatrixRow("fixed-interleaved", "interleaved-1f1b", "fixed", chunks=2,
               about="fixed-order interleaved 1F1B, 2 chunks per rank"),
     MatrixRow("fixed-zb", "zb", "fixed", about="fixed-order zero bubble (split backward)"),
+    MatrixRow("fixed-1f1b-light", "1f1b-light", "fixed", fills_budget=True,
+              about="fixed-order 1F1B, lightest microbatches first by known cost, warm-ups filling the budget"),
+    MatrixRow("fixed-1f1b-heavy", "1f1b-heavy", "fixed", fills_budget=True,
+              about="fixed-order 1F1B, heaviest microbatches first by known cost, warm-ups filling the budget"),
     MatrixRow("ready-1f1b", "1f1b", "lookahead", about="readiness-first, 1f1b hint"),
     MatrixRow("ready-bf", "bf", "lookahead", about="readiness-first, bf hint (breadth first)"),
     MatrixRow("ready-bfw", "bfw", "lookahead", about="readiness-first, bfw hint (heaviest microbatch first)"),
+    MatrixRow("ready-1f1b-light", "1f1b-light", "lookahead",
+              about="readiness-first, 1f1b-light hint (the sorted baseline's order, 1F1B's warm-ups)"),
     MatrixRow("ready-zb", "zb", "lookahead", about="readiness-first, zb hint"),
     MatrixRow("ready-cp", "cp", "lookahead", about="readiness-first, cp hint (critical path first)"),
     MatrixRow("ready-tuned", TUNED, "lookahead", about="readiness-first, the hint and rule tune-hint picks"),

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from hints.errors import UserError
-from hints.orders import microbatches_per_round, peak_in_flight, zero_bubble_v
+from hints.orders import one_f_one_b_warmups, peak_in_flight, zero_bubble_v
 from hints.tasks import PipelineShape, V
 
 
@@ -78,14 +78,10 @@ def one_f_one_b_bounds(shape: PipelineShape) -> list[int]:
     p, v, m = shape.ranks, shape.chunks, shape.microbatches
     if shape.placement == V:
         return list(_zbv_peaks(p, m))
-    if v == 1:
-        warmups = [p - 1 - r for r in range(p)]
-    else:
-        try:
-            per_round = microbatches_per_round(p, m)
-        except UserError:
-            per_round = p  # Megatron's round when torch's relaxation does not apply
-        warmups = [(v - 1) * per_round + 2 * (p - 1 - r) for r in range(p)]
+    try:
+        warmups = one_f_one_b_warmups(p, v, m)
+    except UserError:  # Megatron's round (p microbatches) when torch's relaxation does not apply
+        warmups = [(v - 1) * p + 2 * (p - 1 - r) for r in range(p)]
     return [min(w + 1, m * v) for w in warmups]
 
 

@@ -70,8 +70,8 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
             model: VariabilityModel | None = None, split: PipelineShape | None = None) -> HintOrder:
     """``spec`` for the shape; ``bfw`` and ``cp`` take their inputs from ``table.expected()``.
 
-    Without a table ``bfw`` keeps index order and ``cp`` uses ``model``'s durations (default uniform: ``rrfp
-    hints show cp``, ``--workload`` for another). ``split``: the stages ``cp`` splits are those of this shape
+    Without a table, ``model``'s durations sampled at seed 0 (``rrfp hints show --workload``); without
+    either, ``bfw`` and the sorted 1F1Bs keep index order and ``cp`` uses uniform durations. ``split``: the stages ``cp`` splits are those of this shape
     instead of its own choice ([Note: which stages split]; a run keeps its first iteration's).
     ``placement`` None is the hint's own (see :func:`hints.files.load.resolve_hint`).
     """
@@ -83,7 +83,7 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
     shape = hint_shape(spec, ranks, chunks, microbatches, placement)
     placement = shape.placement
     if table is None:
-        if not builtin.takes_priorities:
+        if not builtin.takes_priorities and model is None:
             return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
         table = sample_durations(model or VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
     costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities, split)
@@ -110,10 +110,18 @@ def ranking_costs(hint: HintOrder, table: Durations) -> list[float]:
     return list(table.expected().microbatch_costs)
 
 
-def builtin_candidates(shape: PipelineShape, table: Durations) -> dict[str, HintOrder]:
-    """Every built-in that applies to ``shape``, with ``bfw`` and ``cp`` from the table's expectation."""
+def builtin_candidates(shape: PipelineShape, table: Durations, budget: MemoryBudget | None = None
+                       ) -> dict[str, HintOrder]:
+    """Every built-in that applies to ``shape``, with ``bfw``, ``cp`` and the sorted 1F1Bs from the table's
+    expectation; with a ``budget``, also the sorted 1F1Bs whose warm-ups fill it ([Note: the best fixed order
+    at equal memory] in :mod:`runtime.sched.baselines`)."""
+    from runtime.sched.baselines import sorted_baselines
+
     costs, priorities = _expected_inputs(shape, table, True)
-    return applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)
+    built = applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)
+    if budget is not None:
+        built.update(sorted_baselines(shape.with_split(False), costs, budget.per_rank(shape), str(budget)))
+    return built
 
 
 def _expected_inputs(shape: PipelineShape, table: Durations, priorities: bool, split: PipelineShape | None = None):
@@ -160,6 +168,46 @@ class Row:
                 "vs_fixed_same_hint": self.vs_fixed, "makespan_over_bound": self.over_bound}
 
 
+@dataclass(frozen=True)
+class Credit:
+    """What readiness earns at one budget ([Note: the best fixed order at equal memory] in
+    :mod:`runtime.sched.baselines`): the fastest fixed order and the fastest ready run within the budget."""
+
+    best_fixed: Row | None
+    best_ready: Row | None
+
+    @property
+    def readiness(self) -> float | None:
+        """Best fixed makespan over best ready makespan (> 1: readiness wins at this memory)."""
+        if self.best_fixed is None or self.best_ready is None or self.best_ready.makespan <= 0:
+            return None
+        return self.best_fixed.makespan / self.best_ready.makespan
+
+    def to_json(self) -> dict:
+        def pick(row: Row | None):
+            return None if row is None else {"hint": row.hint, "rule": row.rule, "makespan": row.makespan,
+                                             "peak_in_flight": max(row.peak_in_flight)}
+        return {"best_fixed": pick(self.best_fixed), "best_ready": pick(self.best_ready),
+                "ready_over_best_fixed": self.readiness}
+
+    def sentence(self, write: Callable[[float], str]) -> str:
+        """One line for tables: which fixed order and which ready run are best, and their ratio."""
+        if self.best_fixed is None or self.best_ready is None:
+            return ""
+        return (f"Best fixed order within the budget: {self.best_fixed.hint} ({write(self.best_fixed.makespan)}); "
+                f"best ready: {self.best_ready.hint} {self.best_ready.label} ({write(self.best_ready.makespan)}); "
+                f"readiness over the best fixed order: {self.readiness:.3f}x.")
+
+
+def credit(rows: Sequence[Row]) -> Credit:
+    """The fastest fixed-order row and the fastest ready row that kept to the budget (async p2p)."""
+    within = [r for r in rows if r.within_budget and r.p2p == "async" and r.makespan > 0]
+    fixed = [r for r in within if r.rule == "fixed"]
+    ready = [r for r in within if r.rule != "fixed"]
+    return Credit(min(fixed, key=lambda r: r.makespan, default=None),
+                  min(ready, key=lambda r: r.makespan, default=None))
+
+
 @dataclass
 class Comparison:
     """Hints x rules on one table at one memory budget."""
@@ -180,11 +228,16 @@ class Comparison:
         """How tables head the speedup over the baseline: ``vs 1F1B``, or ``vs ZB-V`` under V placement."""
         return versus_label(self.baseline)
 
+    @property
+    def credit(self) -> Credit:
+        return credit(self.rows)
+
     def to_json(self) -> dict:
         return {"shape": self.shape.to_json(), "baseline": self.baseline, "memory_budget": str(self.budget),
                 "memory_budget_slots": self.slots, "lower_bound": self.bound.value,
                 "lower_bound_binding": self.bound.binding, "critical_path": self.bound.critical_path,
-                "rows": [r.to_json() for r in self.rows], "blocking_p2p_deadlocks": self.deadlocked}
+                "rows": [r.to_json() for r in self.rows], "blocking_p2p_deadlocks": self.deadlocked,
+                "credit": self.credit.to_json()}
 
 
 DEFAULT_RULES = ("fixed", "greedy", "lookahead")
@@ -278,5 +331,5 @@ def median_rows(comparisons: Sequence[Comparison]) -> list[Row]:
     return out
 
 
-__all__ = ["Comparison", "DEFAULT_RULES", "Row", "builtin_candidates", "compare", "concrete", "durations_for",
-           "median_rows", "ranking_costs", "resolve"]
+__all__ = ["Comparison", "Credit", "DEFAULT_RULES", "Row", "builtin_candidates", "compare", "concrete", "credit",
+           "durations_for", "median_rows", "ranking_costs", "resolve"]

@@ -19,6 +19,7 @@ import statistics
 from dataclasses import dataclass, field
 from typing import Callable
 
+from hints.errors import UserError
 from hints.orders import HintOrder, baseline_hint_name
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import resolve, versus_label
@@ -70,10 +71,15 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str, objective: Objective,
     explore = budget == "auto"
     evaluator = Evaluator(scenarios, MemoryBudget.parse("1f1b" if explore else budget), overhead)
     mean = scenarios.tuning[0].expected if len(scenarios.tuning) == 1 else _mean_expectation(scenarios)
-    candidates = ([traced] if traced is not None else []) + portfolio(shape, rules, mean, cost_model)
+    candidates = ([traced] if traced is not None else []) + portfolio(shape, rules, mean, cost_model,
+                                                                      evaluator.slots, str(evaluator.budget))
     tasks = shape.total_tasks * 3 // 2  # a split backward has half again as many tasks
     config = SearchConfig(objective, rules, work_budget(time_budget, jobs, tasks), seed, jobs)
     result = Search(evaluator, config, progress).run(candidates)
+    if result.scored and math.isinf(result.best.value) and result.stopped != "interrupted":
+        raise UserError(f"no fixed order fits the memory budget {evaluator.budget} "
+                        f"({min(evaluator.slots)}..{max(evaluator.slots)} slots per rank) on these scenarios; give a "
+                        f"larger budget or --policy ready", "`memory_budget`")
     pareto: list[dict] = []
     chosen_budget = budget
     if explore and RULES[result.best.candidate.rule].uses_budget:
@@ -118,6 +124,10 @@ def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, see
     traced = next((s for s in result.scored if s.candidate.family == "traced"), None)
     if traced is not None:
         held["traced hint"] = evaluator.makespans(traced.candidate, "holdout")
+    # [Note: the best fixed order at equal memory] in runtime.sched.baselines
+    best_fixed = next((s for s in result.scored if s.candidate.rule == "fixed" and not math.isinf(s.value)), None)
+    if best_fixed is not None:
+        held["best fixed order"] = evaluator.makespans(best_fixed.candidate, "holdout")
     if best.candidate.family in ("built-in", "traced", "baseline"):
         chosen, kept, reason = best, False, f"the best candidate is the built-in {best.candidate.label} itself"
         gain = {}
@@ -170,7 +180,8 @@ def report(outcome: TuneOutcome, context: dict) -> dict:
     families: dict[str, Scored] = {}
     for scored in search.scored:
         families.setdefault(scored.candidate.family, scored)
-    reference = {label: held[label] for label in ("fixed 1F1B", "best built-in", "traced hint") if label in held}
+    reference = {label: held[label] for label in ("fixed 1F1B", "best built-in", "traced hint", "best fixed order")
+                 if label in held}
     rows = []
     for family, scored in families.items():
         tuning = scored.makespans
@@ -191,14 +202,25 @@ def report(outcome: TuneOutcome, context: dict) -> dict:
                    "candidates_scored": len(search.scored), "trace": search.trace},
         "verdict": {"kept_tuned": verdict.tuned_kept, "reason": verdict.reason, "gain_over_best_builtin": verdict.gain,
                     "hint": chosen.candidate.name, "rule": chosen.candidate.rule, "family": chosen.candidate.family},
+        "best_fixed_order": _best_fixed(search, evaluator),
         "prediction": _prediction(held["chosen"], {"over_fixed_1f1b": held.get("fixed 1F1B"),
                                                    "over_best_builtin": held.get("best built-in"),
-                                                   "over_traced_hint": held.get("traced hint")},
+                                                   "over_traced_hint": held.get("traced hint"),
+                                                   "over_best_fixed_order": held.get("best fixed order")},
                                   (context.get("replay") or {}).get("errors")),
         "rows": rows,
         "pareto": outcome.pareto,
         **context,
     }
+
+
+def _best_fixed(search: SearchResult, evaluator: Evaluator) -> dict | None:
+    """The fastest fixed order within the budget the search scored ([Note: fixed candidates and the budget])."""
+    best = next((s for s in search.scored if s.candidate.rule == "fixed" and not math.isinf(s.value)), None)
+    if best is None:
+        return None
+    return {"hint": best.candidate.name, "family": best.candidate.family, "tuning_objective": best.value,
+            "peak_in_flight_per_rank": evaluator.peak_in_flight(best.candidate, "holdout")}
 
 
 def baseline_label(chunks: int, placement: str) -> str:
@@ -303,8 +325,10 @@ def render_markdown(data: dict) -> str:
     lines += [f"Predicted makespan on held-out scenarios: mean {m['mean'] * 1e3:.2f} ms, p50 {m['p50'] * 1e3:.2f} ms, "
               f"p90 {m['p90'] * 1e3:.2f} ms (p10..p90 {scenarios_range[0] * 1e3:.2f}..{scenarios_range[1] * 1e3:.2f} ms"
               f"{widened})."]
+    best_fixed = data.get("best_fixed_order")
+    fixed_label = "the best fixed order" + (f" ({best_fixed['hint']})" if best_fixed else "")
     for key, label in (("gain_over_fixed_1f1b", "fixed 1F1B"), ("gain_over_best_builtin", "the best built-in"),
-                       ("gain_over_traced_hint", "the traced hint")):
+                       ("gain_over_traced_hint", "the traced hint"), ("gain_over_best_fixed_order", fixed_label)):
         if key in p:
             g = p[key]
             low, high = gain_range(g)
@@ -313,7 +337,7 @@ def render_markdown(data: dict) -> str:
                          f"{g['p90']:+.1%}; with the simulator's measured error {low:+.1%} .. {high:+.1%}).")
     lines += ["", "## Candidates (best of each family)", "",
               "| row | hint | rule | tuning mean | held-out mean | held-out p90 | held-out CVaR90 | bubble | peak in flight "
-              "| vs fixed 1F1B | vs best built-in |", "|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| vs fixed 1F1B | vs best built-in | vs best fixed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in data["rows"]:
         h = row["holdout"]
 
@@ -322,9 +346,15 @@ def render_markdown(data: dict) -> str:
             return "-" if value is None else f"{value:.3f}x"
 
         bubble = "-" if row["bubble_fraction"] is None else f"{row['bubble_fraction']:.1%}"
+        over = " (over budget)" if row["rule"] == "fixed" and any(
+            peak > slot for peak, slot in zip(row["peak_in_flight_per_rank"], data["memory_budget_slots"])) else ""
         lines.append(f"| {row['row']} | {row['hint']} | {RULES[row['rule']].label} | {row['tuning']['mean'] * 1e3:.2f} ms "
                      f"| {h['mean'] * 1e3:.2f} ms | {h['p90'] * 1e3:.2f} ms | {h['cvar90'] * 1e3:.2f} ms | {bubble} "
-                     f"| {row['peak_in_flight']} | {ratio('speedup_vs_fixed_1F1B')} | {ratio('speedup_vs_best_built-in')} |")
+                     f"| {row['peak_in_flight']}{over} | {ratio('speedup_vs_fixed_1F1B')} | {ratio('speedup_vs_best_built-in')} "
+                     f"| {ratio('speedup_vs_best_fixed_order')} |")
+    lines += ["", "Vs best fixed: over the fastest fixed order within the budget the search scored (sorted 1F1B, the "
+              "built-ins and tuned fixed orders whose peak fits; docs/tuning.md), what readiness and search add "
+              "beyond ordering by known cost at this memory."]
     if data.get("pareto"):
         lines += ["", "## Memory (--memory-budget auto)", "", "| budget | max slots per rank | objective | chosen |",
                   "|---|---|---|---|"]

@@ -31,6 +31,14 @@ The search itself (portfolio, local search, racing) is :mod:`runtime.tune.search
     built-in and the report says why. At the 1f1b budget the output is in
     addition never slower than fixed-order 1F1B on the held-out scenarios
     (fixed 1F1B itself is a candidate, so the rule can always fall back to it).
+
+[Note: fixed candidates and the budget]
+    A ready rule is held to the memory budget by the arbiter; a fixed order holds what its order holds
+    (``gpipe``, ``bfw``, ``cp`` keep every microbatch in flight). A fixed candidate whose peak in flight,
+    read off its order, exceeds the budget on any rank is therefore not a candidate at that budget: it is
+    scored (the report shows it) but ranks after every candidate that fits (:meth:`Evaluator.fits`), so it
+    can be neither the best found nor written out. The baseline (fixed 1F1B) is the one exception: it is the
+    reference every verdict compares with, and at the ``1f1b`` budget it fits by definition.
 """
 
 from __future__ import annotations
@@ -43,7 +51,7 @@ from typing import Sequence
 
 from hints.deps import TaskGraph
 from hints.errors import UserError
-from hints.orders import HintOrder
+from hints.orders import HintOrder, peak_in_flight
 from hints.tasks import PipelineShape
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import concrete, resolve
@@ -212,6 +220,13 @@ class Evaluator:
                                                      scenario.table, s.placement)
             return hint
         return concrete(candidate.hint, scenario.table)
+
+    def fits(self, candidate: Candidate) -> bool:
+        """Whether ``candidate`` keeps to the budget ([Note: fixed candidates and the budget])."""
+        if RULES[candidate.rule].uses_budget:
+            return True  # the arbiter holds every rank to its slots
+        hint = self.hint_for(candidate, "tuning", 0)
+        return all(peak_in_flight(order, hint.shape) <= slot for order, slot in zip(hint.orders, self.slots))
 
     def simulate(self, candidate: Candidate, which: str, index: int, record: bool = False) -> SimResult:
         hint = self.hint_for(candidate, which, index)

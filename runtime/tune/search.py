@@ -52,6 +52,7 @@ from hints.priorities import list_priorities
 from hints.tasks import LOOPING, PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.durations.variability import Durations
+from runtime.sched.baselines import SORTED_1F1B, sorted_baselines
 from runtime.sched.evaluate import resolve
 from runtime.sched.split_choice import choose_split
 from runtime.tune.evaluator import Candidate, Evaluator, Objective
@@ -95,8 +96,10 @@ class SearchResult:
 # -- the portfolio --------------------------------------------------------------
 
 
-def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_model=None) -> list[Candidate]:
-    """Every starting candidate (see the module docstring), in a fixed order."""
+def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_model=None,
+              slots: Sequence[int] | None = None, budget: str = "1f1b") -> list[Candidate]:
+    """Every starting candidate (see the module docstring), in a fixed order; ``slots`` (per rank, the budget
+    ``budget`` gives) adds the sorted 1F1Bs whose warm-ups fill it."""
     p, v, m, placement = shape.ranks, shape.chunks, shape.microbatches, shape.placement
     candidates: list[Candidate] = []
 
@@ -114,6 +117,15 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
     baseline = baseline_hint_name(v, placement)
     if "fixed" not in rules:
         candidates.append(Candidate(baseline, "baseline", "fixed", resolve(baseline, p, v, m, placement=placement)))
+        for name in SORTED_1F1B:  # the best fixed orders a user could run from the same costs
+            if name in builtins:
+                candidates.append(Candidate(name, "sorted 1F1B", "fixed", builtin=name))
+    if slots is not None:
+        # A cost-ranked order: slot k is the k-th heaviest, so index costs m..1 make the sorted order its slots
+        for name, hint in sorted_baselines(shape.with_split(False), [float(m - i) for i in range(m)], slots,
+                                           budget).items():
+            ranked = as_cost_ranked(hint, [float(m - i) for i in range(m)], name, cost_model)
+            candidates.append(Candidate(name, "sorted 1F1B", "fixed", ranked))
 
     if placement == LOOPING:  # the 1F1B family places stages looping (zbv is V's counterpart, a built-in)
         for offset in (-2, -1, 1, 2, 4):
@@ -245,14 +257,26 @@ class Search:
         keep = ranked[:max(4, math.ceil(len(ranked) / 4))] if rest else ranked
         # The references every verdict and report compares with are always scored in full.
         best_builtin = next((k for k in ranked if candidates[k].family == "built-in"), None)
+        best_sorted = next((k for k in ranked if candidates[k].family == "sorted 1F1B"), None)
+        shape = self.evaluator.shape
+        baseline = baseline_hint_name(shape.chunks, shape.placement)
         for k in ranked:
-            if k not in keep and (k == best_builtin or candidates[k].family in ("baseline", "traced")):
+            reference = candidates[k].family in ("baseline", "traced") or (
+                candidates[k].rule == "fixed" and candidates[k].name == baseline)
+            if k not in keep and (k in (best_builtin, best_sorted) or reference):
                 keep.append(k)
         late = self._map([(candidates[k], "tuning", rest) for k in keep]) if rest else [[] for _ in keep]
-        scored = [Scored(candidates[k], early[k] + more, objective(early[k] + more)) for k, more in zip(keep, late)]
+        scored = [Scored(candidates[k], early[k] + more, self._value(candidates[k], early[k] + more))
+                  for k, more in zip(keep, late)]
         scored.sort(key=lambda s: s.value)
         self._improved(scored[0].value, "portfolio")
         return scored
+
+    def _value(self, candidate: Candidate, makespans: list[float]) -> float:
+        """The objective, or inf for a fixed order over the budget ([Note: fixed candidates and the budget])."""
+        if candidate.family != "baseline" and not self.evaluator.fits(candidate):
+            return math.inf
+        return self.config.objective(makespans)
 
     def _improved(self, value: float, note: str) -> None:
         if value < self.best_value:
@@ -298,7 +322,7 @@ class Search:
             if not promising:
                 continue
             late = self._map([(batch[k], "tuning", rest) for k in promising]) if rest else [[] for _ in promising]
-            trial = min((Scored(batch[k], early[k] + more, objective(early[k] + more))
+            trial = min((Scored(batch[k], early[k] + more, self._value(batch[k], early[k] + more))
                          for k, more in zip(promising, late)), key=lambda s: s.value)
             slot = step % config.history
             if trial.value <= current.value or trial.value <= history[slot]:

@@ -156,7 +156,7 @@ def test_simulate_human_output(tmp_path):
 def test_simulate_compare(tmp_path):
     data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--workload", "multimodal")
     expected = set(applicable_builtins(4, 1, 8)) | {"cp"}
-    assert expected == {"gpipe", "1f1b", "bf", "bfw", "zb", "cp"}
+    assert expected == {"gpipe", "1f1b", "bf", "bfw", "1f1b-light", "1f1b-heavy", "zb", "cp"}
     pairs = {(row["hint"], row["rule"]) for row in data["rows"]}
     assert pairs == {(name, rule) for name in expected for rule in ("fixed", "greedy", "lookahead")}
     assert len(data["rows"]) == 3 * len(expected)
@@ -178,6 +178,30 @@ def test_simulate_compare(tmp_path):
             assert row["vs_fixed_same_hint"] == pytest.approx(fixed[row["hint"]] / row["makespan"])
     # Fixed gpipe holds every microbatch: not at equal memory with the 1f1b budget.
     assert not next(r for r in data["rows"] if r["hint"] == "gpipe" and r["rule"] == "fixed")["within_budget"]
+    # The credit: the fastest fixed order and ready run that kept to the budget, and their ratio.
+    within = [r for r in data["rows"] if r["within_budget"]]
+    best_fixed = min((r for r in within if r["rule"] == "fixed"), key=lambda r: r["makespan"])
+    best_ready = min((r for r in within if r["rule"] != "fixed"), key=lambda r: r["makespan"])
+    credit = data["credit"]
+    assert (credit["best_fixed"]["hint"], credit["best_ready"]["makespan"]) == (best_fixed["hint"],
+                                                                               best_ready["makespan"])
+    assert credit["ready_over_best_fixed"] == pytest.approx(best_fixed["makespan"] / best_ready["makespan"])
+
+
+def test_simulate_compare_sorted_baselines_fill_the_budget(tmp_path):
+    """At 2x the sorted 1F1Bs run again with warm-ups that fill each rank's slots, and stay within them."""
+    data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--workload", "vlm-mixed",
+                   "--memory-budget", "2x")
+    slots = data["memory_budget_slots"]
+    assert slots == [8, 6, 4, 2]
+    for name in ("1f1b-light @2x", "1f1b-heavy @2x"):
+        row = next(r for r in data["rows"] if r["hint"] == name and r["rule"] == "fixed")
+        assert row["peak_in_flight_per_rank"] == slots and row["within_budget"]
+    plain = next(r for r in data["rows"] if r["hint"] == "1f1b-light" and r["rule"] == "fixed")
+    assert plain["peak_in_flight_per_rank"] == [4, 3, 2, 1]
+    out = ok(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--workload", "vlm-mixed",
+             "--memory-budget", "2x").stdout
+    assert "Best fixed order within the budget" in " ".join(out.split())
 
 
 def test_simulate_compare_table_marks_memory(tmp_path):

@@ -14,17 +14,22 @@ import pytest
 
 from hints.orders import applicable_builtins, builtin_hint
 from runtime.config import RunConfig, run_shape
+from runtime.sched.baselines import SORTED_1F1B
 from tests.helpers.jobs import check_against_reference, check_budget, run_jobs
 
 ITERS = 2
 
 
 def matrix(stages: int, microbatches: int) -> list[dict]:
-    """Every built-in (cp included) x fixed and ready; ready looks ahead on multimodal, is greedy on gpt."""
+    """Every built-in (cp included) x fixed and ready; ready looks ahead on multimodal, is greedy on gpt.
+
+    The sorted 1F1Bs are 1F1B relabelled, like bfw is bf: they run once each in SORTED_JOBS instead."""
     jobs = []
     for workload, lookahead in (("gpt", False), ("multimodal", True)):
         for chunks in (1, 2):
             for hint in [*applicable_builtins(stages, chunks, microbatches), "cp"]:
+                if hint in SORTED_1F1B:
+                    continue
                 for policy in ("fixed", "ready"):
                     config = dict(workload=workload, ranks=stages, chunks=chunks, microbatches=microbatches,
                                   hint=hint, policy=policy, iters=ITERS, seed=stages)
@@ -44,6 +49,11 @@ CURVE_JOBS = [{"name": f"{w}-{p}", "config": dict(workload=w, ranks=2, chunks=2,
 EMULATED_JOB = {"name": "emu", "config": dict(workload="emulated", ranks=2, microbatches=4, iters=2,
                                               forward_time=0.004, hint="zb", memory_budget="2x",
                                               emulate="multimodal", jitter=0.2)}
+# The sorted 1F1Bs on multimodal (whose microbatches differ in cost, so the order differs from 1F1B's).
+SORTED_JOBS = [{"name": f"multimodal-v{chunks}-{hint}-{policy}",
+                "config": dict(workload="multimodal", ranks=4, chunks=chunks, microbatches=8, hint=hint, policy=policy,
+                               iters=ITERS, seed=4)}
+               for chunks, hint, policy in ((1, "1f1b-light", "fixed"), (2, "1f1b-heavy", "ready"))]
 V_SHAPES = [(2, 4, ("gpt", "emulated", "multimodal")), (4, 8, ("gpt",))]
 
 
@@ -98,7 +108,7 @@ def mixed_split_jobs(root) -> list[dict]:
 def four_ranks(tmp_path_factory):
     """Every 4-rank job of this module, in one launch: the matrix, V placement, a hint splitting some stages."""
     root = tmp_path_factory.mktemp("four")
-    jobs = [*matrix(4, 8), *v_jobs(*V_SHAPES[1]), *mixed_split_jobs(root)]
+    jobs = [*matrix(4, 8), *v_jobs(*V_SHAPES[1]), *mixed_split_jobs(root), *SORTED_JOBS]
     return SimpleNamespace(root=root, results=run_jobs(root, 4, jobs, limit=900))
 
 
@@ -119,6 +129,12 @@ def test_every_hint_and_policy_matches_single_process(launched, request):
     for job in jobs:
         check_against_reference(results, job)
         check_budget(results, job)
+
+
+def test_sorted_1f1b_matches_single_process(four_ranks):
+    for job in SORTED_JOBS:
+        check_against_reference(four_ranks.results, job)
+        check_budget(four_ranks.results, job)
 
 
 def test_a_hint_splitting_some_stages_matches_single_process(four_ranks):
