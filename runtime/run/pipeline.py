@@ -74,6 +74,7 @@ class ReadyPipeline:
         from runtime.exec.executor import StageExecutor
         from runtime.run.plan import HintPlan, validate_run
         from runtime.sched.budget import MemoryBudget
+        from runtime.sched.fixed_order import SafeAdmission
 
         if not dist.is_initialized():
             raise UserError("call torch.distributed.init_process_group first (one process per pipeline rank)",
@@ -96,8 +97,9 @@ class ReadyPipeline:
         self.rule = self.config.rule()
         self._iteration = 0
         self.graph = TaskGraph.build(graph_shape)
-        self.budget = (MemoryBudget.parse(memory_budget).per_rank(graph_shape)[self.rank]
-                       if self.rule.uses_budget else None)
+        budgets = MemoryBudget.parse(memory_budget).per_rank(graph_shape) if self.rule.uses_budget else None
+        self.budget = budgets[self.rank] if budgets else None
+        self.safe_admission = SafeAdmission(self.graph, budgets)  # [Note: safe-state admission]
         self.transport = Transport(self.rank, pipeline_links(TaskGraph.build(shape).links()), self.device, timeout)
         self.transport.start(timeout=timeout)
         self.executor = StageExecutor(self.rank, self.graph, self.workload, self.modules, self.transport,
@@ -122,7 +124,7 @@ class ReadyPipeline:
         hint = self.plan.for_iteration(iteration)
         forecast = self.executor.forecast
         arbiter = make_arbiter(self.rule, self.graph, self.rank, hint.orders[self.rank], self.budget,
-                               estimates=forecast.estimates if forecast else None)
+                               estimates=forecast.estimates if forecast else None, safe=self.safe_admission(hint))
         result = self.executor.run_iteration(iteration, arbiter)
         self._iteration += 1
         dist.barrier()

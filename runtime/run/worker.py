@@ -282,6 +282,7 @@ class _JobRun:
         from runtime.run.noise import NoiseInjector
         from runtime.run.plan import HintPlan
         from runtime.sched.budget import MemoryBudget
+        from runtime.sched.fixed_order import SafeAdmission
         from runtime.workloads.make import make_optimizer, make_workload
 
         self.ctx, self.job, self.config, self.watchdog = ctx, job, job.config, watchdog
@@ -300,6 +301,7 @@ class _JobRun:
         self.rule = config.rule()
         budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if self.rule.uses_budget else None
         self.budget = budgets[pipe] if budgets else None
+        self.safe_admission = SafeAdmission(self.graph, budgets)  # [Note: safe-state admission]
         self.modules = modules = _stage_modules(ctx, workload, shape.stages_of_rank(pipe))
         self.optimizer = make_optimizer([p for m in modules.values() for p in m.parameters()], config)
         noise = NoiseInjector(config, ctx.rank, workload)
@@ -333,7 +335,8 @@ class _JobRun:
         hint = self.plan.for_iteration(iteration)
         arbiter = member_arbiter(
             grid, lambda: make_arbiter(self.rule, self.graph, pipe, hint.orders[pipe], self.budget, record=True,
-                                       estimates=executor.forecast.estimates if executor.forecast else None),
+                                       estimates=executor.forecast.estimates if executor.forecast else None,
+                                       safe=self.safe_admission(hint)),
             self.graph, hint.orders[pipe], ctx.transport, iteration, ctx.clock_offset_ns)
         began = time.perf_counter()
         if reducer:

@@ -59,6 +59,54 @@ Rules (``fixed``, ``greedy``, ``lookahead``: the subclasses below) are chosen th
     chunk-0 forwards). ``test_properties`` checks that no seeded budget >=
     ``v`` deadlocks, with looping and V shapes.
 
+[Note: safe-state admission]
+    The reservation rule above is conservative: it holds ``v`` slots for
+    every admitted microbatch, so at a hint's own fixed peak a chunked ready
+    run admits fewer microbatches than the fixed order it was given (an
+    interleaved ready run peaked at 20-21 of the 23 slots the fixed order
+    uses, and lost 13% to it). When the hint *completes in fixed order* and
+    its fixed order keeps within every rank's budget, the arbiter uses a
+    banker's-style test instead (Dijkstra's banker's algorithm, with the
+    hint's own order as the safe sequence): a task may start only if the
+    hint order, continued from the resulting state, still keeps within the
+    budget. That test is per rank, and exact:
+
+    * *The continuation completes.* The hint order completes in fixed order,
+      so the graph of its dependencies plus each rank's order is acyclic.
+      From any state the arbiters reach (started tasks are closed under
+      dependencies), each rank's not-started tasks in hint order form a
+      subsequence of its order: a cycle among them would map to one in the
+      full graph, so there is none, and the fixed continuation completes.
+    * *Its memory is a rank's own.* In fixed order a rank's microbatch-chunks
+      in flight depend only on its own sequence: ``d = +1`` for a forward,
+      ``-1`` for the last backward of a (stage, microbatch), 0 otherwise.
+      With ``s_k`` the prefix sums of ``d`` over the not-started positions
+      below ``k``, the continuation keeps within the budget iff
+      ``in_flight + max_k s_k <= budget`` (the invariant). Running a
+      backward never breaks it (removing a ``-1`` raises a later ``s_k`` by
+      at most the slot it frees; removing a 0 changes nothing). A forward at
+      position ``q`` keeps it iff ``in_flight + max_{k <= q} s_k <= budget -
+      1``, which is monotone in ``q``: if the best-ranked ready forward
+      fails, every later one fails too, so the rule is "the best-ranked
+      ready task, skipping forwards once the best ready forward fails". A
+      segment tree over positions (sum, best prefix) answers it in
+      ``O(log n)``; when ``in_flight + max_k s_k <= budget - 1`` any forward
+      passes without a query.
+
+    Why this cannot deadlock: the invariant holds initially (it is the fixed
+    order's peak within the budget) and every start keeps it. At a state
+    where no event is pending and nothing runs, the fixed continuation
+    exists, so some rank's first not-started task (its hint head) has every
+    input: it is ready. A head forward always passes the test (``s_k = 0``
+    for ``k <= q`` at the head, and the invariant with ``s_{q+1} = 1`` gives
+    ``in_flight <= budget - 1``), and backwards are never held: that rank
+    starts something. The budget holds (``k = 0`` of the invariant). Where
+    the hint does not complete in fixed order, or its fixed order holds more
+    than the budget on some rank (``gpipe``, ``bf``, ``bfw`` at 1F1B's
+    memory), the reservation rule applies as before. The caller decides
+    (:func:`runtime.sched.fixed_order.completes_within`), the same way in the
+    simulator and the runtime, for every rank of an iteration.
+
 [Note: lookahead admission]
     Greedy readiness loses to fixed order at tight memory in one way: the
     hint's head ``h`` is a forward whose input is being computed upstream,
@@ -160,6 +208,7 @@ class Arbiter:
         record: bool = False,
         positions: list[int] | None = None,
         estimates: Estimates | None = None,
+        safe: bool = False,
     ) -> None:
         self.graph = graph
         self.rank = rank
@@ -179,11 +228,15 @@ class Arbiter:
         self._block_size = graph.shape.microbatches
         self._local_offsets, self._remote_offsets = graph.local_offsets, graph.remote_offsets
         self._admits, self._is_forward = graph.admits, graph.is_forward
+        self.safe = safe  # [Note: safe-state admission]: every forward is tested, on the heap of admissions
         self._rank_of = graph.rank
         # Per block (task id // m): the hot paths read these, not the per-task lists above: a few
         # entries that stay in cache, where a read of a task-sized list is a cache miss at scale.
         self._block_admits, self._block_frees = graph.block_admits, graph.block_frees
         self._block_forward = graph.block_forward
+        if safe:
+            self._admits, self._block_admits = graph.is_forward, graph.block_forward
+            self._tree_build(tids, graph)
         # Per hint position.
         self.unmet = list(map(graph.prereq_count.__getitem__, tids))
         self.started = [False] * len(tids)  # (lists, not bytearrays: list stores are the interpreter's fast path)
@@ -324,6 +377,8 @@ class Arbiter:
         self.started[h] = True
         tid = self._running = self.tids[h]
         block = tid // self._block_size
+        if self.safe and self._sum[self._leaves + h]:
+            self._tree_clear(h)
         if self._block_forward[block]:
             in_flight = self.in_flight = self.in_flight + 1
             if in_flight > self.peak_in_flight:
@@ -331,6 +386,63 @@ class Arbiter:
             if self._block_admits[block]:
                 self.reserved += self.chunks
         return tid
+
+    # -- [Note: safe-state admission] ------------------------------------------------
+    def _tree_build(self, tids: Sequence[int], graph: TaskGraph) -> None:
+        """Per node over hint positions: the sum of ``d`` and its best prefix (the empty one included)."""
+        leaves = 1
+        while leaves < max(1, len(tids)):
+            leaves *= 2
+        self._leaves = leaves
+        total = [0] * (2 * leaves)
+        best = [0] * (2 * leaves)
+        forward, frees = graph.is_forward, graph.frees
+        for h, tid in enumerate(tids):
+            d = 1 if forward[tid] else (-1 if frees[tid] else 0)
+            total[leaves + h] = d
+            best[leaves + h] = 1 if d > 0 else 0
+        for node in range(leaves - 1, 0, -1):
+            left = 2 * node
+            total[node] = total[left] + total[left + 1]
+            best[node] = max(best[left], total[left] + best[left + 1])
+        self._sum, self._best = total, best
+
+    def _tree_clear(self, h: int) -> None:
+        """Position ``h`` started: it leaves the continuation."""
+        total, best = self._sum, self._best
+        node = self._leaves + h
+        total[node] = best[node] = 0
+        node >>= 1
+        while node:
+            left = 2 * node
+            total[node] = total[left] + total[left + 1]
+            right = total[left] + best[left + 1]
+            best[node] = best[left] if best[left] > right else right
+            node >>= 1
+
+    def safe_to_start(self, h: int) -> bool:
+        """Whether the forward at hint position ``h`` keeps the continuation within the budget."""
+        room = self.budget - 1 - self.in_flight
+        best = self._best
+        if best[1] <= room:
+            return True
+        total = self._sum
+        node, low, high, before, peak = 1, 0, self._leaves, 0, 0  # max of s_k over k <= h
+        while True:
+            if h >= high:
+                peak = max(peak, before + best[node])
+                break
+            middle = (low + high) // 2
+            left = 2 * node
+            if h <= middle:
+                node, high = left, middle
+            else:
+                peak = max(peak, before + best[left])
+                before += total[left]
+                node, low = left + 1, middle
+            if h <= low:
+                break
+        return peak <= room
 
     def _is_done(self, tid: int) -> bool:
         """Whether ``tid`` (a task of this rank) has finished: started, and not the one running."""
@@ -379,7 +491,8 @@ class ReadyArbiter(Arbiter):
 
     def choose(self, now: float = 0.0) -> int | None:
         others, admissions = self._others, self._admissions
-        if admissions and self.reserved + self.chunks <= self.budget:  # an admission fits
+        if admissions and (self.safe_to_start(admissions[0]) if self.safe
+                           else self.reserved + self.chunks <= self.budget):  # an admission fits
             fits = True
             pick = others if others and others[0] < admissions[0] else admissions
         elif others:
@@ -443,7 +556,11 @@ class LookaheadArbiter(ReadyArbiter):
         # simulator's hot path (a shared helper costs a call per decision). _wakeup is set on every
         # path that returns None (only then is next_wakeup asked).
         others, admissions = self._others, self._admissions
-        budget_room = self.reserved + self.chunks <= self.budget
+        if self.safe:  # [Note: safe-state admission]: the head always fits
+            budget_room = not admissions or self.safe_to_start(admissions[0])
+            head_fits = True
+        else:
+            head_fits = budget_room = self.reserved + self.chunks <= self.budget
         if admissions and budget_room:  # an admission fits
             fits = True
             pick = others if others and others[0] < admissions[0] else admissions
@@ -461,7 +578,7 @@ class LookaheadArbiter(ReadyArbiter):
                 h += 1
             self._head = h
             if best != h and self.unmet[h] and forward[tids[h] // block_size] and \
-                    (budget_room or not self._block_admits[tids[h] // block_size]):
+                    (head_fits or not self._block_admits[tids[h] // block_size]):
                 eta, firm = self._eta[h], True
                 if eta is None:
                     eta, firm = self._eta_relayed[h], False
@@ -488,6 +605,8 @@ class LookaheadArbiter(ReadyArbiter):
             duration = estimates[tids[x]]
             if duration is not None and now + duration <= eta:
                 heap = admissions if self._block_admits[tids[x] // self._block_size] else others
+                if self.safe and heap is admissions and not self.safe_to_start(x):
+                    continue
                 heap.remove(x)
                 heapify(heap)
                 if self.decisions is not None:

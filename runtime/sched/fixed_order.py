@@ -65,6 +65,7 @@ from collections import deque
 from functools import reduce
 from itertools import accumulate
 from operator import add
+from typing import Sequence
 
 from hints.deps import TaskGraph
 from hints.orders import HintOrder
@@ -146,6 +147,60 @@ def replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Compu
     # A task's inputs_ready is final once it runs: start = inputs_ready + overhead, as in the loop.
     began = [array("d", [inputs_ready[tid] + overhead for tid in order]) for order in orders]
     return makespan, orders, began, busy_times(orders, compute), peak_in_flight
+
+
+def completes_within(graph: TaskGraph, orders: list[list[int]], budgets: Sequence[int] | None) -> bool:
+    """Whether the orders (task ids per rank) complete in fixed order and hold at most ``budgets`` on every
+    rank: when the arbiters may use [Note: safe-state admission] in :mod:`runtime.sched.arbiter`.
+
+    Completion is a topological sort of the dependencies plus each rank's order (no durations: with
+    buffered links a fixed order completes iff that graph is acyclic and covers every task).
+    """
+    if budgets is None or sum(map(len, orders)) != len(graph):
+        return False
+    if any(peak > budget for peak, budget in zip(order_peaks(graph, orders), budgets)):
+        return False
+    unmet = [count + 1 for count in graph.prereq_count]  # + the previous task in the rank's order
+    following = [-1] * len(graph)
+    for order in orders:
+        if order:
+            unmet[order[0]] -= 1
+            for before, after in zip(order, order[1:]):
+                following[before] = after
+    runnable = [order[0] for order in orders if order and not unmet[order[0]]]
+    local_offsets, remote_offsets, block_size = graph.local_offsets, graph.remote_offsets, graph.shape.microbatches
+    done = 0
+    while runnable:
+        tid = runnable.pop()
+        done += 1
+        block = tid // block_size
+        for offset in (*local_offsets[block], *remote_offsets[block]):
+            consumer = tid + offset
+            unmet[consumer] -= 1
+            if not unmet[consumer]:
+                runnable.append(consumer)
+        after = following[tid]
+        if after >= 0:
+            unmet[after] -= 1
+            if not unmet[after]:
+                runnable.append(after)
+    return done == len(graph)
+
+
+class SafeAdmission:
+    """Per iteration's hint, whether its arbiters use [Note: safe-state admission] (:func:`completes_within`),
+    worked out once per hint object: a run's ranks ask every iteration, and a static hint is one object."""
+
+    def __init__(self, graph: TaskGraph, budgets: Sequence[int] | None) -> None:
+        self.graph, self.budgets = graph, budgets
+        self._last: tuple[HintOrder, bool] | None = None
+
+    def __call__(self, hint: HintOrder) -> bool:
+        if self.budgets is None:
+            return False
+        if self._last is None or self._last[0] is not hint:
+            self._last = (hint, completes_within(self.graph, [self.graph.ids(o) for o in hint.orders], self.budgets))
+        return self._last[1]
 
 
 def order_peaks(graph: TaskGraph, orders: list[list[int]]) -> list[int]:

@@ -149,12 +149,15 @@ def make_arbiter(
     record: bool = False,
     positions: list[int] | None = None,
     estimates: Estimates | None = None,
+    safe: bool = False,
 ) -> Arbiter:
     """Build the arbiter of ``rule`` (see :func:`as_rule`) for ``rank``.
 
     ``budget`` is that rank's slot count. ``positions`` (task id -> hint position) may be one list shared
     by the arbiters of all ranks of one process (the simulator); each arbiter fills in its own tasks.
-    ``estimates`` (task id -> expected seconds) is needed by the lookahead rule.
+    ``estimates`` (task id -> expected seconds) is needed by the lookahead rule. ``safe``: the hint
+    completes in fixed order within every rank's budget, so admission uses [Note: safe-state admission]
+    (:func:`runtime.sched.fixed_order.completes_within` decides; the same for every rank).
     """
     return as_rule(rule).arbiter(graph, rank, order, budget=budget, record=record, positions=positions,
-                                 estimates=estimates)
+                                 estimates=estimates, safe=safe)

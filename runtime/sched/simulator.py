@@ -59,7 +59,7 @@ from hints.tasks import cyclic_gc_paused
 from hints.validate import format_grid
 from runtime.durations.variability import Durations
 from runtime.sched.budget import MemoryBudget
-from runtime.sched.fixed_order import busy_times, replay_blocking, replay_exact_order
+from runtime.sched.fixed_order import busy_times, completes_within, replay_blocking, replay_exact_order
 from runtime.sched.results import Compute, ScheduleDeadlock, SimResult, Transfer
 from runtime.sched.rules import ArbiterRule, Policy, as_rule, check_p2p, make_arbiter
 
@@ -127,9 +127,11 @@ def simulate(
                              decisions=None)
         # Some rank is stuck: the event loop below finds where, for the report.
     positions = [0] * len(graph)  # shared by the arbiters: each fills in its own rank's tasks
+    # [Note: safe-state admission] in runtime.sched.arbiter
+    safe = rule.uses_budget and completes_within(graph, [graph.ids(order) for order in hint.orders], budgets)
     arbiters = [
         make_arbiter(rule, graph, r, hint.orders[r], None if budgets is None else budgets[r], record, positions,
-                     expected_compute)
+                     expected_compute, safe)
         for r in range(shape.ranks)
     ]
     executed: list[list[int]] = [[] for _ in range(shape.ranks)]

@@ -10,6 +10,7 @@ proof for V ([Note: memory budget and chunk deadlock]) is checked too.
 
 from __future__ import annotations
 
+import itertools
 import random
 
 import pytest
@@ -246,3 +247,64 @@ def test_blocking_random_orders_complete_or_report(p, v, m, split, seed, latency
     async_result = simulate(hint, (compute, transfer), "fixed", graph=graph)
     check_run(result, hint, compute, transfer, None)
     check_rendezvous(result, async_result, compute, transfer, 0.0)
+
+
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
+       st.sampled_from([0.0, 0.5]), st.booleans(), placements, st.sampled_from(["greedy", "lookahead"]))
+def test_safe_state_admission_never_deadlocks_and_keeps_the_budget(p, v, m, split, seed, latency, builtin,
+                                                                    placement, rule):
+    # [Note: safe-state admission]: budgets at or a little above the hint's own fixed peak per rank, so the
+    # arbiters test every forward against the fixed continuation; every task runs, the budget holds.
+    from runtime.sched.fixed_order import completes_within, order_peaks
+
+    v = chunks_for(placement, v)
+    shape = PipelineShape(p, v, m, split, placement)
+    hints = applicable_builtins(p, v, m, placement=placement) if builtin else {}
+    hints = [h for h in hints.values() if h.shape.split_backward == split] or [random_order_hint(shape, seed)]
+    hint = hints[seed % len(hints)]
+    graph = TaskGraph.build(hint.shape)
+    orders = [graph.ids(order) for order in hint.orders]
+    rng = random.Random(seed)
+    budget = [max(v, peak + rng.choice([0, 0, 1, 3])) for peak in order_peaks(graph, orders)]
+    compute, transfer = random_durations(graph, seed, latency)
+    estimates = unknown_as_zero(noisy_estimates(compute, transfer, seed))
+    result = simulate(hint, (compute, transfer), rule, budget, graph=graph, estimates=estimates)
+    check_run(result, hint, compute, transfer, budget)
+    try:
+        simulate(hint, (compute, transfer), "fixed", graph=graph)
+    except ScheduleDeadlock:
+        assert not completes_within(graph, orders, budget)
+    else:
+        assert completes_within(graph, orders, budget)
+
+
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(2, 6), st.integers(0, 2**20), placements)
+def test_safe_state_test_equals_the_continuations_peak(p, v, m, seed, placement):
+    # The segment tree's answer is the definition: the hint order continued from the state (started
+    # positions removed) stays within the budget once the forward at h starts too.
+    from runtime.sched.arbiter import ReadyArbiter
+
+    v = chunks_for(placement, v)
+    hint = random_order_hint(PipelineShape(p, v, m, True, placement), seed)
+    graph = TaskGraph.build(hint.shape)
+    rng = random.Random(seed)
+    rank = seed % p
+    arbiter = ReadyArbiter(graph, rank, hint.orders[rank], budget=v * m, safe=True)
+    change = [1 if graph.is_forward[t] else (-1 if graph.frees[t] else 0) for t in arbiter.tids]
+    started = set()
+    for h in rng.sample(range(len(change)), rng.randrange(len(change))):
+        started.add(h)
+        arbiter._tree_clear(h)
+    remaining = [change[k] for k in range(len(change)) if k not in started]
+    committed = max(0, max(itertools.accumulate(remaining), default=0))  # the continuation's own peak
+    arbiter.in_flight = rng.randrange(arbiter.budget - committed + 1)  # a state the invariant admits
+    for h, d in enumerate(change):
+        if d != 1 or h in started:
+            continue
+        rest = [change[k] for k in range(len(change)) if k not in started and k != h]
+        live = arbiter.in_flight + 1
+        peak = live
+        for x in rest:
+            live += x
+            peak = max(peak, live)
+        assert arbiter.safe_to_start(h) == (peak <= arbiter.budget)
