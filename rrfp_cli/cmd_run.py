@@ -85,7 +85,7 @@ def run(
     skip_nonfinite: Annotated[Optional[bool], _opt("--skip-nonfinite/--stop-on-nonfinite", help="A NaN or infinite loss skips that optimizer step instead of stopping the run [default stop]", panel=CKPT)] = None,
     resume: Annotated[Optional[Path], _opt("--resume", help="Continue RUN_DIR from its latest checkpoint, in RUN_DIR (its config.json, then --config, then flags)", panel=CKPT)] = None,
     config_file: Annotated[Optional[Path], _opt("--config", help="TOML file whose keys are these flags' names (flags win)")] = None,
-    compare: Annotated[bool, _opt("--compare", help="Also run fixed-order 1F1B and the same hint in fixed order first, and compare (what the hint gives vs what readiness adds)")] = False,
+    compare: Annotated[bool, _opt("--compare", help="Also run fixed-order 1F1B and the same hint in fixed order first, and compare (what the hint gives vs what readiness adds); for a hint that orders by known cost (bfw, cp), also 1F1B sorted by those costs in fixed order")] = False,
     json_mode: Annotated[bool, _opt("--json", help="Print one JSON object instead of tables")] = False,
 ) -> None:
     """Train a model split into pipeline stages, one process per rank (or join a torchrun job)."""
@@ -155,6 +155,8 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
         baseline = config.with_overrides(policy="fixed", hint=None, lookahead=None, p2p="async",
                                          placement=run_shape(config).placement)
         configs = [baseline, config.with_overrides(policy="fixed", lookahead=None, p2p="async"), config]
+        if _orders_by_cost(config):  # [Note: the best fixed order at equal memory] in runtime.sched.baselines
+            configs.insert(1, config.with_overrides(policy="fixed", hint="1f1b-light", lookahead=None, p2p="async"))
     named = {_job_name(c): c for c in configs}  # a hint that is 1f1b in fixed order runs once
     preflight(list(named.values()))  # bad input fails before anything is written
     checkpoint = _checkpoint_to_resume(config, resume)
@@ -183,7 +185,22 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
         # [Note: equal memory]: readiness's own share is only clean when it held no more than the fixed order.
         data["vs_fixed_hint_at_equal_memory"] = (summaries[-1]["peak_in_flight"] <= summaries[-2]["peak_in_flight"]
                                                  if len(jobs) > 2 else None)
+        sorted_job = next((s for s in summaries[1:-1] if s["hint"] == "1f1b-light" and s["policy"] == "fixed"), None)
+        if sorted_job is not None:
+            data["best_fixed_job"] = sorted_job["job"]
+            data["speedup_vs_best_fixed"] = sorted_job["median_wall_seconds"] / last
     out.result(data, lambda console: _render(console, data))
+
+
+def _orders_by_cost(config: RunConfig) -> bool:
+    """Whether the hint orders microbatches by known cost (``bfw``, ``cp``, a cost-ranked file), so --compare also
+    runs 1F1B sorted by the same costs in fixed order: the fixed order a user could run without readiness."""
+    from hints.orders import BUILTIN_HINTS
+    from runtime.config import run_shape
+
+    builtin = BUILTIN_HINTS.get(config.hint or "")
+    takes = builtin is not None and (builtin.takes_costs or builtin.takes_priorities) and config.hint != "1f1b-light"
+    return takes and run_shape(config).placement == "looping"
 
 
 def _checkpoint_to_resume(config: RunConfig, resume: Path | None) -> str | None:
@@ -347,5 +364,9 @@ def _render(console: Console, data: dict) -> None:
                       else "with more memory, so not readiness's alone")
             line += (f", [bold]{data['speedup_vs_fixed_hint']:.3f}x[/] vs [bold]{jobs[-2]['job']}[/] "
                      f"(what readiness adds to that hint, {memory})")
+        if data.get("speedup_vs_best_fixed") is not None:
+            line += (f", [bold]{data['speedup_vs_best_fixed']:.3f}x[/] vs [bold]{data['best_fixed_job']}[/] (1F1B "
+                     f"sorted by the same known costs, in fixed order at 1F1B's memory: what ordering by cost gives "
+                     f"without readiness)")
         peaks = ", ".join(f"{s['peak_in_flight']} ({s['job']})" for s in reversed(jobs))
         console.print(line + f"; peak in flight {peaks}")

@@ -108,3 +108,16 @@ def test_warmups_of_1f1b():
     assert one_f_one_b_warmups(4, 2, 8) == [10, 8, 6, 4]
     with pytest.raises(Exception):
         sorted_one_f_one_b(4, 1, 8, [1.0] * 7)
+
+
+def test_run_compare_adds_the_sorted_1f1b_for_hints_that_order_by_cost():
+    from rrfp_cli.cmd_run import _orders_by_cost
+    from runtime.config import RunConfig
+
+    def config(**changes):
+        return RunConfig(**{"workload": "emulated", "ranks": 4, "microbatches": 8, **changes})
+
+    assert _orders_by_cost(config(hint="bfw")) and _orders_by_cost(config(hint="cp"))
+    assert not _orders_by_cost(config(hint="1f1b")) and not _orders_by_cost(config(hint="zb"))
+    assert not _orders_by_cost(config(hint="1f1b-light"))  # it is that order already
+    assert not _orders_by_cost(config(hint="bfw", placement="v"))  # the 1F1B family places stages looping
