@@ -152,16 +152,21 @@ def unknown_as_zero(estimates):
     return [0.0 if g is None else g for g in guess], latency
 
 
+def drawn_hint(p: int, v: int, m: int, split: bool, seed: int, builtin: bool, placement: str):
+    """A built-in of this shape with the drawn backward (``builtin``), else a random valid order."""
+    hints = applicable_builtins(p, v, m, placement=placement) if builtin else {}
+    shape = PipelineShape(p, v, m, split, placement)
+    hints = [h for h in hints.values() if h.shape.split_backward == split] or [random_order_hint(shape, seed)]
+    return hints[seed % len(hints)]
+
+
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
        st.sampled_from([0.0, 0.5]), st.booleans(), placements)
 def test_lookahead_never_deadlocks_and_keeps_the_budget(p, v, m, split, seed, latency, builtin, placement):
     # [Note: lookahead admission]: waits only on pending events, so whatever the estimates say, every
     # task runs, every dependency holds and the budget is kept; builtin and random orders alike.
     v = chunks_for(placement, v)
-    shape = PipelineShape(p, v, m, split, placement)
-    hints = applicable_builtins(p, v, m, placement=placement) if builtin else {}
-    hints = [h for h in hints.values() if h.shape.split_backward == split] or [random_order_hint(shape, seed)]
-    hint = hints[seed % len(hints)]
+    hint = drawn_hint(p, v, m, split, seed, builtin, placement)
     graph = TaskGraph.build(hint.shape)
     compute, transfer = random_durations(graph, seed, latency)
     budget = [v + seed % (v * m)] * p
@@ -258,10 +263,7 @@ def test_safe_state_admission_never_deadlocks_and_keeps_the_budget(p, v, m, spli
     from runtime.sched.fixed_order import completes_within, order_peaks
 
     v = chunks_for(placement, v)
-    shape = PipelineShape(p, v, m, split, placement)
-    hints = applicable_builtins(p, v, m, placement=placement) if builtin else {}
-    hints = [h for h in hints.values() if h.shape.split_backward == split] or [random_order_hint(shape, seed)]
-    hint = hints[seed % len(hints)]
+    hint = drawn_hint(p, v, m, split, seed, builtin, placement)
     graph = TaskGraph.build(hint.shape)
     orders = [graph.ids(order) for order in hint.orders]
     rng = random.Random(seed)
