@@ -245,9 +245,7 @@ def sorted_one_f_one_b(ranks: int, chunks: int, microbatches: int, costs: Sequen
         warmups = one_f_one_b_warmups(ranks, chunks, microbatches)
     if len(warmups) != ranks or any(w < 0 for w in warmups):
         raise HintError(f"sorted 1F1B needs a warm-up >= 0 per rank: got {list(warmups)} for {ranks} ranks")
-    order = heaviest_first(costs)
-    if lightest_first:
-        order = sorted(range(microbatches), key=lambda mb: (costs[mb], mb))
+    order = sorted(range(microbatches), key=lambda mb: (costs[mb], mb)) if lightest_first else heaviest_first(costs)
     return [tuple(Task(t.stage, t.kind, order[t.microbatch])
                   for t in _one_f_one_b_rank(rank, ranks, chunks, microbatches, warmups[rank], None))
             for rank in range(ranks)]

@@ -193,7 +193,7 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
 
 
 def _orders_by_cost(config: RunConfig) -> bool:
-    """Whether the hint orders microbatches by known cost (``bfw``, ``cp``, a cost-ranked file), so --compare also
+    """Whether the hint is a built-in that orders microbatches by known cost (``bfw``, ``cp``), so --compare also
     runs 1F1B sorted by the same costs in fixed order: the fixed order a user could run without readiness."""
     from hints.orders import BUILTIN_HINTS
     from runtime.config import run_shape

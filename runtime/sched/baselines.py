@@ -42,11 +42,10 @@ def sorted_baselines(shape: PipelineShape, costs: Sequence[float], slots: Sequen
         base = one_f_one_b_warmups(shape.ranks, shape.chunks, shape.microbatches)
     except HintError:  # an interleaved shape whose microbatches do not divide into rounds
         return {}
-    total = shape.chunks * shape.microbatches
-    base = [min(w, total) for w in base]
+    # A warm-up of total - 1 forwards or more is one order (all forwards, then all backwards).
+    base = [min(w, shape.chunks * shape.microbatches - 1) for w in base]
     fitted = fitted_warmups(shape, slots)
-    if any(f < b for f, b in zip(fitted, base)) or [min(f, total - 1) for f in fitted] == \
-            [min(b, total - 1) for b in base]:
+    if fitted == base or any(f < b for f, b in zip(fitted, base)):
         return {}
     out = {}
     for name, lightest in SORTED_1F1B.items():

@@ -71,8 +71,8 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
     """``spec`` for the shape; ``bfw`` and ``cp`` take their inputs from ``table.expected()``.
 
     Without a table, ``model``'s durations sampled at seed 0 (``rrfp hints show --workload``); without
-    either, ``bfw`` and the sorted 1F1Bs keep index order and ``cp`` uses uniform durations. ``split``: the stages ``cp`` splits are those of this shape
-    instead of its own choice ([Note: which stages split]; a run keeps its first iteration's).
+    either, ``bfw`` and the sorted 1F1Bs keep index order and ``cp`` uses uniform durations. ``split``: the
+    stages ``cp`` splits are those of this shape instead of its own choice ([Note: which stages split]; a run keeps its first iteration's).
     ``placement`` None is the hint's own (see :func:`hints.files.load.resolve_hint`).
     """
     builtin = BUILTIN_HINTS.get(spec)

@@ -98,13 +98,7 @@ def replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Compu
     n = len(graph)
     if sum(map(len, orders)) != n:
         return None
-    unmet = [count + 1 for count in graph.prereq_count]  # + the previous task in the rank's order
-    following = [-1] * n  # the next task in the rank's order
-    for order in orders:
-        if order:
-            unmet[order[0]] -= 1
-            for before, after in zip(order, order[1:]):
-                following[before] = after
+    unmet, following = _order_links(graph, orders)
     inputs_ready = [0.0] * n  # the latest input arrival seen so far (the previous task's end included)
     makespan = 0.0
     local_offsets, remote_offsets, block_size = graph.local_offsets, graph.remote_offsets, graph.shape.microbatches
@@ -149,6 +143,19 @@ def replay_exact_order(graph: TaskGraph, orders: list[list[int]], compute: Compu
     return makespan, orders, began, busy_times(orders, compute), peak_in_flight
 
 
+def _order_links(graph: TaskGraph, orders: list[list[int]]) -> tuple[list[int], list[int]]:
+    """Per task, its unmet inputs counting the previous task in its rank's order as one more, and the next
+    task in that order (-1 for a rank's last): the graph a fixed order runs on."""
+    unmet = [count + 1 for count in graph.prereq_count]
+    following = [-1] * len(graph)
+    for order in orders:
+        if order:
+            unmet[order[0]] -= 1
+            for before, after in zip(order, order[1:]):
+                following[before] = after
+    return unmet, following
+
+
 def completes_within(graph: TaskGraph, orders: list[list[int]], budgets: Sequence[int] | None) -> bool:
     """Whether the orders (task ids per rank) complete in fixed order and hold at most ``budgets`` on every
     rank: when the arbiters may use [Note: safe-state admission] in :mod:`runtime.sched.arbiter`.
@@ -160,21 +167,15 @@ def completes_within(graph: TaskGraph, orders: list[list[int]], budgets: Sequenc
         return False
     if any(peak > budget for peak, budget in zip(order_peaks(graph, orders), budgets)):
         return False
-    unmet = [count + 1 for count in graph.prereq_count]  # + the previous task in the rank's order
-    following = [-1] * len(graph)
-    for order in orders:
-        if order:
-            unmet[order[0]] -= 1
-            for before, after in zip(order, order[1:]):
-                following[before] = after
+    unmet, following = _order_links(graph, orders)
     runnable = [order[0] for order in orders if order and not unmet[order[0]]]
-    local_offsets, remote_offsets, block_size = graph.local_offsets, graph.remote_offsets, graph.shape.microbatches
+    consumers = [local + remote for local, remote in zip(graph.local_offsets, graph.remote_offsets)]  # per block
+    block_size = graph.shape.microbatches
     done = 0
     while runnable:
         tid = runnable.pop()
         done += 1
-        block = tid // block_size
-        for offset in (*local_offsets[block], *remote_offsets[block]):
+        for offset in consumers[tid // block_size]:
             consumer = tid + offset
             unmet[consumer] -= 1
             if not unmet[consumer]:

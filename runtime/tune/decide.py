@@ -125,9 +125,8 @@ def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, see
     if traced is not None:
         held["traced hint"] = evaluator.makespans(traced.candidate, "holdout")
     # [Note: the best fixed order at equal memory] in runtime.sched.baselines
-    best_fixed = next((s for s in result.scored if s.candidate.rule == "fixed" and not math.isinf(s.value)), None)
-    if best_fixed is not None:
-        held["best fixed order"] = evaluator.makespans(best_fixed.candidate, "holdout")
+    if result.best_fixed is not None:
+        held["best fixed order"] = evaluator.makespans(result.best_fixed.candidate, "holdout")
     if best.candidate.family in ("built-in", "traced", "baseline"):
         chosen, kept, reason = best, False, f"the best candidate is the built-in {best.candidate.label} itself"
         gain = {}
@@ -216,7 +215,7 @@ def report(outcome: TuneOutcome, context: dict) -> dict:
 
 def _best_fixed(search: SearchResult, evaluator: Evaluator) -> dict | None:
     """The fastest fixed order within the budget the search scored ([Note: fixed candidates and the budget])."""
-    best = next((s for s in search.scored if s.candidate.rule == "fixed" and not math.isinf(s.value)), None)
+    best = search.best_fixed
     if best is None:
         return None
     return {"hint": best.candidate.name, "family": best.candidate.family, "tuning_objective": best.value,

@@ -92,6 +92,11 @@ class SearchResult:
     def best_of(self, family: str) -> Scored | None:
         return next((s for s in self.scored if s.candidate.family == family), None)
 
+    @property
+    def best_fixed(self) -> Scored | None:
+        """The fastest fixed order within the budget ([Note: fixed candidates and the budget])."""
+        return next((s for s in self.scored if s.candidate.rule == "fixed" and not math.isinf(s.value)), None)
+
 
 # -- the portfolio --------------------------------------------------------------
 
@@ -110,6 +115,7 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
     # The built-ins in index order (bfw and cp are built per scenario, from its costs): resolved once, for
     # the built-in family here and the cost classes below.
     builtins = [*applicable_builtins(p, v, m, placement=placement), "cp"]
+    slots_heavy_first = [float(m - i) for i in range(m)]  # slot k already is microbatch k: ranks stay as written
     index_orders = {n: resolve(n, p, v, m, placement=placement) for n in builtins
                     if not (BUILTIN_HINTS[n].takes_costs or BUILTIN_HINTS[n].takes_priorities)}
     for name in builtins:
@@ -122,9 +128,8 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
                 candidates.append(Candidate(name, "sorted 1F1B", "fixed", builtin=name))
     if slots is not None:
         # A cost-ranked order: slot k is the k-th heaviest, so index costs m..1 make the sorted order its slots
-        for name, hint in sorted_baselines(shape.with_split(False), [float(m - i) for i in range(m)], slots,
-                                           budget).items():
-            ranked = as_cost_ranked(hint, [float(m - i) for i in range(m)], name, cost_model)
+        for name, hint in sorted_baselines(shape.with_split(False), slots_heavy_first, slots, budget).items():
+            ranked = as_cost_ranked(hint, slots_heavy_first, name, cost_model)
             candidates.append(Candidate(name, "sorted 1F1B", "fixed", ranked))
 
     if placement == LOOPING:  # the 1F1B family places stages looping (zbv is V's counterpart, a built-in)
@@ -151,7 +156,6 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
             label = f"{name}, split at stages {chosen.split_stages_text()}"
             add(label, "priority", HintOrder(chosen, tuple(map(tuple, hint)), label, {"generator": name}))
 
-    slots_heavy_first = [float(m - i) for i in range(m)]  # slot k already is microbatch k: ranks stay as written
     for name, hint in index_orders.items():
         heavy = as_cost_ranked(hint, slots_heavy_first, f"{name} heaviest first", cost_model)
         light = as_cost_ranked(hint, slots_heavy_first[::-1], f"{name} lightest first", cost_model)

@@ -7,6 +7,7 @@ import random
 
 import pytest
 
+from hints.errors import HintError
 from hints.orders import builtin_hint, one_f_one_b_warmups, peak_in_flight, sorted_one_f_one_b
 from hints.tasks import PipelineShape, Task
 from hints.validate import validate_orders
@@ -106,7 +107,7 @@ def test_a_fixed_candidate_over_the_budget_is_scored_but_never_chosen():
 def test_warmups_of_1f1b():
     assert one_f_one_b_warmups(4, 1, 8) == [3, 2, 1, 0]
     assert one_f_one_b_warmups(4, 2, 8) == [10, 8, 6, 4]
-    with pytest.raises(Exception):
+    with pytest.raises(HintError, match="one cost per microbatch"):
         sorted_one_f_one_b(4, 1, 8, [1.0] * 7)
 
 
