@@ -40,6 +40,10 @@ def bench(
     tune_seconds: Annotated[Optional[float], typer.Option("--tune-seconds", help="Search time of the tuned row per "
                                                           "cell (default 10; --quick 2; 0 skips it).")] = None,
     split_overhead: Annotated[Optional[float], typer.Option("--split-overhead", help=SPLIT_OVERHEAD_HELP)] = None,
+    unknown_sweep: Annotated[Optional[str], typer.Option("--unknown-sweep", help="Levels of the sweep of variability "
+                                                         "nobody knows beforehand, e.g. moe=1.3:1.7,cost-error=0.2 "
+                                                         "(default: profiler.bench.matrix.UNKNOWN_SWEEP; none skips "
+                                                         "it; rrfp simulate --unknown says what each kind is).")] = None,
     real: Annotated[bool, typer.Option("--real/--no-real", help="Real rrfp runs on this machine.")] = True,
     external: Annotated[bool, typer.Option("--external/--no-external", help="torch's schedules through "
                                            "benchmarks/cross_framework.py.")] = True,
@@ -47,7 +51,7 @@ def bench(
     json_mode: JsonFlag = False,
 ) -> None:
     """Run the benchmark matrix (simulation, real runs, external systems); write tables, JSON and plots."""
-    from profiler.bench.matrix import Settings, check_settings, parse_ranks
+    from profiler.bench.matrix import Settings, check_settings, parse_ranks, parse_unknown_sweep
     from profiler.bench.results import check_out
     from profiler.bench.suite import run_suite
 
@@ -58,6 +62,8 @@ def bench(
         changes["workloads"] = tuple(dict.fromkeys(w.strip() for w in workloads.split(",") if w.strip()))
     if ranks is not None:
         changes["ranks"] = parse_ranks(ranks)
+    if unknown_sweep is not None:
+        changes["unknown_sweep"] = parse_unknown_sweep(unknown_sweep)
     if budgets is not None:
         changes["budgets"] = tuple(dict.fromkeys(b.strip() for b in budgets.split(",") if b.strip()))
     for name, value in (("seeds", seeds), ("iterations", iterations), ("jitter", jitter),

@@ -16,6 +16,7 @@ from rich.console import Console
 from hints.errors import Failure, Interrupted, UserError
 from rrfp_cli.options import (
     SPLIT_OVERHEAD_HELP,
+    UNKNOWN_HELP,
     VARIABILITY_HELP,
     WORKLOAD_HELP,
     LookaheadChoice,
@@ -71,6 +72,7 @@ def run(
     straggler_slowdown: Annotated[Optional[float], _opt("--straggler-slowdown", help=f"{VARIABILITY_HELP['straggler_slowdown']} [default {D.straggler_slowdown:g}]", panel=VAR)] = None,
     comm_latency: Annotated[Optional[float], _opt("--comm-latency", help=VARIABILITY_HELP["comm_latency"], panel=VAR)] = None,
     comm_jitter: Annotated[Optional[float], _opt("--comm-jitter", help=VARIABILITY_HELP["comm_jitter"], panel=VAR)] = None,
+    unknown: Annotated[Optional[str], _opt("--unknown", help=f"Emulated only. {UNKNOWN_HELP}", panel=VAR)] = None,
     delay: Annotated[Optional[list[str]], _opt("--delay", help="TASK=SECONDS extra time for one task, e.g. 1B0=0.3 (repeatable)", panel=VAR)] = None,
     fail_at: Annotated[Optional[str], _opt("--fail-at", help="Raise inside this task: 1F2 (first iteration) or 1F2@3 (iteration 3)", panel=TEST)] = None,
     hang_at: Annotated[Optional[str], _opt("--hang-at", help="Never return from this task (same form as --fail-at)", panel=TEST)] = None,

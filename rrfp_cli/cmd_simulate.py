@@ -35,6 +35,7 @@ from rrfp_cli.options import (
     StragglerProb,
     StragglerSlowdown,
     TaskOverhead,
+    Unknown,
     Workload,
     WorkloadChoice,
     lookahead_flag,
@@ -68,6 +69,7 @@ def simulate(
     comm_latency: CommLatency = 0.0,
     comm_jitter: CommJitter = 0.0,
     split_overhead: SplitOverhead = None,
+    unknown: Unknown = "",
     task_overhead: TaskOverhead = 0.0,
     durations: DurationsFile = None,
     cost_table: CostTableFile = None,
@@ -79,6 +81,9 @@ def simulate(
         "--durations-iteration", min=0, help="Which iteration of a --durations table with an iteration column "
         "(default: the first).", rich_help_panel="Variability model")] = None,
     seed: Seed = 0,
+    iters: Annotated[Optional[int], typer.Option(
+        "--iters", min=1, help="--policy auto: iterations to simulate; iteration i draws its table at --seed + i "
+        "(or reads iteration --durations-iteration + i of a --durations table). Default 8.")] = None,
     compare: Annotated[bool, typer.Option("--compare", help="Run every built-in hint under fixed, ready and "
                                           "ready with lookahead on the same durations, at equal memory; "
                                           "speedups against fixed-order 1F1B. With --p2p blocking, every "
@@ -119,8 +124,11 @@ def simulate(
     if split_overhead is not None and durations is not None:
         raise UserError("prices the split of a --workload model; a recorded table keeps what it recorded",
                         "--split-overhead")
+    if unknown and durations is not None:
+        raise UserError("draws into a --workload model's durations; a recorded table keeps what it recorded",
+                        "--unknown")
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
-                              straggler_slowdown, comm_latency, comm_jitter, cost_table, split_overhead)
+                              straggler_slowdown, comm_latency, comm_jitter, cost_table, split_overhead, unknown)
     table = durations_for(shape, model, seed, durations, durations_iteration, comm_latency)
     if durations is not None:
         source = {"durations": str(durations), "iteration": durations_iteration, "comm_latency": comm_latency}
@@ -130,6 +138,23 @@ def simulate(
     source["task_overhead"] = task_overhead
 
     p2p_mode = p2p_value(p2p) or "async"
+    if policy.value == "auto" or iters is not None:
+        if policy.value != "auto" or compare:
+            raise UserError("simulates iterations under --policy auto (without --compare)", "--iters")
+        if p2p_mode != "async":
+            raise UserError("auto replays the fixed order with buffered links; drop --p2p", "--p2p")
+
+        def tables():
+            for i in range(iters or 8):
+                drawn = table if i == 0 else durations_for(
+                    shape, model, seed + i, durations, None if durations is None else (durations_iteration or 0) + i,
+                    comm_latency)
+                yield (concrete(file_hint, drawn) if file_hint
+                       else resolve(hint_spec, stages, chunks, microbatches, drawn, placed)), drawn
+
+        _simulate_auto(out, tables(), rule_for("auto", lookahead_flag(lookahead), hint_spec), budget, source,
+                       iters or 8)
+        return
     if not compare:
         rule = rule_for(policy.value, lookahead_flag(lookahead), hint_spec)
         check_p2p(p2p_mode, rule)
@@ -158,6 +183,38 @@ def simulate(
         comparison = run_compare(hints, table, budget, overhead=task_overhead, advance=advance, blocking=blocking)
     data = {**comparison.to_json(), "source": source}
     out.result(data, lambda console: _render_compare(console, comparison))
+
+
+def _simulate_auto(out: Output, tables, ready, budget, source: dict, count: int) -> None:
+    """``--policy auto`` over ``count`` iterations: one row per iteration, then auto against always-ready and
+    always-fixed on the same tables ([Note: the auto policy] in runtime.sched.auto)."""
+    from runtime.sched.auto import simulate_auto
+
+    with out.progress("simulating", total=count) as advance:
+        def counted():
+            for item in tables:
+                yield item
+                advance(1)
+
+        rows, policy = simulate_auto(counted(), ready, budget)
+    totals = {"auto_s": sum(r.makespan for r in rows), "ready_s": sum(r.ready for r in rows),
+              "fixed_s": sum(r.fixed for r in rows)}
+    data = {"policy": "auto", "ready_rule": ready.name, "memory_budget_spec": str(budget), "source": source,
+            "iterations": [r.to_json() for r in rows], "switches": policy.switches,
+            "fixed_iterations": sum(1 for r in rows if r.decision.rule == "fixed"), **totals}
+
+    def render(console: Console) -> None:
+        print_table(console, [Column("iteration", key=True), Column("rule", text=True), Column("makespan"),
+                              Column("ready"), Column("fixed"), Column("why", text=True)],
+                    [[str(r.decision.iteration), r.decision.label, f"{r.makespan:.3f}", f"{r.ready:.3f}",
+                      f"{r.fixed:.3f}", r.decision.reason] for r in rows],
+                    title=f"--policy auto, {len(rows)} iterations, budget {budget}")
+        console.print(f"total {totals['auto_s']:.3f} s: {totals['ready_s'] / totals['auto_s']:.3f}x always-ready "
+                      f"({totals['ready_s']:.3f} s), {totals['fixed_s'] / totals['auto_s']:.3f}x always-fixed "
+                      f"({totals['fixed_s']:.3f} s); {data['fixed_iterations']} iteration(s) fixed, "
+                      f"{policy.switches} switch(es)")
+
+    out.result(data, render)
 
 
 DESCRIBE_MICROBATCHES = 1000

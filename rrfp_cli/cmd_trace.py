@@ -158,6 +158,11 @@ def _render_summary(console: Console, data: dict) -> None:
         ("hint skips", f"{data['skips']} (mean Kendall tau {_cell(data['mean_kendall_tau'], '.3f')})"),
         ("clock alignment", f"within {data['max_clock_error_ns'] / 1e3:.1f} us"),
     ]
+    if data.get("auto"):
+        auto = data["auto"]
+        pairs.append(("auto policy", f"{auto['fixed_iterations']} of {len(auto['rules'])} iterations fixed, "
+                                     f"{auto['switches']} switch(es); why: on each iteration's slice and in "
+                                     "metrics' policy column"))
     print_pairs(console, pairs, f"trace {data['trace']}")
 
 

@@ -41,6 +41,7 @@ from rrfp_cli.options import (
     SplitOverhead,
     StragglerProb,
     StragglerSlowdown,
+    Unknown,
     WorkloadChoice,
     placement_value,
     variability_model,
@@ -53,7 +54,7 @@ SOURCE = "Scenarios (one source)"
 # RunConfig fields of a traced run that job.toml carries over (what makes the next run the same job).
 _CARRIED = ("workload", "emulate", "forward_time", "backward_ratio", "jitter", "straggler_prob", "straggler_slowdown",
             "comm_latency", "comm_jitter", "samples", "hidden", "heads", "layers_per_stage", "vocab", "seq_len", "lr",
-            "seed", "iters", "device", "backend", "timeout", "split_overhead")
+            "seed", "iters", "device", "backend", "timeout", "split_overhead", "unknown")
 
 
 def tune_hint(
@@ -95,6 +96,7 @@ def tune_hint(
     straggler_slowdown: StragglerSlowdown = 4.0,
     comm_latency: CommLatency = 0.0,
     split_overhead: SplitOverhead = None,
+    unknown: Unknown = "",
     out: Annotated[Optional[Path], typer.Option("--out", help="Directory to create (must not exist).")] = None,
     check: Annotated[Optional[Path], typer.Option("--check", help="A run made with a tuned job.toml: did the "
                                                   "predicted gain materialize? (needs --report)")] = None,
@@ -112,6 +114,10 @@ def tune_hint(
 
     from runtime.tune.evaluator import Objective
 
+    if policy.value == "auto":
+        raise UserError("tunes a hint for fixed or ready; a tuned job.toml runs under --policy auto as well (set "
+                        "policy = \"auto\")", "--policy")
+
     sources = [name for name, given in (("RUN_DIR", runs), ("--durations", durations), ("--workload", workload))
                if given]
     if len(sources) != 1:
@@ -120,6 +126,9 @@ def tune_hint(
     if split_overhead is not None and workload is None:
         raise UserError("prices the split of a --workload model; traces and tables keep what they recorded",
                         "--split-overhead")
+    if unknown and workload is None:
+        raise UserError("draws into a --workload model's durations; traces and tables keep what they recorded",
+                        "--unknown")
     if out is None:
         raise UserError("give --out DIR (a new directory for hint.json, job.toml and the report)", "--out")
     target = _new_directory(out)
@@ -139,7 +148,7 @@ def tune_hint(
     source = _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, scenarios, seed, keep_first,
                         variability_model(workload or WorkloadChoice.uniform, forward_time, backward_ratio, jitter,
                                           straggler_prob, straggler_slowdown, comm_latency, 0.0,
-                                          split_overhead=split_overhead),
+                                          split_overhead=split_overhead, unknown=unknown),
                         placement_value(placement))
     if memory_budget != "auto":
         MemoryBudget.parse(memory_budget).per_rank(source["set"].shape)
@@ -302,7 +311,11 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
         if source.get("model") is not None:
             model = source["model"]
             job.update(workload="emulated", emulate=model.workload, forward_time=model.forward_time,
-                       backward_ratio=model.backward_ratio, jitter=model.jitter, samples=model.samples)
+                       backward_ratio=model.backward_ratio, jitter=model.jitter, samples=model.samples,
+                       straggler_prob=model.straggler_prob, straggler_slowdown=model.straggler_slowdown,
+                       comm_latency=model.comm_latency)
+            if model.unknown:
+                job["unknown"] = model.unknown
             from runtime.durations.presets import default_split_overhead
 
             if model.split_overhead != default_split_overhead(model.workload):  # else the emulated model's own

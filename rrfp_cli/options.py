@@ -22,6 +22,7 @@ from runtime.durations.presets import (
     SPLIT_OVERHEAD,
     WORKLOAD_NAMES,
 )
+from runtime.durations.unknown import SPEC_HELP as UNKNOWN_HELP
 from runtime.sched.rules import P2P_MODES, Policy
 
 SHAPE = "Pipeline shape"
@@ -78,7 +79,9 @@ HintSpec = Annotated[
 ]
 PolicyOpt = Annotated[
     PolicyChoice,
-    typer.Option("--policy", help="fixed: run the hint order exactly; ready: best-ranked ready task."),
+    typer.Option("--policy", help="fixed: run the hint order exactly; ready: best-ranked ready task; auto: ready, "
+                 "and the fixed order for an iteration when replaying the last ones predicts it faster (simulate: "
+                 "over --iters iterations)."),
 ]
 LookaheadOpt = Annotated[
     Optional[LookaheadChoice],
@@ -175,6 +178,11 @@ DurationsFile = Annotated[
 ]
 
 
+Unknown = Annotated[
+    str, typer.Option("--unknown", help=UNKNOWN_HELP, rich_help_panel=VARIABILITY),
+]
+
+
 def lookahead_flag(choice: "LookaheadChoice | None") -> bool | None:
     return None if choice is None else choice is LookaheadChoice.on
 
@@ -198,6 +206,7 @@ def variability_model(
     comm_jitter: float,
     cost_table: Path | None = None,
     split_overhead: float | None = None,  # None: the workload's own (runtime.durations.presets.SPLIT_OVERHEAD)
+    unknown: str = "",
 ):
     from runtime.durations.variability import VariabilityModel
 
@@ -217,4 +226,5 @@ def variability_model(
         comm_latency=comm_latency,
         comm_jitter=comm_jitter,
         split_overhead=split_overhead,
+        unknown=unknown,
     )

@@ -21,6 +21,7 @@ from hints.errors import UserError, input_name
 from hints.files.load import hint_or_baseline, hint_shape
 from hints.tasks import PLACEMENTS, PipelineShape, Task
 from runtime.durations.presets import WORKLOAD_NAMES
+from runtime.durations.unknown import Unknown
 from runtime.durations.variability import VariabilityModel, check_split_overhead
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.rules import P2P_MODES, ArbiterRule, Policy, check_p2p, rule_for
@@ -82,6 +83,8 @@ class RunConfig:
     straggler_slowdown: float = 4.0
     comm_latency: float = 0.0
     comm_jitter: float = 0.0
+    # emulated only: variability no scheduler knows beforehand ([Note: unknown variability], KIND=LEVEL,...)
+    unknown: str = ""
     delay: dict[str, float] = field(default_factory=dict)  # task text -> extra seconds, e.g. {"1B0": 0.3}
     # faults, for testing failure handling
     fail_at: str | None = None  # raise inside this task: "1F2" (first iteration) or "1F2@3" (iteration 3)
@@ -140,6 +143,12 @@ class RunConfig:
         _check_number("timeout", self.timeout, 0.001)
         if self.split_overhead is not None:
             check_split_overhead(self.split_overhead, "`split_overhead`")
+        if not isinstance(self.unknown, str):
+            raise UserError(f"must be KIND=LEVEL pairs joined by commas, got {self.unknown!r}", "`unknown`")
+        Unknown.parse(self.unknown)
+        if self.unknown.strip() and self.workload != "emulated":
+            raise UserError("draws into the emulated workload's durations; use --workload emulated (or rrfp "
+                            "simulate)", "`unknown`")
         _check_number("straggler_slowdown", self.straggler_slowdown, 1.0)
         _check_number("straggler_prob", self.straggler_prob, 0.0)
         if self.straggler_prob > 1:
@@ -211,7 +220,7 @@ class RunConfig:
                                 backward_ratio=self.backward_ratio, jitter=self.jitter,
                                 straggler_prob=self.straggler_prob, straggler_slowdown=self.straggler_slowdown,
                                 comm_latency=self.comm_latency, comm_jitter=self.comm_jitter, samples=self.samples,
-                                split_overhead=self.split_overhead)
+                                split_overhead=self.split_overhead, unknown=self.unknown)
 
     @property
     def world_size(self) -> int:

@@ -47,8 +47,21 @@ def summary(frames: TraceFrames) -> dict:
         "skips": int(agreement.get_column("skips").sum()) if agreement.height else 0,
         "mean_kendall_tau": agreement.get_column("kendall_tau").mean() if agreement.height else None,
         "max_clock_error_ns": max(int(m.get("clock_error_ns", 0)) for m in frames.meta.values()),
+        "auto": auto_decisions(frames),
         "warnings": frames.warnings,
     }
+
+
+def auto_decisions(frames: TraceFrames) -> dict | None:
+    """``--policy auto``: per iteration the rule it ran (rank 0's slices: every rank of a replica decides
+    alike), how many iterations ran fixed and how often the rule switched; None for other runs."""
+    rows = frames.iterations.filter(pl.col("rule").is_not_null())
+    if rows.height == 0:
+        return None
+    rows = rows.filter(pl.col("rank") == rows.get_column("rank").min())
+    rules = rows.sort("iteration").get_column("rule").to_list()
+    return {"rules": rules, "fixed_iterations": sum(1 for r in rules if r == "fixed"),
+            "switches": sum(1 for a, b in zip(rules, rules[1:]) if a != b)}
 
 
 def compare(a: TraceFrames, b: TraceFrames) -> pl.DataFrame:

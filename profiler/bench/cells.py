@@ -101,7 +101,7 @@ def _hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, 
 
 def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, rows: Sequence[MatrixRow],
                    budgets: Sequence[str], tuned: dict[str, Tuned] | None = None,
-                   bubbles: bool = False, split_overhead: float | None = None) -> dict:
+                   bubbles: bool = False, split_overhead: float | None = None, unknown: str = "") -> dict:
     """Every row of ``rows`` on one sampled table, at every budget.
 
     Returns ``{"bound": {chunks: seconds}, "cost_spread": cv, "runs": {(row, budget): run}}`` where a run
@@ -118,7 +118,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     from runtime.sched.simulator import simulate
 
     m = MICROBATCHES_PER_RANK * ranks
-    model = VariabilityModel(workload=workload, jitter=jitter, split_overhead=split_overhead)
+    model = VariabilityModel(workload=workload, jitter=jitter, split_overhead=split_overhead, unknown=unknown)
     tables, bounds, graphs = {}, {}, {}
     base_shape = PipelineShape(ranks, 1, m)
     slots = {budget: MemoryBudget.parse(budget).per_rank(base_shape) for budget in budgets}
@@ -269,7 +269,9 @@ def simulation_units(settings: Settings) -> int:
     """Progress units of the simulated part: one per table of every cell (all budgets at once)."""
     matrix = len(settings.workloads) * len(settings.ranks) * len(settings.tables)
     sweep = len(settings.workloads) * len(settings.variability_jitters) * len(settings.tables)
-    return matrix + sweep + len(settings.workloads)  # + one bubble table per workload
+    unknown = len(settings.workloads) * (1 + sum(len(levels) for _, levels in settings.unknown_sweep)) * \
+        len(settings.tables) if settings.unknown_sweep else 0
+    return matrix + sweep + unknown + len(settings.workloads)  # + one bubble table per workload
 
 
 def active_rows(settings: Settings, ranks: int, suite: Suite) -> list[MatrixRow]:
@@ -287,7 +289,7 @@ def active_rows(settings: Settings, ranks: int, suite: Suite) -> list[MatrixRow]
 def run_simulation(suite: Suite, progress: Progress, done: int = 0) -> int:
     """The matrix, the variability sweep and the bubble breakdown; results saved after every cell."""
     settings = suite.settings
-    sim = suite.results.setdefault("simulation", {"cells": [], "variability": [], "bubbles": []})
+    sim = suite.results.setdefault("simulation", {"cells": [], "variability": [], "unknown": [], "bubbles": []})
     for workload in settings.workloads:
         for ranks in settings.ranks:
             rows = active_rows(settings, ranks, suite)
@@ -318,6 +320,7 @@ def run_simulation(suite: Suite, progress: Progress, done: int = 0) -> int:
             for budget in settings.budgets:
                 sim["variability"].append(summarize_cell(workload, ranks, budget, per_table, rows, None, jitter))
         save(suite)
+    done = _unknown_sweep(suite, progress, done, sim.setdefault("unknown", []))
     for workload in settings.workloads:
         ranks = settings.bubble_ranks
         rows = [r for r in active_rows(settings, ranks, suite) if r.hint != TUNED]
@@ -336,5 +339,35 @@ def run_simulation(suite: Suite, progress: Progress, done: int = 0) -> int:
                 sim["bubbles"].append({"workload": workload, "ranks": ranks, "budget": budget, "row": row.name,
                                        "seed": seed, "iteration": iteration,
                                        "share": {k: v / total for k, v in causes.items()}, "seconds": causes})
+        save(suite)
+    return done
+
+
+def _unknown_sweep(suite: Suite, progress: Progress, done: int, cells: list) -> int:
+    """Each kind of [Note: unknown variability] (runtime.durations.unknown) at each level of
+    ``settings.unknown_sweep``, and none (level 0: the matrix's own tables), at the variability sweep's rank
+    count: how the gain of readiness over the best fixed order at equal memory grows with what no order knows."""
+    from runtime.durations.unknown import Unknown
+
+    settings = suite.settings
+    if not settings.unknown_sweep:
+        return done
+    ranks = settings.variability_ranks
+    points = [("none", 0.0, "")] + [(kind, level, f"{kind}={level:g}") for kind, levels in settings.unknown_sweep
+                                    for level in levels]
+    for workload in settings.workloads:
+        rows = [r for r in active_rows(settings, ranks, suite) if r.hint != TUNED]
+        for kind, level, spec in points:
+            Unknown.parse(spec)  # checked before the tables are drawn
+            per_table = []
+            for seed, iteration in settings.tables:
+                progress(done, f"unknown variability: {workload}, {spec or 'none'}")
+                per_table.append(simulate_table(workload, ranks, settings.jitter, 1000 * seed + iteration, rows,
+                                                settings.budgets, split_overhead=settings.split_overhead,
+                                                unknown=spec))
+                done += 1
+            for budget in settings.budgets:
+                cell = summarize_cell(workload, ranks, budget, per_table, rows, None, settings.jitter)
+                cells.append(cell | {"unknown": spec, "kind": kind, "level": level})
         save(suite)
     return done

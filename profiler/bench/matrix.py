@@ -34,6 +34,12 @@ BUDGETS: tuple[str, ...] = ("1f1b", "2x")
 MICROBATCHES_PER_RANK = 4
 JITTER = 0.1  # lognormal task noise on top of each workload's own variability
 VARIABILITY_JITTERS: tuple[float, ...] = (0.0, 0.1, 0.2, 0.4)
+# [Note: unknown variability] (runtime.durations.unknown): the levels the unknown-variability sweep draws, per kind
+# (level 0, or 1 for moe, is the matrix's own table). The sweep's rank count is the variability sweep's.
+UNKNOWN_SWEEP: tuple[tuple[str, tuple[float, ...]], ...] = (
+    ("moe", (1.3, 1.7, 2.5)), ("cost-error", (0.1, 0.2, 0.4)), ("slow-rank", (0.1, 0.3, 0.6)),
+    ("inter-node", (0.5, 1.0, 2.0)),
+)
 TUNE_MAX_RANKS = 32  # above this the search's cost per scenario makes a tuned row too slow for a suite
 
 BASELINE_ROW = "fixed-1f1b"
@@ -118,6 +124,7 @@ class Settings:
     jitter: float = JITTER
     variability_jitters: tuple[float, ...] = VARIABILITY_JITTERS
     variability_ranks: int = 32
+    unknown_sweep: tuple[tuple[str, tuple[float, ...]], ...] = UNKNOWN_SWEEP
     bubble_ranks: int = 32
     tune_seconds: float = 10.0
     split_overhead: float | None = None  # None: each workload's own (runtime.durations.presets.SPLIT_OVERHEAD)
@@ -128,6 +135,7 @@ class Settings:
     @classmethod
     def quick_defaults(cls) -> "Settings":
         return cls(workloads=QUICK_WORKLOADS, ranks=QUICK_RANKS, seeds=2, iterations=1, variability_ranks=16,
+                   unknown_sweep=tuple((kind, levels[1:2]) for kind, levels in UNKNOWN_SWEEP),
                    bubble_ranks=16, tune_seconds=2.0, quick=True)
 
     @property
@@ -165,6 +173,26 @@ def check_settings(settings: Settings) -> None:
         from runtime.durations.variability import check_split_overhead
 
         check_split_overhead(settings.split_overhead, "`split_overhead`")
+
+
+def parse_unknown_sweep(text: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
+    """``moe=1.3:1.7,cost-error=0.2`` -> the sweep's levels per kind; ``none`` skips the sweep. Each level is
+    checked as ``--unknown`` checks it ([Note: unknown variability] in runtime.durations.unknown)."""
+    from runtime.durations.unknown import Unknown
+
+    if text.strip() == "none":
+        return ()
+    sweep = []
+    for part in text.split(","):
+        kind, sep, levels = part.strip().partition("=")
+        if not sep or not levels.strip():
+            raise UserError(f"{part.strip()!r} is not KIND=LEVEL[:LEVEL...], e.g. moe=1.3:1.7", "--unknown-sweep")
+        values = []
+        for level in levels.split(":"):
+            Unknown.parse(f"{kind.strip()}={level.strip()}", "--unknown-sweep")
+            values.append(float(level))
+        sweep.append((kind.strip(), tuple(values)))
+    return tuple(sweep)
 
 
 def parse_ranks(text: str) -> tuple[int, ...]:

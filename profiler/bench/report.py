@@ -15,7 +15,7 @@ from profiler.draw.charts import BarChart, Bars, LineChart, Series, save_chart
 
 HINT_COLOURS = {"1f1b": (31, 119, 180), "interleaved-1f1b": (140, 86, 75), "zb": (44, 160, 44),
                 "bf": (255, 127, 14), "bfw": (148, 103, 189), "cp": (214, 39, 40), "tuned": (23, 190, 207),
-                "1f1b-blocking": (127, 127, 127)}
+                "1f1b-blocking": (127, 127, 127), "1f1b-light": (188, 189, 34), "1f1b-heavy": (227, 119, 194)}
 CAUSE_COLOURS = {"fill": (205, 205, 205), "drain": (165, 165, 165), "dependency": (120, 120, 120),
                  "budget_held": (40, 90, 200), "misalignment": (215, 35, 35), "dispatch": (20, 20, 20)}
 CAUSES = ("fill", "drain", "dependency", "budget_held", "misalignment", "dispatch")
@@ -147,6 +147,42 @@ def variability_table(data: dict, workload: str) -> list[str]:
                     text += f"; ready/fixed {e['ready_over_fixed_same_hint']['median']:.3f}x{mark}"
                 cells_text.append(text)
             lines.append(f"| {row.name} | {b} | " + " | ".join(cells_text) + " |")
+    return lines + [""]
+
+
+UNKNOWN_ROWS = ("ready-1f1b-light", "ready-cp", "ready-bfw", "ready-zb")  # the ready rows the sweep reports
+
+
+def _unknown_points(data: dict, workload: str, budget: str) -> list[dict]:
+    """The unknown sweep's cells of one workload and budget: none first, then each kind by level."""
+    return [c for c in _cells(data, "unknown") if c["workload"] == workload and c["budget"] == budget]
+
+
+def unknown_table(data: dict, workload: str) -> list[str]:
+    """Per ready row and budget, readiness over the best fixed order at equal memory, at each point of the
+    sweep ([Note: unknown variability] in runtime/durations/unknown.py)."""
+    budgets = data["settings"]["budgets"]
+    cells = {b: _unknown_points(data, workload, b) for b in budgets}
+    first = next((c for b in budgets for c in cells[b]), None)
+    if first is None:
+        return []
+    labels = [c["unknown"] or "none" for c in cells[budgets[0]]] if cells[budgets[0]] else []
+    lines = [f"#### {workload}, {first['ranks']} ranks, jitter {first['jitter']:g}: ready over the best fixed order "
+             f"at equal memory, by unknown variability", "",
+             "| row | budget | " + " | ".join(labels) + " |", "|---|---|" + "---|" * len(labels)]
+    for name in UNKNOWN_ROWS:
+        for b in budgets:
+            entries = [_row(c, name) for c in cells[b]]
+            if not any(entries):
+                continue
+            lines.append(f"| {name} | {b} | " + " | ".join(
+                f"{e['ready_over_best_fixed']['median']:.3f}x" if e and e.get("ready_over_best_fixed") else "-"
+                for e in entries) + " |")
+    for b in budgets:
+        names = [c["rows"] and next((e.get("best_fixed") for e in c["rows"] if e.get("best_fixed")), None)
+                 for c in cells[b]]
+        if any(names):
+            lines.append(f"| *best fixed* | {b} | " + " | ".join(n or "-" for n in names) + " |")
     return lines + [""]
 
 
@@ -374,6 +410,13 @@ def results_markdown(data: dict) -> str:
     lines += ["## Simulation: speedup against variability", ""]
     for w in settings["workloads"]:
         lines += variability_table(data, w)
+    if _cells(data, "unknown"):
+        lines += ["## Simulation: readiness against variability nobody knows beforehand", "",
+                  "Each column adds one kind of [Note: unknown variability] (runtime/durations/unknown.py, "
+                  "docs/workloads.md) to the matrix's tables; each figure is ready-X's makespan against the best "
+                  "fixed order within the budget on the same tables (median).", ""]
+        for w in settings["workloads"]:
+            lines += unknown_table(data, w)
     lines += ["## Simulation: idle time by cause", "", "Causes as `rrfp trace bubbles` splits a trace "
               "([Note: bubble categories] in profiler/analysis/bubbles.py), on the simulator's own start and ready times.", ""]
     for w in settings["workloads"]:
@@ -452,6 +495,7 @@ def write_plots(data: dict, folder: Path) -> list[Path]:
                                   "speedup", _speedup_series(sweep),
                                   [(j, f"{j:g} / {c['cost_spread']['median']:.2f}") for j, c in sweep], reference=1.0)
                 written += save_chart(chart, folder / f"speedup-vs-variability-{w}-{b}")
+            written += _unknown_charts(data, w, b, folder)
             bubbles = [e for e in data.get("simulation", {}).get("bubbles", []) if e["workload"] == w
                        and e["budget"] == b]
             if bubbles:
@@ -478,3 +522,28 @@ def write_plots(data: dict, folder: Path) -> list[Path]:
 
 
 __all__ = ["paper_table", "results_markdown", "section_markdown", "write_plots"]
+
+
+def _unknown_charts(data: dict, workload: str, budget: str, folder: Path) -> list[Path]:
+    """Per kind of unknown variability: ready over the best fixed order at equal memory, by level (level 0 is
+    the sweep's "none"), one line per reported ready row, p10-p90 whiskers."""
+    cells = _unknown_points(data, workload, budget)
+    none = next((c for c in cells if c["kind"] == "none"), None)
+    written: list[Path] = []
+    for kind in dict.fromkeys(c["kind"] for c in cells if c["kind"] != "none"):
+        points = ([(0.0 if kind != "moe" else 1.0, none)] if none else []) + \
+            [(c["level"], c) for c in cells if c["kind"] == kind]
+        series = []
+        for name in UNKNOWN_ROWS:
+            entries = [(x, _row(c, name)) for x, c in points]
+            entries = [(x, e["ready_over_best_fixed"]) for x, e in entries if e and e.get("ready_over_best_fixed")]
+            if entries:
+                series.append(Series(name, [(x, v["median"]) for x, v in entries],
+                                     [(v["p10"], v["p90"]) for _, v in entries],
+                                     colour=_hint_colour(name.removeprefix("ready-"))))
+        if series:
+            chart = LineChart(f"{workload}, {points[-1][1]['ranks']} ranks, budget {budget}: ready over the best fixed "
+                              f"order at equal memory, by {kind} (median, p10-p90)", f"{kind} level",
+                              "ready / best fixed", series, [(x, f"{x:g}") for x, _ in points], reference=1.0)
+            written += save_chart(chart, folder / f"unknown-{kind}-{workload}-{budget}")
+    return written

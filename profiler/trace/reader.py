@@ -37,7 +37,8 @@ Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
   send_start_ns, send_end_ns, recv_start_ns, recv_end_ns (one row per message;
   a side missing from the trace is null)
 * ``counters``: rank, counter, time_ns, value
-* ``iterations``: rank, iteration, start_ns, end_ns, hint
+* ``iterations``: rank, iteration, start_ns, end_ns, hint, rule and auto (``--policy auto``: the rule the
+  iteration ran and why, [Note: the auto policy] in runtime.sched.auto; null otherwise)
 * ``steps``: rank, iteration, start_ns, barrier_ns, end_ns (the optimizer step, then the barrier that ends
   the iteration; empty in traces older than it)
 * ``rendezvous``: rank, iteration, start_ns, end_ns, messages (``--p2p blocking``: the waits for receivers
@@ -102,7 +103,8 @@ DECISION_SCHEMA = {"rank": I64, "iteration": I64, "waited_from_ns": I64, "time_n
                    "hint_rank": I64, "skipped": STR, "ready": STR, "held_back": STR, "deferred": STR,
                    "in_flight": I64, "index": I64, "leader_ns": I64, "decision_arrived_ns": I64, "announce_ns": I64}
 GRID_SCHEMA = {"rank": I64, "pipe_rank": I64, "tp_rank": I64, "dp_rank": I64}
-ITERATION_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "end_ns": I64, "hint": STR}
+ITERATION_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "end_ns": I64, "hint": STR, "rule": STR,
+                    "auto": STR}
 STEP_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "barrier_ns": I64, "end_ns": I64}
 RENDEZVOUS_SCHEMA = {"rank": I64, "iteration": I64, "start_ns": I64, "end_ns": I64, "messages": STR}
 COUNTER_SCHEMA = {"rank": I64, "counter": STR, "time_ns": I64, "value": pl.Float64}
@@ -401,7 +403,10 @@ class _Reader:
         start, event, sequence = begun
         v = self._values("iterations", event, sequence)
         if v is not None:
-            self.rows["iterations"].append((track[0], v["iteration"], start, end, v["hint"]))
+            rule, auto = v.get("rule"), v.get("auto")  # --policy auto only ([Note: the auto policy])
+            self.rows["iterations"].append((track[0], v["iteration"], start, end, v["hint"],
+                                            rule if isinstance(rule, str) else None,
+                                            auto if isinstance(auto, str) else None))
 
     def _step(self, track, begun, end) -> None:
         start, event, sequence = begun

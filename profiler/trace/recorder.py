@@ -67,6 +67,7 @@ class TraceRecorder:
         self.iteration = -1
         self._cuda_pending: list[tuple] = []
         self._cuda_start = None
+        self._auto: dict[int, tuple[str, str]] = {}  # iteration -> (rule, why) under --policy auto
         self._queue: queue.Queue = queue.Queue()
         self._writer = _PacketWriter(self.path, setup, self.cuda)
         self._thread = threading.Thread(target=self._write_loop, name=f"rrfp-trace-{self.rank}", daemon=True)
@@ -78,7 +79,7 @@ class TraceRecorder:
         if not self.config.traces(iteration):
             self.events = None
             return
-        self.events = [("begin", iteration, now_ns, " ".join(map(str, order)))]
+        self.events = [("begin", iteration, now_ns, " ".join(map(str, order)), self._auto.pop(iteration, None))]
         if self.cuda:
             import torch
 
@@ -131,6 +132,11 @@ class TraceRecorder:
         self.events.append(("end", iteration, now_ns))
         self._queue.put(self.events)
         self.events = None
+
+    def rule_decided(self, iteration: int, rule: str, why: str) -> None:
+        """``--policy auto``: the rule ``iteration`` runs (its label) and why ([Note: the auto policy] in
+        runtime.sched.auto), called before ``begin_iteration``; written on the iteration's slice."""
+        self._auto[iteration] = (rule, why)
 
     def optimizer_step(self, iteration: int, start_ns: int, barrier_ns: int, end_ns: int) -> None:
         """The end of an iteration on this rank, after ``end_iteration``: the optimizer step from ``start_ns``
@@ -196,9 +202,11 @@ class _PacketWriter:
         for event in events:
             tag = event[0]
             if tag == "begin":
-                _, iteration, now, hint = event
-                self._begin(track_uuid(rank, "iterations"), now + offset, f"iteration {iteration}",
-                            {"iteration": iteration, "hint": hint})
+                _, iteration, now, hint, auto = event
+                values = {"iteration": iteration, "hint": hint}
+                if auto is not None:
+                    values.update(rule=auto[0], auto=auto[1])
+                self._begin(track_uuid(rank, "iterations"), now + offset, f"iteration {iteration}", values)
             elif tag == "end":
                 self._end(track_uuid(rank, "iterations"), event[2] + offset)
             elif tag == "task":

@@ -23,7 +23,9 @@ track                  events
                        lookahead rule passed over, if any),
                        ``in_flight``, ``iteration``
 ``iterations``         one slice per iteration; ``iteration``, ``hint``
-                       (this rank's hint order)
+                       (this rank's hint order); under ``--policy auto``
+                       also ``rule`` (``fixed``, ``ready+la`` or ``ready``:
+                       the rule the iteration ran) and ``auto`` (why)
 ``send -> <d>``        one slice per message sent to rank ``d`` (framing
                        to handed to the wire, by whichever thread sent
                        it); ``sequence``, ``bytes``,

@@ -79,6 +79,7 @@ from runtime.durations.presets import (
     canonical,
     default_split_overhead,
 )
+from runtime.durations.unknown import Unknown
 
 WORKLOADS = WORKLOAD_NAMES
 
@@ -110,8 +111,11 @@ class VariabilityModel:
     # I + W over B ([Note: split backward durations]); None becomes the workload's own
     # ([Note: split backward cost by preset] in runtime.durations.presets)
     split_overhead: float | None = None
+    # variability no scheduler knows beforehand ([Note: unknown variability] in runtime.durations.unknown)
+    unknown: str = ""
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "unknown", Unknown.parse(self.unknown).spec())  # canonical, checked
         if self.workload not in WORKLOADS:
             raise UserError(f"unknown workload {self.workload!r}; choose from {', '.join(WORKLOADS)}", "`workload`")
         if self.split_overhead is None:
@@ -150,6 +154,11 @@ class VariabilityModel:
     def kind(self) -> str:
         """The workload's canonical name (``language`` -> ``legacy-language``)."""
         return canonical(self.workload)
+
+    @property
+    def unknowns(self) -> Unknown:
+        """The parsed ``unknown`` levels."""
+        return Unknown.parse(self.unknown)
 
     @property
     def preset(self):
@@ -453,10 +462,18 @@ def expected_durations(model: VariabilityModel, shape: PipelineShape, specs: lis
     backward_rows = [[model.backward_ratio * value for value in row] for row in forward_rows]
     forward = [list(forward_rows[r]) for r in row_of]
     backward = [list(backward_rows[r]) for r in row_of]
+    unknown = model.unknowns
+    if unknown.active:  # [Note: unknown variability]: their means, never their draws
+        for k, factor in enumerate(unknown.expected_factors(shape, model.vision_stage_count(stages))):
+            forward[k] = [value * factor for value in forward[k]]
+            backward[k] = [value * factor for value in backward[k]]
+    extra = unknown.internode_mean(per_stage)
     estimated = _microbatch_costs(rows, row_of)
     expected = Durations(stages, m, forward, backward,
-                         [[model.comm_latency if k < stages - 1 else 0.0] * m for k in range(stages)],
-                         [[model.comm_latency if k > 0 else 0.0] * m for k in range(stages)],
+                         [[model.comm_latency + (extra if unknown.crosses_hosts(shape, k) else 0.0) if k < stages - 1
+                           else 0.0] * m for k in range(stages)],
+                         [[model.comm_latency + (extra if unknown.crosses_hosts(shape, k - 1) else 0.0) if k > 0
+                           else 0.0] * m for k in range(stages)],
                          estimated, source=source or f"expectation of the {model.workload} model", specs=specs,
                          split_overhead=model.split_overhead)
     expected.expectation = expected  # what is known beforehand of an expectation is the expectation itself
@@ -538,6 +555,16 @@ def sample_durations(model: VariabilityModel, shape: PipelineShape, seed: int) -
     backward = [noisy(backward_bases[r]) for r in row_of]
     send_forward = [latencies(m) if k < stages - 1 else [0.0] * m for k in range(stages)]
     send_backward = [latencies(m) if k > 0 else [0.0] * m for k in range(stages)]
+    unknown = model.unknowns
+    if unknown.active:  # [Note: unknown variability]: own streams, so the draws above are unchanged
+        factors = unknown.compute_factors(shape, model.vision_stage_count(stages), seed)
+        if factors is not None:
+            forward = [[value * f for value, f in zip(row, fs)] for row, fs in zip(forward, factors)]
+            backward = [[value * f for value, f in zip(row, fs)] for row, fs in zip(backward, factors)]
+        extra = unknown.extra_latencies(shape, model.forward_time, seed)
+        if extra is not None:
+            send_forward = [[a + b for a, b in zip(row, more)] for row, more in zip(send_forward, extra[0])]
+            send_backward = [[a + b for a, b in zip(row, more)] for row, more in zip(send_backward, extra[1])]
     estimated = _microbatch_costs(rows, row_of)
     return Durations(stages, m, forward, backward, send_forward, send_backward, estimated,
                      source=f"{model.workload} model, seed {seed}", specs=specs, split_overhead=model.split_overhead,

@@ -84,6 +84,8 @@ class IterationResult:
     units: int  # tokens or samples consumed by this rank's first stage
     executed: list[Task] = field(default_factory=list)
     peak_in_flight: int = 0
+    spans: list[tuple[int, int, int]] = field(default_factory=list)  # (task id, start ns, end ns), this rank's clock
+    arrivals: dict[int, int] = field(default_factory=dict)  # producer task id -> when its message arrived (ns)
 
 
 class StageExecutor:
@@ -128,6 +130,7 @@ class StageExecutor:
         self.blocking = (BlockingP2P(rank, graph, transport, self.data_consumer, self.recorder)
                          if blocking else None)
         self.arbiter: Arbiter | None = None
+        self.arrived: dict[int, int] = {}  # this iteration: producer task id -> arrival (ns), for --policy auto
         self.iteration = 0
 
     # -- the loop ---------------------------------------------------------
@@ -140,6 +143,7 @@ class StageExecutor:
         if forecast is not None:
             forecast.begin(iteration, arbiter)
         tally = _Tally(start, self.shape.stages - 1)
+        self.arrived: dict[int, int] = {}
         if blocking is not None:
             blocking.begin(arbiter, iteration)
         while True:
@@ -163,7 +167,7 @@ class StageExecutor:
         recorder.end_iteration(iteration, time.monotonic_ns(), sends)
         return IterationResult(iteration, start, tally.last_end, tally.busy,
                                self.compute.loss_sum if tally.has_loss else None, tally.units, tally.executed,
-                               arbiter.peak_in_flight)
+                               arbiter.peak_in_flight, tally.spans, self.arrived)
 
     def _run_task(self, iteration: int, arbiter: Arbiter, tid: int, now: int, tally: "_Tally") -> None:
         """One task, recorded once around its handler: decision, start, handler, route, finish, span, counters."""
@@ -185,7 +189,7 @@ class StageExecutor:
         recorder.task_finished(TaskSpan(iteration, task, began, ended, began - tally.idle_since, _span_info(batch)))
         recorder.counters(iteration, ended, {"ready": arbiter.ready_count, "in_flight": arbiter.in_flight,
                                              "activation_bytes": self.compute.activation_bytes})
-        tally.add(task, batch.units, began, ended)
+        tally.add(tid, task, batch.units, began, ended)
         if self.blocking is not None:
             self.blocking.post_receives(arbiter, iteration)
         self.progress()
@@ -226,6 +230,7 @@ class StageExecutor:
             # take(): on CUDA the compute stream waits for the receive first ([Note: CUDA streams], comm/links.py)
             self.compute.received[consumer] = tuple(t.to(self.device) for t in arrival.take())
             self.recorder.arrival(iteration, arrival)
+            self.arrived[producer] = arrival.arrived_ns
             if self.forecast is not None:
                 self.forecast.data(producer, arrival.arrived_ns * 1e-9)
             self.arbiter.available(producer)
@@ -316,14 +321,16 @@ class _Tally:
         self.idle_since = self.last_end = start
         self.busy, self.units, self.has_loss = 0, 0, False
         self.executed: list[Task] = []
+        self.spans: list[tuple[int, int, int]] = []
 
-    def add(self, task: Task, units: int, began: int, ended: int) -> None:
+    def add(self, tid: int, task: Task, units: int, began: int, ended: int) -> None:
         if task.kind is F and task.stage == 0:
             self.units += units
         if task.kind is F and task.stage == self.last_stage:
             self.has_loss = True
         self.busy += ended - began
         self.executed.append(task)
+        self.spans.append((tid, began, ended))
         self.idle_since = self.last_end = ended
 
 

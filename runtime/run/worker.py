@@ -300,6 +300,11 @@ class _JobRun:
         self.graph = TaskGraph.build(shape)
         self.rule = config.rule()
         budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if self.rule.uses_budget else None
+        self.auto = None  # [Note: the auto policy] in runtime.sched.auto
+        if config.policy == "auto":
+            from runtime.sched.auto import AutoPolicy
+
+            self.auto = AutoPolicy(self.rule, MemoryBudget.parse(config.memory_budget))
         self.budget = budgets[pipe] if budgets else None
         self.safe_admission = SafeAdmission(self.graph, budgets)  # [Note: safe-state admission]
         self.modules = modules = _stage_modules(ctx, workload, shape.stages_of_rank(pipe))
@@ -325,7 +330,7 @@ class _JobRun:
         from runtime.exec.tp_follow import member_arbiter
         from runtime.run.health import step_allowed
         from runtime.run.metrics import gather_summaries, metrics_row
-        from runtime.sched.rules import make_arbiter
+        from runtime.sched.rules import RULES, make_arbiter
 
         ctx, config, grid, pipe, executor, reducer = (self.ctx, self.config, self.ctx.grid, self.pipe, self.executor,
                                                       self.reducer)
@@ -333,8 +338,15 @@ class _JobRun:
         ctx.status.iteration(self.job.name, iteration)
         self.watchdog.arm()  # per iteration: set-up (model, workload) may take long on a loaded machine
         hint = self.plan.for_iteration(iteration)
+        rule, decision = self.rule, None
+        if self.auto is not None:
+            decision = self.auto.decide(iteration, hint)
+            rule = RULES[decision.rule]
+            decided = getattr(self.recorder, "rule_decided", None)  # the trace recorder writes it
+            if decided is not None:
+                decided(iteration, decision.label, decision.reason)
         arbiter = member_arbiter(
-            grid, lambda: make_arbiter(self.rule, self.graph, pipe, hint.orders[pipe], self.budget, record=True,
+            grid, lambda: make_arbiter(rule, self.graph, pipe, hint.orders[pipe], self.budget, record=True,
                                        estimates=executor.forecast.estimates if executor.forecast else None,
                                        safe=self.safe_admission(hint)),
             self.graph, hint.orders[pipe], ctx.transport, iteration, ctx.clock_offset_ns)
@@ -364,6 +376,13 @@ class _JobRun:
         self.watchdog.disarm()
         wall = time.perf_counter() - began
         row = metrics_row(iteration, gathered, wall, self.workload.unit, with_reduce=reducer is not None)
+        if self.auto is not None:
+            from runtime.run.auto import gather_realized
+
+            if iteration > self.start:  # the first iteration a process runs pays one-off start-up costs
+                table, makespan = gather_realized(ctx, result, self.graph)
+                self.auto.observe(hint, table, rule.name, makespan)
+            row["policy"] = decision.to_json()
         if config.skip_nonfinite:
             row["skipped_step"] = not stepped
         if self.checkpointer is not None:  # a collective, after the barrier above; its row follows it

@@ -18,7 +18,8 @@ Rules (:data:`RULES`, the one table every other module derives from):
     would still be running when a better-ranked forward, already being
     computed upstream, arrives.
 
-The CLI's ``--policy fixed|ready`` and ``--lookahead on|off`` select a rule (:func:`rule_for`); tables
+``--policy auto`` runs the ready rule and falls back to ``fixed`` per iteration ([Note: the auto policy] in
+:mod:`runtime.sched.auto`). The CLI's ``--policy fixed|ready|auto`` and ``--lookahead on|off`` select a rule (:func:`rule_for`); tables
 print a rule by its :attr:`ArbiterRule.label` (``fixed``, ``ready``, ``ready+la``). Library code names
 rules (:func:`as_rule`). ``--p2p`` (how a fixed order's messages meet) is checked against the rule here.
 """
@@ -38,6 +39,7 @@ from runtime.sched.arbiter import Arbiter, Estimates, FixedArbiter, LookaheadArb
 class Policy(str, Enum):
     FIXED = "fixed"
     READY = "ready"
+    AUTO = "auto"  # ready, falling back to fixed per iteration ([Note: the auto policy] in runtime.sched.auto)
 
     def __str__(self) -> str:
         return self.value
@@ -91,7 +93,8 @@ def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | 
 
     ``lookahead=None`` is the default: on for the ready policy unless ``hint`` is in
     :data:`LOOKAHEAD_OFF_BY_DEFAULT`. Asking for lookahead under the fixed policy is a
-    :class:`UserError`.
+    :class:`UserError`. The ``auto`` policy gets the ready rule it runs and replays ([Note: the auto policy]
+    in :mod:`runtime.sched.auto`); its callers build the :class:`runtime.sched.auto.AutoPolicy`.
     """
     try:
         policy = Policy(str(policy))
@@ -105,7 +108,7 @@ def rule_for(policy: "Policy | str", lookahead: bool | None = None, hint: str | 
         return RULES["fixed"]
     if lookahead is None:
         lookahead = hint not in LOOKAHEAD_OFF_BY_DEFAULT
-    return RULES["lookahead" if lookahead else "greedy"]
+    return RULES["lookahead" if lookahead else "greedy"]  # auto: the ready rule it runs and replays
 
 
 P2P_MODES = ("async", "blocking")  # --p2p: how a fixed order's messages meet ([Note: blocking p2p] in runtime.sched.fixed_order)

@@ -534,3 +534,31 @@ def test_hints_cp_for_a_workload_names_its_fused_stages_and_refuses_bad_knobs(tm
     assert user_error(tmp_path, "hints", "export", "cp", "-p", "4", "-m", "8", "--workload", "nope",
                       "--torch-csv", "bad.csv").startswith("error: Invalid value for '--workload'")
     assert not (tmp_path / "bad.json").exists() and not (tmp_path / "bad.csv").exists()
+
+
+def test_simulate_auto_policy_over_iterations(tmp_path):
+    data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--workload", "sft-chat", "--jitter", "0.2",
+                   "--policy", "auto", "--iters", "5", "--unknown", "moe=1.6")
+    rows = data["iterations"]
+    assert [r["iteration"] for r in rows] == list(range(5)) and rows[0]["reason"] == "nothing observed yet"
+    assert data["auto_s"] == pytest.approx(sum(r["makespan_s"] for r in rows))
+    assert data["ready_s"] == pytest.approx(sum(r["ready_s"] for r in rows))
+    assert data["switches"] == sum(1 for a, b in zip(rows, rows[1:]) if a["rule"] != b["rule"])
+    assert data["source"]["model"]["unknown"] == "moe=1.6"
+    human = ok(tmp_path, "simulate", "-p", "4", "-m", "8", "--policy", "auto", "--iters", "3").stdout
+    assert "always-ready" in human and "switch" in human
+
+
+@pytest.mark.parametrize("args, says", [
+    (("simulate", "-p", "4", "-m", "8", "--iters", "3"), "--iters: simulates iterations under --policy auto"),
+    (("simulate", "-p", "4", "-m", "8", "--policy", "auto", "--compare"), "--iters"),
+    (("simulate", "-p", "4", "-m", "8", "--unknown", "moe=0.5"), "--unknown: moe must be >= 1"),
+    (("simulate", "-p", "4", "-m", "8", "--unknown", "spin=1"), "--unknown: 'spin=1' is not KIND=LEVEL"),
+    (("tune-hint", "--workload", "sft-chat", "-p", "4", "-m", "8", "--policy", "auto", "--out", "t"), "--policy"),
+    (("tune-hint", "--durations", "x.csv", "--unknown", "moe=2", "--out", "t"), "--unknown"),
+    (("run", "--unknown", "moe=2"), "--unknown: draws into the emulated workload's durations"),
+    (("bench", "--out", "b", "--unknown-sweep", "moe=1.3:0.5"), "--unknown-sweep: moe must be >= 1"),
+    (("bench", "--out", "b", "--unknown-sweep", "moe"), "--unknown-sweep: 'moe' is not KIND=LEVEL"),
+])
+def test_unknown_and_auto_bad_input(tmp_path, args, says):
+    assert says in user_error(tmp_path, *args)

@@ -183,3 +183,29 @@ def test_joins_a_torchrun_job(tmp_path):
     data = json.loads(done.stdout)  # only rank 0 reports
     assert data["jobs"][0]["iterations"] == 2
     assert (tmp_path / "tr" / "metrics.parquet").exists() and (tmp_path / "tr" / "trace.pftrace").exists()
+
+
+def test_auto_policy_records_each_iterations_rule_and_trains_alike(tmp_path):
+    """--policy auto ([Note: the auto policy] in runtime.sched.auto) on the emulated model with unknown variability:
+    every iteration's rule and why in metrics and on the trace's iteration slices, the summary counts them, and
+    the losses are those of the ready run (the order does not change what is computed)."""
+    args = ("run", "--workload", "emulated", "--emulate", "sft-chat", "--stages", "2", "--microbatches", "4",
+            "--iters", "4", "--forward-time", "0.003", "--unknown", "moe=1.5,cost-error=0.2", "--json")
+    auto = run_warm(tmp_path, *args, "--policy", "auto", "--out", "a")
+    assert auto.returncode == 0, auto.stderr
+    ready = run_warm(tmp_path, *args, "--policy", "ready", "--out", "r")
+    assert ready.returncode == 0, ready.stderr
+    metrics = pl.read_parquet(tmp_path / "a" / "metrics.parquet")
+    decisions = metrics.get_column("policy").to_list()
+    assert [d["iteration"] for d in decisions] == [0, 1, 2, 3]
+    assert decisions[0]["rule"] == "lookahead" and decisions[0]["reason"] == "nothing observed yet"
+    assert all(d["rule"] in ("fixed", "lookahead") and d["reason"] for d in decisions)
+    assert decisions[2]["predicted_ready_s"] > 0 and decisions[2]["predicted_fixed_s"] > 0  # iteration 1 replayed
+    losses = pl.read_parquet(tmp_path / "r" / "metrics.parquet").get_column("loss").to_list()
+    assert metrics.get_column("loss").to_list() == pytest.approx(losses, rel=1e-6)
+    summary = json.loads(run_cli(tmp_path, "trace", "summary", "a", "--iterations", "0:4", "--json").stdout)
+    labels = {"fixed": "fixed", "lookahead": "ready+la"}
+    assert summary["auto"]["rules"] == [labels[d["rule"]] for d in decisions]
+    assert summary["auto"]["switches"] == sum(1 for a, b in zip(decisions, decisions[1:]) if a["rule"] != b["rule"])
+    config = json.loads((tmp_path / "a" / "config.json").read_text())
+    assert config["policy"] == "auto" and config["unknown"] == "moe=1.5,cost-error=0.2"

@@ -1,0 +1,130 @@
+"""Does readiness win where no order can know? Issue 22, part 3: the unknown-variability sweep at 32 and 128 ranks.
+
+    .venv/bin/python benchmarks/unknown_variability.py [--ranks 32 128] [--workloads sft-chat vlm-mixed]
+        [--tables 2] [--jitter 0.1] [--levels moe=1.3:1.7:2.5 ...] [--large-levels moe=1.7 ...]
+
+For each workload, rank count (``m = 4p``) and point of the sweep (none, then each kind of
+[Note: unknown variability] in runtime/durations/unknown.py at each level), the tables ``seed = 1000 s`` for
+``s < --tables`` are simulated with ``rrfp bench``'s own code (``profiler.bench.cells.simulate_table`` and
+``summarize_cell``) for the rows below, at budgets 1f1b and 2x. Printed per point, medians over the tables:
+
+* the best fixed order within the budget (fixed 1F1B, zero bubble, and 1F1B sorted lightest- or heaviest-first
+  by known cost with warm-ups filling the budget) and readiness over it: with the sorted order as the hint
+  (``ready-1f1b-light``, 1F1B's warm-ups) and with ``cp`` (critical path by known cost, split backward);
+* ``--policy auto`` ([Note: the auto policy] in runtime/sched/auto.py) with the sorted hint fitted to the budget
+  (``1f1b-light``; ``1f1b-light @2x`` at 2x) over ``--auto-iterations`` tables taken as consecutive iterations
+  (half as many above 32 ranks): the iterations it ran fixed, its switches, and always-ready's total over auto's.
+
+Rank counts above 32 run ``--large-levels`` (one level per kind by default): a 128-rank table takes about
+20 s per row set on a 2-core machine.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import sys
+import time
+
+from _cli import Parser, progress
+
+from profiler.bench.cells import simulate_table, summarize_cell
+from profiler.bench.matrix import MATRIX_ROWS, MICROBATCHES_PER_RANK, parse_unknown_sweep
+from runtime.durations.variability import VariabilityModel, sample_durations
+from runtime.sched.auto import simulate_auto
+from runtime.sched.baselines import sorted_baselines
+from runtime.sched.budget import MemoryBudget
+from runtime.sched.evaluate import resolve
+from runtime.sched.rules import RULES
+
+ROWS = ("fixed-1f1b", "fixed-zb", "fixed-1f1b-light", "fixed-1f1b-heavy", "ready-1f1b-light", "ready-cp")
+BUDGETS = ("1f1b", "2x")
+
+
+def points(spec: str) -> list[str]:
+    return [""] + [f"{kind}={level:g}" for kind, levels in parse_unknown_sweep(spec) for level in levels]
+
+
+def auto_over(workload: str, ranks: int, jitter: float, unknown: str, seeds: list[int], budget: str):
+    """--policy auto with the sorted hint (fitted to ``budget``) over the tables in order: (fixed iterations,
+    switches, always-ready total / auto total)."""
+    m = MICROBATCHES_PER_RANK * ranks
+    model = VariabilityModel(workload=workload, jitter=jitter, unknown=unknown)
+    budget_spec = MemoryBudget.parse(budget)
+
+    def iterations():
+        for seed in seeds:
+            table = sample_durations(model, resolve("1f1b", ranks, 1, m).shape, seed)
+            if budget == "1f1b":
+                hint = resolve("1f1b-light", ranks, 1, m, table)
+            else:
+                hint = sorted_baselines(hint_shape := resolve("1f1b", ranks, 1, m).shape,
+                                        table.expected().microbatch_costs, budget_spec.per_rank(hint_shape),
+                                        budget)[f"1f1b-light @{budget}"]
+            yield hint, table
+
+    rows, policy = simulate_auto(iterations(), RULES["lookahead"], budget_spec)
+    fixed = sum(1 for r in rows if r.decision.rule == "fixed")
+    return fixed, policy.switches, sum(r.ready for r in rows) / sum(r.makespan for r in rows), len(rows)
+
+
+def main() -> None:
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ranks", type=int, nargs="+", default=[32, 128])
+    parser.add_argument("--workloads", nargs="+", default=["sft-chat", "vlm-mixed"])
+    parser.add_argument("--tables", type=int, default=2)
+    parser.add_argument("--jitter", type=float, default=0.1)
+    parser.add_argument("--levels", default="moe=1.3:1.7:2.5,cost-error=0.1:0.2:0.4,slow-rank=0.1:0.3:0.6,"
+                                            "inter-node=0.5:1:2")
+    parser.add_argument("--auto-iterations", type=int, default=8, help="iterations of the auto runs (half above 32 "
+                        "ranks); their tables are seed 1000 s + 1, apart from the others")
+    parser.add_argument("--large-levels", default="moe=1.7,cost-error=0.2,slow-rank=0.3,inter-node=1")
+    args = parser.parse_args()
+    rows = [r for r in MATRIX_ROWS if r.name in ROWS]
+    seeds = [1000 * s for s in range(args.tables)]
+    began = time.perf_counter()
+    out = []
+    for ranks in args.ranks:
+        for workload in args.workloads:
+            for unknown in points(args.levels if ranks <= 32 else args.large_levels):
+                progress(f"{workload} p={ranks} {unknown or 'none'}")
+                per_table = [simulate_table(workload, ranks, args.jitter, seed, rows, BUDGETS, unknown=unknown)
+                             for seed in seeds]
+                cells = {b: summarize_cell(workload, ranks, b, per_table, rows, None, args.jitter) for b in BUDGETS}
+                runs = args.auto_iterations if ranks <= 32 else max(3, args.auto_iterations // 2)
+                autos = {b: auto_over(workload, ranks, args.jitter, unknown, [1000 * s + 1 for s in range(runs)], b)
+                         for b in BUDGETS}
+                out.append((ranks, workload, unknown, cells, autos))
+    elapsed = time.perf_counter() - began
+    print(f"Command: `{' '.join([os.path.basename(sys.executable), *sys.argv])}`; "
+          f"{platform.machine()}, Python {platform.python_version()}; {elapsed:.0f} s.\n")
+    print("| ranks | workload | unknown | budget | best fixed | its speedup vs fixed 1F1B | ready 1f1b-light / best "
+          "fixed | ready cp / best fixed | ready cp peak | auto, hint 1f1b-light fitted to the budget: fixed iterations, "
+          "switches, always-ready/auto |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    gains = {}
+    for ranks, workload, unknown, cells, autos in out:
+        for budget in BUDGETS:
+            entries = {e["row"]: e for e in cells[budget]["rows"]}
+            light, cp = entries["ready-1f1b-light"], entries["ready-cp"]
+            best = light.get("best_fixed", "-")
+            speed = entries[best]["speedup_vs_fixed_1f1b"]["median"] if best in entries else float("nan")
+            fixed, switches, ratio, count = autos[budget]
+            a, b = light["ready_over_best_fixed"]["median"], cp["ready_over_best_fixed"]["median"]
+            gains.setdefault((ranks, budget), []).append((a, b, workload, unknown or "none"))
+            print(f"| {ranks} | {workload} | {unknown or 'none'} | {budget} | {best} | {speed:.3f}x | {a:.3f}x | "
+                  f"{b:.3f}x | {cp['peak_in_flight']:g} | {fixed} of {count}, {switches}, {ratio:.3f}x |")
+    print("\n| ranks | budget | ready 1f1b-light / best fixed: min, median, max | ready cp / best fixed: min, "
+          "median, max | points with ready cp >= 1.05x |")
+    print("|---|---|---|---|---|")
+    for (ranks, budget), values in gains.items():
+        light = [v[0] for v in values]
+        cp = [v[1] for v in values]
+        print(f"| {ranks} | {budget} | {min(light):.3f}x, {statistics.median(light):.3f}x, {max(light):.3f}x | "
+              f"{min(cp):.3f}x, {statistics.median(cp):.3f}x, {max(cp):.3f}x | "
+              f"{sum(1 for v in cp if v >= 1.05)} of {len(cp)} |")
+
+
+if __name__ == "__main__":
+    main()
