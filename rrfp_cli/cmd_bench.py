@@ -40,10 +40,10 @@ def bench(
     tune_seconds: Annotated[Optional[float], typer.Option("--tune-seconds", help="Search time of the tuned row per "
                                                           "cell (default 10; --quick 2; 0 skips it).")] = None,
     split_overhead: Annotated[Optional[float], typer.Option("--split-overhead", help=SPLIT_OVERHEAD_HELP)] = None,
-    unknown_sweep: Annotated[Optional[str], typer.Option("--unknown-sweep", help="Levels of the sweep of variability "
-                                                         "nobody knows beforehand, e.g. moe=1.3:1.7,cost-error=0.2 "
-                                                         "(default: profiler.bench.matrix.UNKNOWN_SWEEP; none skips "
-                                                         "it; rrfp simulate --unknown says what each kind is).")] = None,
+    unknown_sweep: Annotated[Optional[str], typer.Option(
+        "--unknown-sweep", help="Levels of the sweep of variability nobody knows beforehand, e.g. "
+        "moe=1.3:1.7,cost-error=0.2 (default: profiler.bench.matrix.UNKNOWN_SWEEP; none skips it; rrfp simulate "
+        "--unknown says what each kind is).")] = None,
     real: Annotated[bool, typer.Option("--real/--no-real", help="Real rrfp runs on this machine.")] = True,
     external: Annotated[bool, typer.Option("--external/--no-external", help="torch's schedules through "
                                            "benchmarks/cross_framework.py.")] = True,

@@ -22,7 +22,7 @@ from hints.errors import UserError
 from hints.tasks import PipelineShape, Task
 from profiler.analysis.windows import complete_iterations, pipeline_shape, ready_times, traced_iterations
 from profiler.trace.reader import TraceFrames
-from runtime.durations.variability import Durations
+from runtime.durations.variability import Durations, durations_from_rows
 
 
 def realized_durations(frames: TraceFrames, iteration: int) -> Durations:
@@ -84,11 +84,6 @@ def _realize(frames: TraceFrames, shape: PipelineShape, iteration: int) -> Reali
         task = Task.parse(text)
         table[task.kind.value][task.stage][task.microbatch] = (end - start) * 1e-9
         ends[text] = end
-    for k in range(stages):  # a split stage's B is its I + W; a fused stage's I and W are unknown: halves of B
-        if shape.splits(k):
-            table["B"][k] = [table["I"][k][i] + table["W"][k][i] for i in range(m)]
-        elif shape.split_backward:
-            table["I"][k] = table["W"][k] = [b / 2 for b in table["B"][k]]
     latency = {}
     for producer, recv_end in frames.transfers.filter(
             (pl.col("iteration") == iteration) & pl.col("recv_end_ns").is_not_null()).select(
@@ -118,11 +113,7 @@ def _realize(frames: TraceFrames, shape: PipelineShape, iteration: int) -> Reali
 
     send_forward = sends(lambda k: "F", +1)
     send_backward = sends(lambda k: shape.upstream_backward_of(k).value, -1)
-    costs = [sum(table["F"][k][i] + table["B"][k][i] for k in range(stages)) for i in range(m)]
-    durations = Durations(stages, m, table["F"], table["B"], send_forward, send_backward, costs,
-                          input_grad=table["I"] if shape.split_backward else None,
-                          weight_grad=table["W"] if shape.split_backward else None,
-                          source=f"{frames.path} (iteration {iteration})")
+    durations = durations_from_rows(shape, table, send_forward, send_backward, f"{frames.path} (iteration {iteration})")
     return RealizedIteration(iteration, durations, tuple(measured), tuple(filled), fill)
 
 

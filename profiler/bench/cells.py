@@ -347,8 +347,6 @@ def _unknown_sweep(suite: Suite, progress: Progress, done: int, cells: list) -> 
     """Each kind of [Note: unknown variability] (runtime.durations.unknown) at each level of
     ``settings.unknown_sweep``, and none (level 0: the matrix's own tables), at the variability sweep's rank
     count: how the gain of readiness over the best fixed order at equal memory grows with what no order knows."""
-    from runtime.durations.unknown import Unknown
-
     settings = suite.settings
     if not settings.unknown_sweep:
         return done
@@ -358,7 +356,6 @@ def _unknown_sweep(suite: Suite, progress: Progress, done: int, cells: list) -> 
     for workload in settings.workloads:
         rows = [r for r in active_rows(settings, ranks, suite) if r.hint != TUNED]
         for kind, level, spec in points:
-            Unknown.parse(spec)  # checked before the tables are drawn
             per_table = []
             for seed, iteration in settings.tables:
                 progress(done, f"unknown variability: {workload}, {spec or 'none'}")

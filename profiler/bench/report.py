@@ -179,8 +179,7 @@ def unknown_table(data: dict, workload: str) -> list[str]:
                 f"{e['ready_over_best_fixed']['median']:.3f}x" if e and e.get("ready_over_best_fixed") else "-"
                 for e in entries) + " |")
     for b in budgets:
-        names = [c["rows"] and next((e.get("best_fixed") for e in c["rows"] if e.get("best_fixed")), None)
-                 for c in cells[b]]
+        names = [next((e["best_fixed"] for e in c["rows"] if e.get("best_fixed")), None) for c in cells[b]]
         if any(names):
             lines.append(f"| *best fixed* | {b} | " + " | ".join(n or "-" for n in names) + " |")
     return lines + [""]

@@ -446,6 +446,29 @@ class Durations:
         return sum(map(sum, self.forward)) + sum(map(sum, self.backward))
 
 
+def durations_from_rows(shape: PipelineShape, rows: dict[str, list[list[float]]], send_forward: list[list[float]],
+                        send_backward: list[list[float]], source: str) -> Durations:
+    """A table of what a run of ``shape`` realized: ``rows[kind][stage][microbatch]`` seconds of each ``F``, ``B``,
+    ``I`` and ``W`` it ran (``rows`` is changed in place), and its messages' latencies.
+
+    A split stage's ``B`` is its ``I + W``; a fused stage of a split shape ran ``B`` only, so its ``I`` and
+    ``W`` are halves of it (its graph never reads them; the table stays complete). A microbatch's cost is its
+    ``F + B`` over the stages. What a trace's iteration (:mod:`profiler.analysis.realized`) and ``--policy
+    auto``'s gathered iteration (:mod:`runtime.run.auto`) both become.
+    """
+    stages, m = shape.stages, shape.microbatches
+    for k in range(stages):
+        if shape.splits(k):
+            rows["B"][k] = [i + w for i, w in zip(rows["I"][k], rows["W"][k])]
+        elif shape.split_backward:
+            rows["I"][k] = [b / 2 for b in rows["B"][k]]
+            rows["W"][k] = [b / 2 for b in rows["B"][k]]
+    costs = [sum(rows["F"][k][i] + rows["B"][k][i] for k in range(stages)) for i in range(m)]
+    return Durations(stages, m, rows["F"], rows["B"], send_forward, send_backward, costs,
+                     input_grad=rows["I"] if shape.split_backward else None,
+                     weight_grad=rows["W"] if shape.split_backward else None, source=source)
+
+
 def expected_durations(model: VariabilityModel, shape: PipelineShape, specs: list[MicrobatchSpec],
                        source: str = "") -> Durations:
     """The model's expectation for microbatches holding ``specs`` ([Note: expected durations]).

@@ -143,7 +143,7 @@ class StageExecutor:
         if forecast is not None:
             forecast.begin(iteration, arbiter)
         tally = _Tally(start, self.shape.stages - 1)
-        self.arrived: dict[int, int] = {}
+        self.arrived = {}
         if blocking is not None:
             blocking.begin(arbiter, iteration)
         while True:

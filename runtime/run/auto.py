@@ -16,7 +16,7 @@ import math
 
 from hints.deps import TaskGraph
 from hints.tasks import B, F, I
-from runtime.durations.variability import Durations
+from runtime.durations.variability import Durations, durations_from_rows
 
 
 def gather_realized(ctx, result, graph: TaskGraph) -> tuple[Durations, float]:
@@ -57,9 +57,8 @@ def gather_realized(ctx, result, graph: TaskGraph) -> tuple[Durations, float]:
 
 
 def realized_table(graph: TaskGraph, compute: list[float], latency: list[float]) -> Durations:
-    """A :class:`Durations` from per-task-id compute seconds and message latencies: ``B`` of a split stage is
-    ``I + W`` (its ``I`` and ``W`` kept), ``send_backward`` is the latency of the ``B`` or ``I`` that sends the
-    gradient."""
+    """:func:`runtime.durations.variability.durations_from_rows` of per-task-id compute seconds and message
+    latencies: ``send_backward`` is the latency of the ``B`` or ``I`` that sends the gradient."""
     shape = graph.shape
     stages, m = shape.stages, shape.microbatches
     rows = {kind: [[0.0] * m for _ in range(stages)] for kind in "FBIW"}
@@ -72,14 +71,4 @@ def realized_table(graph: TaskGraph, compute: list[float], latency: list[float])
             send_forward[k][i] = latency[tid]
         elif task.kind is B or task.kind is I:
             send_backward[k][i] = latency[tid]
-    split = set(shape.split_stages)
-    for k in split:
-        rows["B"][k] = [a + b for a, b in zip(rows["I"][k], rows["W"][k])]
-    for k in range(stages):
-        if k not in split:  # unused by a graph that does not split k; kept whole so the table is complete
-            rows["I"][k] = [value * 0.5 for value in rows["B"][k]]
-            rows["W"][k] = [value * 0.5 for value in rows["B"][k]]
-    costs = [sum(rows["F"][k][i] + rows["B"][k][i] for k in range(stages)) for i in range(m)]
-    return Durations(stages, m, rows["F"], rows["B"], send_forward, send_backward, costs,
-                     input_grad=rows["I"] if split else None, weight_grad=rows["W"] if split else None,
-                     source="realized iteration (rrfp run --policy auto)")
+    return durations_from_rows(shape, rows, send_forward, send_backward, "realized iteration (rrfp run --policy auto)")

@@ -299,12 +299,13 @@ class _JobRun:
         workload.split_stages = frozenset(shape.split_stages)
         self.graph = TaskGraph.build(shape)
         self.rule = config.rule()
-        budgets = MemoryBudget.parse(config.memory_budget).per_rank(shape) if self.rule.uses_budget else None
+        budget = MemoryBudget.parse(config.memory_budget) if self.rule.uses_budget else None  # auto: ready's
+        budgets = budget.per_rank(shape) if budget is not None else None
         self.auto = None  # [Note: the auto policy] in runtime.sched.auto
         if config.policy == "auto":
             from runtime.sched.auto import AutoPolicy
 
-            self.auto = AutoPolicy(self.rule, MemoryBudget.parse(config.memory_budget))
+            self.auto = AutoPolicy(self.rule, budget)
         self.budget = budgets[pipe] if budgets else None
         self.safe_admission = SafeAdmission(self.graph, budgets)  # [Note: safe-state admission]
         self.modules = modules = _stage_modules(ctx, workload, shape.stages_of_rank(pipe))
@@ -379,7 +380,9 @@ class _JobRun:
         if self.auto is not None:
             from runtime.run.auto import gather_realized
 
-            if iteration > self.start:  # the first iteration a process runs pays one-off start-up costs
+            # the first iteration a process runs pays one-off start-up costs; a hint whose fixed order exceeds
+            # the budget never runs fixed, so its iterations are neither gathered nor replayed (every rank agrees)
+            if iteration > self.start and self.auto.fixed_fits(hint):
                 table, makespan = gather_realized(ctx, result, self.graph)
                 self.auto.observe(hint, table, rule.name, makespan)
             row["policy"] = decision.to_json()

@@ -27,10 +27,11 @@
       from its own noise, and a rule runs until the evidence turns. Until one
       prediction has been checked (the first two iterations) it runs ready.
     * The fixed order is a candidate only when the hint completes in fixed
-      order within every rank's budget
-      (:func:`runtime.sched.fixed_order.completes_within`): ``auto`` never
-      holds more memory than ``ready`` at the same budget. Otherwise every
-      iteration runs ready, and the decision says why.
+      order within every rank's budget: the test that turns on safe-state
+      admission (:class:`runtime.sched.fixed_order.SafeAdmission`), so
+      ``auto`` never holds more memory than ``ready`` at the same budget.
+      Otherwise every iteration runs ready, and the decision says why (and
+      ``rrfp run`` neither gathers nor replays what it would not use).
     * The first iteration runs ready (nothing observed yet).
 
     Every decision (the rule, the two predictions, the error, and why) is
@@ -50,7 +51,7 @@ from hints.deps import TaskGraph
 from hints.orders import HintOrder
 from runtime.durations.variability import Durations
 from runtime.sched.budget import MemoryBudget
-from runtime.sched.fixed_order import completes_within
+from runtime.sched.fixed_order import SafeAdmission
 from runtime.sched.rules import RULES, ArbiterRule
 
 WINDOW = 4  # iterations kept for the replay
@@ -103,23 +104,24 @@ class AutoPolicy:
     window: int = WINDOW
     observed: list[_Observed] = field(default_factory=list)
     decisions: list[AutoDecision] = field(default_factory=list)
-    _graphs: dict = field(default_factory=dict)
+    _graphs: dict = field(default_factory=dict)  # per shape: (its TaskGraph, its SafeAdmission)
     _prediction: float | None = None  # the gain predicted for the iteration running
 
     def __post_init__(self) -> None:
         if self.ready.exact_order:
             raise ValueError("auto replays a ready rule against the fixed order; give it the ready rule")
 
-    def _graph(self, hint: HintOrder) -> TaskGraph:
+    def _built(self, hint: HintOrder) -> tuple[TaskGraph, SafeAdmission]:
         if hint.shape not in self._graphs:
-            self._graphs[hint.shape] = TaskGraph.build(hint.shape)
+            graph = TaskGraph.build(hint.shape)
+            slots = self.budget.per_rank(hint.shape) if isinstance(self.budget, MemoryBudget) else list(self.budget)
+            self._graphs[hint.shape] = graph, SafeAdmission(graph, slots)
         return self._graphs[hint.shape]
 
     def fixed_fits(self, hint: HintOrder) -> bool:
-        """Whether the hint in fixed order completes within every rank's budget (else only ready runs)."""
-        graph = self._graph(hint)
-        slots = self.budget.per_rank(hint.shape) if isinstance(self.budget, MemoryBudget) else list(self.budget)
-        return completes_within(graph, [graph.ids(order) for order in hint.orders], slots)
+        """Whether the hint in fixed order completes within every rank's budget (else only ready runs): the
+        test of [Note: safe-state admission], worked out once per hint object."""
+        return self._built(hint)[1](hint)
 
     def decide(self, iteration: int, hint: HintOrder) -> AutoDecision:
         """The rule iteration ``iteration`` runs with ``hint``."""
@@ -161,7 +163,7 @@ class AutoPolicy:
         its measured makespan (None in the simulator). Replays it under both rules now."""
         from runtime.sched.simulator import simulate
 
-        graph = self._graph(hint)
+        graph = self._built(hint)[0]
         ready = simulate(hint, table, self.ready, self.budget, graph=graph).makespan
         fixed = simulate(hint, table, RULES["fixed"], graph=graph).makespan
         forecast = None
