@@ -74,10 +74,10 @@ def levers(workload: str, ranks: int, seed: int, jitter: float, tune_seconds: fl
         settings = Settings(jitter=jitter, tune_seconds=tune_seconds, seed=100 + seed)
         for spec in ("1f1b", "2x"):
             tuned = tune_cell(workload, ranks, spec, settings)
-            from profiler.bench.cells import _hint_for
+            from profiler.bench.cells import hint_for
             from profiler.bench.matrix import TUNED, MatrixRow
 
-            hint = _hint_for(MatrixRow("tuned", TUNED, tuned.candidate.rule), shape, table, tuned, spec)
+            hint = hint_for(MatrixRow("tuned", TUNED, tuned.candidate.rule), shape, table, tuned, spec)
             made = simulate(hint, table, tuned.candidate.rule, MemoryBudget.parse(spec)).makespan
             out[f"search {spec}"] = best(rows[spec], False).makespan / made
     return out

@@ -29,13 +29,12 @@ import time
 
 from _cli import Parser, progress
 
-from profiler.bench.cells import simulate_table, summarize_cell
+from hints.tasks import PipelineShape
+from profiler.bench.cells import hint_for, simulate_table, summarize_cell
 from profiler.bench.matrix import MATRIX_ROWS, MICROBATCHES_PER_RANK, parse_unknown_sweep
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.auto import simulate_auto
-from runtime.sched.baselines import sorted_baselines
 from runtime.sched.budget import MemoryBudget
-from runtime.sched.evaluate import resolve
 from runtime.sched.rules import RULES
 
 ROWS = ("fixed-1f1b", "fixed-zb", "fixed-1f1b-light", "fixed-1f1b-heavy", "ready-1f1b-light", "ready-cp")
@@ -49,22 +48,16 @@ def points(spec: str) -> list[str]:
 def auto_over(workload: str, ranks: int, jitter: float, unknown: str, seeds: list[int], budget: str):
     """--policy auto with the sorted hint (fitted to ``budget``) over the tables in order: (fixed iterations,
     switches, always-ready total / auto total)."""
-    m = MICROBATCHES_PER_RANK * ranks
+    shape = PipelineShape(ranks, 1, MICROBATCHES_PER_RANK * ranks)
     model = VariabilityModel(workload=workload, jitter=jitter, unknown=unknown)
-    budget_spec = MemoryBudget.parse(budget)
+    light = next(r for r in MATRIX_ROWS if r.name == "fixed-1f1b-light")  # the bench's own fitting of the order
 
     def iterations():
         for seed in seeds:
-            table = sample_durations(model, resolve("1f1b", ranks, 1, m).shape, seed)
-            if budget == "1f1b":
-                hint = resolve("1f1b-light", ranks, 1, m, table)
-            else:
-                hint = sorted_baselines(hint_shape := resolve("1f1b", ranks, 1, m).shape,
-                                        table.expected().microbatch_costs, budget_spec.per_rank(hint_shape),
-                                        budget)[f"1f1b-light @{budget}"]
-            yield hint, table
+            table = sample_durations(model, shape, seed)
+            yield hint_for(light, shape, table, None, budget), table
 
-    rows, policy = simulate_auto(iterations(), RULES["lookahead"], budget_spec)
+    rows, policy = simulate_auto(iterations(), RULES["lookahead"], MemoryBudget.parse(budget))
     fixed = sum(1 for r in rows if r.decision.rule == "fixed")
     return fixed, policy.switches, sum(r.ready for r in rows) / sum(r.makespan for r in rows), len(rows)
 

@@ -81,7 +81,7 @@ def tune_cell(workload: str, ranks: int, budget: str, settings: Settings) -> Tun
     return Tuned(chosen, chosen.label, outcome.verdict.tuned_kept, outcome.verdict.reason)
 
 
-def _hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, budget: str):
+def hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, budget: str):
     from runtime.sched.baselines import sorted_baselines
     from runtime.sched.budget import MemoryBudget
     from runtime.sched.evaluate import concrete, resolve
@@ -143,7 +143,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         table = table_for(row.chunks)
         hint_key = (row.hint, row.chunks, hint_budget)
         if hint_key not in hints:
-            hints[hint_key] = _hint_for(row, shape, table, (tuned or {}).get(budget), budget)
+            hints[hint_key] = hint_for(row, shape, table, (tuned or {}).get(budget), budget)
         hint = hints[hint_key]
         if hint.shape not in graphs:
             graphs[hint.shape] = TaskGraph.build(hint.shape)
