@@ -29,6 +29,8 @@ every failure is a :class:`HintError` naming the file, the rank and the task.
 from __future__ import annotations
 
 import json
+import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -67,10 +69,25 @@ def save_hint(hint: HintOrder, path: str | Path) -> None:
 
 
 def write_text(path: str | Path, text: str) -> None:
-    """Write a file, or one ``UserError`` naming it (a missing directory, a directory, no permission)."""
+    """Write a file whole or not at all, or one ``UserError`` naming it (a missing directory, a directory, no
+    permission, a full disk).
+
+    The text goes to a new file beside ``path`` (created as ``open`` creates files, so with the usual
+    permissions), renamed over it once complete: a failed write leaves what was there before, never half a
+    file a reader (rrfp, torch's ``_load_csv``) would take for whole.
+    """
+    target = Path(path)
+    temporary = None
     try:
-        Path(path).write_text(text)
+        if target.is_dir():  # renaming a file over a directory fails with EBUSY for "." and EISDIR otherwise
+            raise IsADirectoryError(21, "Is a directory")
+        temporary = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+        with open(temporary, "x") as file:
+            file.write(text)
+        os.replace(temporary, target)
     except OSError as err:
+        if temporary is not None:
+            temporary.unlink(missing_ok=True)
         raise UserError(f"cannot write: {err.strerror or err}", str(path)) from None
 
 
