@@ -1,7 +1,13 @@
-"""``rrfp hints``: list, show, check and export hint orders."""
+"""``rrfp hints``: list, show, check and export hint orders.
+
+``export --torch-csv`` writes only a CSV torch can run ([Note: a CSV torch can run] in
+:mod:`hints.files.torch_csv`: the fixed-order check of ``check``, then torch's own lowering), and refuses an
+order that depends on each iteration's costs unless ``--freeze-iteration N`` binds one iteration's.
+"""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -9,8 +15,9 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from hints.errors import UserError
 from hints.files.hint_json import hint_to_json, save_hint
-from hints.files.torch_csv import save_torch_csv
+from hints.files.torch_csv import export_torch_csv
 from hints.files.torch_names import TORCH_SCHEDULES
 from hints.orders import BUILTIN_HINTS, HintOrder
 from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Ranks, SplitOverhead, Workload, placement_value
@@ -113,27 +120,84 @@ def export(
     chunks: Chunks = None,
     placement: Placement = None,
     torch_csv: Annotated[Optional[Path], typer.Option("--torch-csv", help="Write torch's per-rank CSV "
-                                                      "(PipelineScheduleMulti._load_csv, compute_only).")] = None,
+                                                      "(_PipelineScheduleRuntime._load_csv, compute_only), "
+                                                      "only if torch can run it: it completes in exactly its "
+                                                      "order and torch's lowering accepts it.")] = None,
     out: Annotated[Optional[Path], typer.Option("--out", help="Write an rrfp-hint/1 JSON file.")] = None,
     workload: Workload = None,
     split_overhead: SplitOverhead = None,
+    freeze_iteration: Annotated[Optional[int], typer.Option(
+        "--freeze-iteration", min=0, metavar="N", help="Bind an order that depends on each iteration's costs "
+        "(bfw, cp, 1f1b-light/-heavy, a cost-ranked rrfp-hint/2 file) to iteration N's: the --workload "
+        "model's microbatches drawn at seed N. Needed for --torch-csv: torch runs one order every step.")] = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """Write a hint as rrfp-hint/1 JSON (--out) and/or torch CSV (--torch-csv)."""
     if torch_csv is None and out is None:
         raise typer.BadParameter("give --out FILE.json and/or --torch-csv FILE.csv", param_hint="--out")
+    output = Output(json_mode)
     order = resolve_hint(hint, stages, chunks, microbatches, placement, workload, split_overhead)
-    written = []
+    why = _cost_dependence(hint, order)
+    frozen = None
+    if why and freeze_iteration is not None:
+        order, frozen = _freeze(hint, order, freeze_iteration, workload, split_overhead)
+    elif why and torch_csv is not None:
+        raise UserError(f"{order.name} {why}, but torch runs one CSV in the same order every step: pass "
+                        "--freeze-iteration N to bind iteration N's costs (those of the --workload model's "
+                        "microbatches drawn at seed N)", "--torch-csv")
+    elif freeze_iteration is not None:
+        output.note(f"--freeze-iteration: {order.name} does not depend on costs; there is nothing to bind")
+    written, torch_version = [], None
+    if torch_csv is not None:
+        from runtime.sched.simulator import check_completes
+
+        torch_version = export_torch_csv(order, torch_csv, check_completes)  # checks first: a refusal writes nothing
+        written.append(str(torch_csv))
     if out is not None:
         save_hint(order, out)
         written.append(str(out))
+    if frozen is not None:
+        output.warn(f"{'the CSV binds' if torch_csv is not None else 'the hint binds'} iteration "
+                    f"{freeze_iteration}'s costs ({frozen}); torch runs this one order every step, whatever "
+                    "each step's microbatches cost")
+    data = {"hint": order.name, "written": written, "frozen_iteration": freeze_iteration if frozen else None,
+            "warnings": output.warnings}
     if torch_csv is not None:
-        save_torch_csv(order, torch_csv)
-        written.append(str(torch_csv))
-    Output(json_mode).result(
-        {"hint": order.name, "written": written},
-        lambda console: console.print(f"wrote {', '.join(written)} ({order.name}, {order.shape.describe()})"),
+        data["torch_checks"] = {"completes_in_fixed_order": True, "torch_lowering": torch_version}
+    output.result(
+        data, lambda console: console.print(f"wrote {', '.join(written)} ({order.name}, {order.shape.describe()})"),
     )
+
+
+def _cost_dependence(spec: str, order: HintOrder) -> str:
+    """Why ``order`` changes with each iteration's per-microbatch costs ("" if it does not)."""
+    if order.cost_ranked:
+        return "is cost-ranked (rrfp-hint/2): each iteration re-ranks its microbatches by their costs"
+    builtin = BUILTIN_HINTS.get(spec)
+    if builtin is not None and builtin.takes_priorities:
+        return "is built from each iteration's expected durations (its priorities and split stages)"
+    if builtin is not None and builtin.takes_costs:
+        return "orders microbatches by each iteration's expected costs"
+    return ""
+
+
+def _freeze(spec: str, order: HintOrder, iteration: int, workload, split_overhead) -> tuple[HintOrder, str]:
+    """``order`` bound to iteration ``iteration``'s costs: the workload model's microbatches drawn at that seed
+    (what ``rrfp simulate --seed N`` draws). Returns the bound index order and where its costs came from."""
+    from runtime.durations.variability import VariabilityModel, sample_durations
+    from runtime.sched.evaluate import concrete, resolve
+
+    model = VariabilityModel(workload=workload.value if workload is not None else "uniform",
+                             split_overhead=split_overhead)
+    shape = order.shape
+    if order.cost_ranked:
+        table = sample_durations(model, shape, iteration)
+        bound = concrete(order, table)
+    else:
+        table = sample_durations(model, shape.with_split(False), iteration)
+        bound = resolve(spec, shape.ranks, shape.chunks, shape.microbatches, table, shape.placement)
+    source = f"the {model.workload} model's microbatches drawn at seed {iteration}"
+    return replace(bound, provenance={**bound.provenance, "frozen_iteration": iteration, "costs": source}), source
 
 
 def render_grid(console: Console, hint: HintOrder) -> None:
