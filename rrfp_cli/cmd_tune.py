@@ -8,6 +8,17 @@ DIR/report.json and DIR/report.md, into a temporary directory renamed into
 place at the end, so nothing is ever written half-way. Ctrl-C stops the
 search, keeps the best found and still writes the outputs (exit 130; SIGTERM
 does the same with exit 143).
+
+``--target torch`` tunes for torch's ``_PipelineScheduleRuntime``, which runs
+one CSV in exactly its order every step: fixed orders only ([Note: one order
+every step] in :mod:`runtime.tune.search`; ``--policy ready`` and ``auto`` are
+refused), within the memory the user's schedule held (the traced run's hint,
+else the shape's baseline order) unless ``--memory-budget`` says otherwise,
+and it also writes DIR/schedule.csv, checked as ``rrfp hints export
+--torch-csv`` checks ([Note: a CSV torch can run] in
+:mod:`hints.files.torch_csv`), and DIR/torch_schedule.md (the schedule class
+whose placement matches, the microbatch count, torchtitan's options, torch's
+five lines).
 """
 
 from __future__ import annotations
@@ -19,6 +30,7 @@ import shutil
 import statistics
 import sys
 import tempfile
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
 
@@ -36,7 +48,6 @@ from rrfp_cli.options import (
     Microbatches,
     Placement,
     PolicyChoice,
-    PolicyOpt,
     Ranks,
     SplitOverhead,
     StragglerProb,
@@ -50,6 +61,11 @@ from rrfp_cli.output import Column, Output, jsonable, print_table, shell_lines
 
 TUNE = "Tuning"
 SOURCE = "Scenarios (one source)"
+
+
+class TargetChoice(str, Enum):
+    rrfp = "rrfp"
+    torch = "torch"
 
 # RunConfig fields of a traced run that job.toml carries over (what makes the next run the same job).
 _CARRIED = ("workload", "emulate", "forward_time", "backward_ratio", "jitter", "straggler_prob", "straggler_slowdown",
@@ -70,10 +86,17 @@ def tune_hint(
     chunks: Chunks = None,
     microbatches: Microbatches = None,
     placement: Placement = None,
-    policy: PolicyOpt = PolicyChoice.ready,
-    memory_budget: Annotated[str, typer.Option(
+    policy: Annotated[Optional[PolicyChoice], typer.Option(
+        "--policy", help="fixed: tune an order run exactly; ready: an order the best-ranked ready task follows. "
+        "Default: ready, fixed with --target torch (which refuses ready).")] = None,
+    memory_budget: Annotated[Optional[str], typer.Option(
         "--memory-budget", help="1f1b, 2x, a slot count, or auto (a Pareto table of makespan vs memory; "
-        "job.toml takes the smallest budget within 1% of the best).")] = "1f1b",
+        "job.toml takes the smallest budget within 1% of the best). Default: 1f1b; with --target torch, what "
+        "your schedule held per rank (the traced run's, else 1f1b).", show_default=False)] = None,
+    target: Annotated[TargetChoice, typer.Option(
+        "--target", help="rrfp: a hint for rrfp run. torch: one order torch's _PipelineScheduleRuntime runs every "
+        "step, tuned in fixed order, also written as DIR/schedule.csv (checked as hints export --torch-csv "
+        "checks it) with DIR/torch_schedule.md (how to run it in torch and torchtitan).")] = TargetChoice.rrfp,
     objective: Annotated[str, typer.Option("--objective", help="mean, p90 (any pNN) or cvar:0.9 of the makespan.",
                                            rich_help_panel=TUNE)] = "mean",
     time_budget: Annotated[str, typer.Option(
@@ -114,6 +137,12 @@ def tune_hint(
 
     from runtime.tune.evaluator import Objective
 
+    for_torch = target == TargetChoice.torch
+    if for_torch and policy is not None and policy.value != "fixed":
+        raise UserError(f"--target torch tunes fixed orders only: torch runs the schedule CSV in exactly its order "
+                        f"every step, so a --policy {policy.value} result would not be what runs (drop --policy, "
+                        "or drop --target torch to tune for rrfp run)", "--policy")
+    policy = policy or (PolicyChoice.fixed if for_torch else PolicyChoice.ready)
     if policy.value == "auto":
         raise UserError("tunes a hint for fixed or ready; a tuned job.toml runs under --policy auto as well (set "
                         "policy = \"auto\")", "--policy")
@@ -131,7 +160,7 @@ def tune_hint(
                         "--unknown")
     if out is None:
         raise UserError("give --out DIR (a new directory for hint.json, job.toml and the report)", "--out")
-    target = _new_directory(out)
+    out_dir = _new_directory(out)
     goal = Objective.parse(objective)
     seconds = parse_duration(time_budget)
     if jobs < 1:
@@ -140,9 +169,9 @@ def tune_hint(
         raise UserError(f"must be between 0 and 1 (exclusive), got {holdout}", "--holdout")
     if scenarios < 2:
         raise UserError(f"must be at least 2, got {scenarios}", "--scenarios")
-    if memory_budget != "auto":
-        from runtime.sched.budget import MemoryBudget
+    from runtime.sched.budget import MemoryBudget
 
+    if memory_budget not in (None, "auto"):
         MemoryBudget.parse(memory_budget)
 
     source = _scenarios(runs, durations, workload, stages, chunks, microbatches, holdout, scenarios, seed, keep_first,
@@ -150,12 +179,15 @@ def tune_hint(
                                           straggler_prob, straggler_slowdown, comm_latency, 0.0,
                                           split_overhead=split_overhead, unknown=unknown),
                         placement_value(placement))
-    if memory_budget != "auto":
-        MemoryBudget.parse(memory_budget).per_rank(source["set"].shape)
+    shape = source["set"].shape
+    budget, budget_from = memory_budget, None
+    if memory_budget is None:
+        budget, budget_from = _held_budget(source, shape) if for_torch else ("1f1b", None)
+    if isinstance(budget, str) and budget != "auto":
+        MemoryBudget.parse(budget).per_rank(shape)
 
     from runtime.tune.decide import render_markdown, report, tune, work_budget
 
-    shape = source["set"].shape
     work = work_budget(seconds, jobs, shape.total_tasks * 3 // 2)
     with output.status_progress("tuning", work) as update:
         def progress(spent: int, best: float, note: str) -> None:
@@ -163,17 +195,19 @@ def tune_hint(
 
         # Ctrl-C inside the search keeps the best found (stopped == "interrupted"); anywhere else it ends the
         # command with nothing written (app.main: "interrupted (SIGINT)", exit 130).
-        outcome = tune(source["set"], policy.value, memory_budget, goal, seconds, jobs, seed,
-                       source["overhead"], source["cost_model"], source["traced"], progress)
+        outcome = tune(source["set"], policy.value, budget, goal, seconds, jobs, seed,
+                       source["overhead"], source["cost_model"], source["traced"], progress, static=for_torch)
     interrupted = outcome.search.stopped == "interrupted"
     commands = {"this tuning": "rrfp tune-hint " + " ".join(_quoted(sys.argv[2:] if len(sys.argv) > 2 else [])),
-                "run the tuned job": f"rrfp run --config {target}/job.toml",
-                "check that run": f"rrfp tune-hint --check RUN_DIR --report {target}/report.json"}
+                "run the tuned job": f"rrfp run --config {out_dir}/job.toml",
+                "check that run": f"rrfp tune-hint --check RUN_DIR --report {out_dir}/report.json"}
     data = report(outcome, {"source": source["set"].source, "inputs": source["inputs"], "commands": commands,
                             "replay": source.get("replay"), "cost_model": source["cost_model"].to_json()
                             if source["cost_model"] is not None else None,
                             "task_overhead_s": source["overhead"]})
-    written = _write(target, outcome, data, source, memory_budget)
+    if for_torch:
+        data["target"] = {"name": "torch", "memory_budget_from": budget_from or "--memory-budget"}
+    written = _write(out_dir, outcome, data, source, for_torch)
     data["written"] = written
     for path in written.values():
         data.setdefault("files", []).append(path)
@@ -181,7 +215,7 @@ def tune_hint(
     output.result(data, lambda console: (render_report(console, render_markdown(data)),
                                          console.print(summary, markup=False)))
     if interrupted:
-        sys.stderr.write(f"stopped early: wrote the best found so far to {target}\n")
+        sys.stderr.write(f"stopped early: wrote the best found so far to {out_dir}\n")
         raise outcome.search.interrupt  # app.main: "interrupted (SIGINT|SIGTERM)", exit 130 / 143
 
 
@@ -291,17 +325,47 @@ def _traced_candidate(traced):
 # -- outputs -----------------------------------------------------------------------
 
 
-def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) -> dict[str, str]:
-    """hint.json, job.toml, report.json, report.md: written in a temporary directory, then renamed to ``target``."""
+def _held_budget(source: dict, shape):
+    """``--target torch`` without ``--memory-budget``: per rank, what the user's schedule held, and what that
+    was. The traced run's hint when tuning on a trace; else the shape's baseline order (1F1B, interleaved
+    1F1B, ZB-V), whose peaks are the ``1f1b`` budget. Written as ``1f1b`` or a slot count when one says it."""
+    from hints.orders import peak_in_flight
+    from runtime.sched.budget import MemoryBudget
+    from runtime.tune.decide import HeldBudget
+
+    traced = source.get("traced")
+    if traced is None:
+        return "1f1b", "the baseline order of the shape (1f1b)"
+    hint = traced.hint
+    if hint is None:  # a built-in rebuilt per iteration: its peaks do not depend on which microbatch goes first
+        from runtime.sched.evaluate import resolve
+
+        hint = resolve(traced.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement)
+    peaks = [peak_in_flight(order, hint.shape) for order in hint.orders]
+    held = f"the traced run's schedule ({hint.name})"
+    if peaks == MemoryBudget.parse("1f1b").per_rank(shape):
+        return "1f1b", held
+    if len(set(peaks)) == 1:
+        return str(peaks[0]), held
+    return HeldBudget(tuple(peaks), held), held
+
+
+def _write(target: Path, outcome, data: dict, source: dict, for_torch: bool = False) -> dict[str, str]:
+    """hint.json, job.toml, report.json, report.md (with ``for_torch``, schedule.csv and torch_schedule.md too):
+    written in a temporary directory, then renamed to ``target``."""
     from hints.files.hint_json import save_hint
     from runtime.sched.rules import RULES
     from runtime.tune.decide import chosen_hint, render_markdown
 
     candidate = outcome.verdict.chosen.candidate
     rule = RULES[candidate.rule]
+    names = ["hint.json", "job.toml", "report.json", "report.md"]
     staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else "."))
     try:
         hint = chosen_hint(outcome)
+        if for_torch:  # first: a refusal leaves nothing behind
+            data["target"].update(_write_torch(hint, staging, target))
+            names += ["schedule.csv", "torch_schedule.md"]
         save_hint(hint, staging / "hint.json")
         job = {}
         config = source.get("config") or {}
@@ -323,7 +387,7 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
         shape = outcome.evaluator.shape
         job.update(ranks=shape.ranks, chunks=shape.chunks, microbatches=shape.microbatches,
                    placement=shape.placement, hint=candidate.builtin or "hint.json", policy=str(rule.policy),
-                   memory_budget=outcome.budget)
+                   memory_budget=_toml_budget(outcome))
         if rule.policy.value == "ready":
             job["lookahead"] = rule.lookahead
         _write_toml(staging / "job.toml", job, data, target)
@@ -333,7 +397,32 @@ def _write(target: Path, outcome, data: dict, source: dict, memory_budget: str) 
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
-    return {name: str(target / name) for name in ("hint.json", "job.toml", "report.json", "report.md")}
+    return {name: str(target / name) for name in names}
+
+
+def _write_torch(hint, staging: Path, target: Path) -> dict[str, Any]:
+    """schedule.csv (only if torch can run it) and torch_schedule.md in ``staging``; what the report says of them."""
+    from hints.files.torch_csv import export_torch_csv, torch_schedule_name, torch_schedule_notes
+    from runtime.sched.simulator import check_completes
+
+    final_csv = (target / "schedule.csv").resolve()  # torchtitan reads it from its own working directory
+    version = export_torch_csv(hint, staging / "schedule.csv", check_completes)
+    (staging / "torch_schedule.md").write_text(torch_schedule_notes(hint, str(final_csv), version))
+    return {"csv": str(target / "schedule.csv"), "notes": str(target / "torch_schedule.md"),
+            "schedule": torch_schedule_name(hint.shape), "microbatches": hint.shape.microbatches,
+            "torch_lowering": version}
+
+
+def _toml_budget(outcome) -> str:
+    """job.toml's memory-budget: the tuned budget, or its largest slot count when no spelling says it per rank
+    (a budget held by the user's own schedule; the fixed policy job.toml runs under reads none)."""
+    from runtime.sched.budget import MemoryBudget
+
+    try:
+        MemoryBudget.parse(outcome.budget)
+        return outcome.budget
+    except UserError:
+        return str(max(outcome.evaluator.slots))
 
 
 def _write_toml(path: Path, values: dict, data: dict, target: Path) -> None:
@@ -367,6 +456,9 @@ def _summary_line(data: dict) -> str:
         shape = data["shape"]
         line += (f", predicted {gain['estimate']:+.1%} over {baseline_label(shape['chunks'], shape['placement'])} "
                  "on held-out scenarios")
+    torch = data.get("target") or {}
+    if torch.get("csv"):
+        line += f"; for torch: {torch['csv']} (how to run it: {torch['notes']})"
     return line + f"; check a run of it with: rrfp tune-hint --check RUN --report {data['written']['report.json']}"
 
 

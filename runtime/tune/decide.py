@@ -9,7 +9,8 @@ dict (``report.json``) and as Markdown (``report.md``).
 Memory (``auto``): the winner's family is re-scored at several budgets
 (:data:`AUTO_BUDGETS`); the Pareto table gives makespan against slots per
 rank, and the chosen budget is the smallest whose objective is within 1% of
-the best one's.
+the best one's. A :class:`HeldBudget` is a budget of given slots per rank:
+what a user's own schedule held (``tune-hint --target torch``).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from runtime.sched.evaluate import resolve, versus_label
 from runtime.sched.rules import RULES
 from runtime.tune.evaluator import Candidate, Evaluator, Objective, paired_bootstrap, summary
 from runtime.tune.scenarios import ScenarioSet
-from runtime.tune.search import Scored, Search, SearchConfig, SearchResult, portfolio
+from runtime.tune.search import Scored, Search, SearchConfig, SearchResult, as_static, portfolio
 
 AUTO_BUDGETS = ("1f1b", "1.25x", "1.5x", "2x", "3x", "4x")
 NOMINAL_TASKS_PER_SECOND = 250_000  # per job: turns --time-budget into a deterministic work budget
@@ -41,6 +42,29 @@ class Verdict:
     reason: str
     holdout: dict[str, list[float]]  # label -> held-out makespans (tuned, best built-in, fixed 1F1B, chosen)
     gain: dict[str, float] = field(default_factory=dict)  # interval of the tuned hint over the best built-in
+
+
+@dataclass(frozen=True)
+class HeldBudget:
+    """Slots per rank as a schedule held them (``slots``, from ``source``): a budget no
+    :class:`MemoryBudget` spelling gives (not 1F1B's, not one count on every rank). It answers what the
+    evaluator asks of a budget (``per_rank``, ``spec``)."""
+
+    slots: tuple[int, ...]
+    source: str
+
+    @property
+    def spec(self) -> str:
+        return f"as {self.source} held"
+
+    def per_rank(self, shape) -> list[int]:
+        if len(self.slots) != shape.ranks:
+            raise UserError(f"{self.source} holds {len(self.slots)} ranks but the shape has {shape.ranks}",
+                            "`memory_budget`")
+        return list(self.slots)
+
+    def __str__(self) -> str:
+        return self.spec
 
 
 @dataclass
@@ -58,30 +82,40 @@ def work_budget(seconds: float, jobs: int, tasks_per_simulation: int) -> int:
     return max(1, math.floor(seconds * jobs * NOMINAL_TASKS_PER_SECOND / max(1, tasks_per_simulation)))
 
 
-def tune(scenarios: ScenarioSet, policy: str, budget: str, objective: Objective, time_budget: float,
+def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objective: Objective, time_budget: float,
          jobs: int = 1, seed: int = 0, overhead: float = 0.0, cost_model=None, traced: Candidate | None = None,
-         progress: Callable[[int, float, str], None] | None = None) -> TuneOutcome:
+         progress: Callable[[int, float, str], None] | None = None, static: bool = False) -> TuneOutcome:
     """Search, decide, and (with ``budget == "auto"``) explore memory. See the module docstring.
 
     ``traced`` is the hint and rule of the run the scenarios come from (family ``traced``): scored like
     every candidate, and the reference of the predicted gain ``rrfp tune-hint --check`` verifies.
+    ``static``: every candidate is one index order run in fixed order ([Note: one order every step] in
+    :mod:`runtime.tune.search`), for a runtime that runs the same order every step (torch).
     """
     shape = scenarios.shape
     rules = ("greedy", "lookahead") if policy == "ready" else ("fixed",)
+    if static and rules != ("fixed",):
+        raise UserError("a static order runs under the fixed policy only", "`policy`")
     explore = budget == "auto"
-    evaluator = Evaluator(scenarios, MemoryBudget.parse("1f1b" if explore else budget), overhead)
+    if isinstance(budget, HeldBudget):
+        limit = budget
+    else:
+        limit = MemoryBudget.parse("1f1b" if explore else budget)
+    evaluator = Evaluator(scenarios, limit, overhead)
     mean = scenarios.tuning[0].expected if len(scenarios.tuning) == 1 else _mean_expectation(scenarios)
     candidates = ([traced] if traced is not None else []) + portfolio(shape, rules, mean, cost_model,
                                                                       evaluator.slots, str(evaluator.budget))
+    if static:
+        candidates = as_static(candidates, shape, mean)
     tasks = shape.total_tasks * 3 // 2  # a split backward has half again as many tasks
     config = SearchConfig(objective, rules, work_budget(time_budget, jobs, tasks), seed, jobs)
     result = Search(evaluator, config, progress).run(candidates)
     if result.scored and math.isinf(result.best.value) and result.stopped != "interrupted":
         raise UserError(f"no fixed order fits the memory budget {evaluator.budget} "
                         f"({min(evaluator.slots)}..{max(evaluator.slots)} slots per rank) on these scenarios; give a "
-                        f"larger budget or --policy ready", "`memory_budget`")
+                        f"larger budget{'' if static else ' or `policy` ready'}", "`memory_budget`")
     pareto: list[dict] = []
-    chosen_budget = budget
+    chosen_budget = str(budget)
     if explore and RULES[result.best.candidate.rule].uses_budget:
         pareto, chosen_budget = _memory_pareto(scenarios, result.best.candidate, objective, overhead)
         evaluator = Evaluator(scenarios, MemoryBudget.parse(chosen_budget), overhead)
@@ -315,6 +349,15 @@ def render_markdown(data: dict) -> str:
     v = data["verdict"]
     lines += ["## Verdict", "", f"Written out: **{v['hint']}** under **{RULES[v['rule']].label}** "
               f"({v['family']}). {v['reason']}.", ""]
+    torch = data.get("target") or {}
+    if torch.get("csv"):
+        checked = (f"torch {torch['torch_lowering']}'s lowering accepts it" if torch.get("torch_lowering")
+                   else "torch did not import, so its lowering was not run")
+        lines += ["## For torch", "", f"{torch['csv']}: the written-out order as torch's schedule CSV, tuned in "
+                  f"fixed order (torch runs one order every step) within the memory {torch['memory_budget_from']} "
+                  f"held. It completes in exactly its order and {checked}. Load it into a _PipelineScheduleRuntime "
+                  f"with stages placed as Schedule{torch['schedule']} places them, {torch['microbatches']} "
+                  f"microbatches: {torch['notes']} has the torchtitan options and the torch lines.", ""]
     p = data["prediction"]
     m = p["makespan"]
     scenarios_range = p.get("makespan_scenarios_range", p["makespan_range"])
@@ -387,5 +430,5 @@ def chosen_hint(outcome: TuneOutcome) -> HintOrder:
     return resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement)
 
 
-__all__ = ["AUTO_BUDGETS", "TuneOutcome", "Verdict", "chosen_hint", "decide", "render_markdown", "report", "tune",
+__all__ = ["AUTO_BUDGETS", "HeldBudget", "TuneOutcome", "Verdict", "chosen_hint", "decide", "render_markdown", "report", "tune",
            "work_budget"]

@@ -27,6 +27,18 @@ scenarios only; the held-out ones are for the verdict
 
 Stops when the work budget is spent or on ``KeyboardInterrupt`` (Ctrl-C: the
 best found so far is kept, ``stopped`` says so).
+
+[Note: one order every step]
+    ``rrfp tune-hint --target torch`` tunes for a runtime that runs one CSV in
+    exactly its order, every step (torch's ``_PipelineScheduleRuntime``). A
+    candidate rebuilt from each scenario's costs (``bfw``, ``cp``, the sorted
+    1F1Bs) or re-ranked by them (cost classes) would be scored on knowledge
+    that runtime never has, so :func:`as_static` fixes every candidate to the
+    index order it is for the mean expectation of the tuning scenarios (equal
+    per-microbatch costs, as a recorded or sampled iteration's microbatch
+    index says nothing of its contents), under the ``fixed`` rule, and drops
+    the copies this makes. Each is then scored on every scenario as the one
+    order torch would run.
 """
 
 from __future__ import annotations
@@ -47,6 +59,7 @@ from hints.orders import (
     baseline_hint_name,
     by_priority,
     one_f_one_b_family,
+    resolve_cost_ranked,
 )
 from hints.priorities import list_priorities
 from hints.tasks import LOOPING, PipelineShape, Task
@@ -162,6 +175,26 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
         add(heavy.name, "cost classes", heavy)
         add(light.name, "cost classes", light)
     return candidates
+
+
+def as_static(candidates: Sequence[Candidate], shape: PipelineShape, mean: Durations) -> list[Candidate]:
+    """Every candidate as one index order under the fixed rule ([Note: one order every step]), without copies
+    (the built-ins, the baseline and the traced hint are kept whatever they equal: the verdict compares with
+    them by name)."""
+    static: list[Candidate] = []
+    seen: set = set()
+    for candidate in candidates:
+        hint = candidate.hint
+        if candidate.builtin is not None:
+            hint = resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, mean, shape.placement)
+        elif hint is not None and hint.cost_ranked:
+            hint = resolve_cost_ranked(hint, mean.microbatch_costs)
+        key = (hint.shape, hint.orders)
+        if key in seen and candidate.family not in ("built-in", "baseline", "traced"):
+            continue
+        seen.add(key)
+        static.append(Candidate(candidate.name, candidate.family, "fixed", hint, None, dict(candidate.notes)))
+    return static
 
 
 # -- moves -----------------------------------------------------------------------
@@ -372,4 +405,4 @@ class Search:
         return SearchResult(scored, self.spent, stopped, self.trace, interrupt)
 
 
-__all__ = ["Scored", "Search", "SearchConfig", "SearchResult", "apply_move", "portfolio", "ready_pairs"]
+__all__ = ["Scored", "Search", "SearchConfig", "SearchResult", "apply_move", "as_static", "portfolio", "ready_pairs"]
