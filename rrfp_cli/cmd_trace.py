@@ -158,6 +158,10 @@ def _render_summary(console: Console, data: dict) -> None:
         ("hint skips", f"{data['skips']} (mean Kendall tau {_cell(data['mean_kendall_tau'], '.3f')})"),
         ("clock alignment", f"within {data['max_clock_error_ns'] / 1e3:.1f} us"),
     ]
+    if data.get("source") == "torch-profiler":  # [Note: what a torch trace cannot say]
+        pairs[-2:] = [("source", "torch profiler traces (rrfp trace import): torch ran its order; no arbiter "
+                                 "decisions, counters or message sizes"),
+                      ("clock alignment", "the profiler's clock (one host), not measured")]
     if data.get("auto"):
         auto = data["auto"]
         pairs.append(("auto policy", f"{auto['fixed_iterations']} of {len(auto['rules'])} iterations fixed, "
@@ -294,6 +298,15 @@ def _render_sensitivity(console: Console, result, data: dict) -> None:
                       f"@budget: warm-ups that fill the budget.)[/]")
 
 
+def _needs_decisions(frames, run: Path) -> None:
+    """[Note: what a torch trace cannot say] in profiler.trace.torch_profile: no decisions to show."""
+    from hints.errors import UserError
+
+    if next(iter(frames.meta.values()), {}).get("source") == "torch-profiler":
+        raise UserError("was imported from torch profiler traces: torch runs its schedule in fixed order, so "
+                        "there are no arbiter decisions (see rrfp trace bubbles for what the order cost)", str(run))
+
+
 @app.command("decisions")
 def decisions_command(
     run: RunArg,
@@ -308,6 +321,7 @@ def decisions_command(
     import polars as pl
 
     def answer(frames):
+        _needs_decisions(frames, run)
         frame = frames.decisions
         if rank is not None:
             if rank >= frames.ranks:
@@ -347,6 +361,7 @@ def follow_command(
     from profiler.analysis.tp import follow_latency
 
     def answer(frames):
+        _needs_decisions(frames, run)
         per_decision, per_rank = follow_latency(frames)
         if not per_rank.height:
             raise UserError("has no TP group decisions (run with --tp 2 or more)", str(run))
@@ -570,3 +585,47 @@ def merge_command(
     _emit(out, {"merged": [str(f) for f in files], "out": str(merged.out), "packets": merged.packets},
           lambda console: console.print(f"merged {len(files)} rank traces ({merged.packets} packets) into "
                                         f"{merged.out}"))
+
+
+@app.command("import")
+def import_command(
+    traces: Annotated[list[Path], typer.Argument(
+        help="torch profiler traces (Chrome JSON, .json or .json.gz), one per rank, or folders of them "
+             "(torchtitan's profile folder).", metavar="TRACE...")],
+    out_dir: Annotated[Path, typer.Option("--out", help="New run directory to write.")],
+    schedule: Annotated[Optional[str], typer.Option(
+        "--schedule", help="torch's schedule the job ran (1F1B, GPipe, Interleaved1F1B, InterleavedZeroBubble, "
+        "ZBVZeroBubble, DualPipeV); checked against the trace. Default: inferred.")] = None,
+    stages: Annotated[Optional[int], typer.Option("--ranks", "-p", min=1, help="Pipeline ranks (checked).")] = None,
+    chunks: Annotated[Optional[int], typer.Option("--chunks", "-v", min=1, help="Stages per rank (checked).")] = None,
+    microbatches: Annotated[Optional[int], typer.Option("--microbatches", "-m", min=1,
+                                                        help="Microbatches (checked).")] = None,
+    json_mode: JsonFlag = False,
+) -> None:
+    """Import torch profiler traces of a torch.distributed.pipelining job as a run every `rrfp trace` command
+    and `rrfp tune-hint RUN` read ([Note: what a torch trace cannot say] in profiler.trace.torch_profile)."""
+    from profiler.trace.torch_profile import import_torch_traces
+
+    out = Output(json_mode)
+    with out.progress("reading traces", len(traces)) as advance:
+        imported = import_torch_traces(traces, out_dir, schedule, stages, chunks, microbatches,
+                                       progress=lambda _: advance(1))
+    for warning in imported.warnings:
+        out.warn(warning)
+    data = imported.to_json()
+
+    def render(console: Console) -> None:
+        print_pairs(console, [
+            ("run", str(imported.out)), ("shape", imported.shape.describe()),
+            ("schedule", imported.schedule), ("steps", ", ".join(map(str, imported.iterations))),
+            ("complete", ", ".join(map(str, imported.complete)) or "none"),
+            ("tasks", str(imported.tasks)), ("messages", str(imported.transfers)),
+            ("memory", f"{imported.memory_budget} (peak in flight per rank: "
+                       f"{', '.join(map(str, imported.peaks))})"),
+            ("timing", imported.timing),
+            ("not in the trace", "arbiter decisions, ready sets, counters, message sizes"),
+        ], title="imported torch profiler traces")
+        console.print(f"next: rrfp trace bubbles {imported.out}; rrfp trace sensitivity {imported.out}; "
+                      f"rrfp tune-hint {imported.out} --policy fixed")
+
+    _emit(out, data, render)

@@ -48,6 +48,7 @@ def summary(frames: TraceFrames) -> dict:
         "mean_kendall_tau": agreement.get_column("kendall_tau").mean() if agreement.height else None,
         "max_clock_error_ns": max(int(m.get("clock_error_ns", 0)) for m in frames.meta.values()),
         "auto": auto_decisions(frames),
+        "source": meta.get("source", "rrfp"),  # torch-profiler: imported, no arbiter (profiler.trace.torch_profile)
         "warnings": frames.warnings,
     }
 

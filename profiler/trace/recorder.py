@@ -35,7 +35,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 from hints.tasks import Task
 from profiler.trace.schema import (
@@ -69,7 +69,7 @@ class TraceRecorder:
         self._cuda_start = None
         self._auto: dict[int, tuple[str, str]] = {}  # iteration -> (rule, why) under --policy auto
         self._queue: queue.Queue = queue.Queue()
-        self._writer = _PacketWriter(self.path, setup, self.cuda)
+        self._writer = _RunWriter(self.path, setup, self.cuda)
         self._thread = threading.Thread(target=self._write_loop, name=f"rrfp-trace-{self.rank}", daemon=True)
         self._thread.start()
 
@@ -173,100 +173,56 @@ class TraceRecorder:
                 print(f"rrfp: rank {self.rank}: trace write failed: {err}", file=sys.stderr)
 
 
-class _PacketWriter:
-    """Turns buffered events into TracePackets for one rank's sequence and appends them to its file."""
+class PacketWriter:
+    """One rank's sequence of ``rrfp-trace/1`` packets, appended to its file a batch at a time.
 
-    def __init__(self, path: Path, setup, cuda: bool) -> None:
+    The primitives every writer of the schema shares: the process track and metadata (:meth:`start`), child
+    tracks, interned names and annotations, slices, counters. :class:`_RunWriter` turns a run's buffered
+    events into them; ``profiler.trace.torch_profile`` writes an imported torch profiler trace with them.
+    """
+
+    def __init__(self, path: Path, rank: int) -> None:
         self.path = path
-        self.setup = setup
-        self.cuda = cuda
-        self.rank = setup.rank
-        self.sequence_id = setup.rank + 1
+        self.rank = rank
+        self.sequence_id = rank + 1
         self.file = open(path, "wb")
         self.names: dict[str, int] = {}  # interned event names
         self.keys: dict[str, int] = {}  # interned debug annotation names
         self.tracks: set[int] = set()
         self.started = False
+        self.builder = None
 
     def close(self) -> None:
         self.file.close()
 
-    # -- packets -----------------------------------------------------------
-    def write_iteration(self, events: list[tuple], offset: int) -> None:
+    def batch(self) -> None:
+        """Start a batch of packets (written by :meth:`flush`)."""
         from perfetto.trace_builder.proto_builder import TraceProtoBuilder
 
         self.builder = TraceProtoBuilder()
-        if not self.started:
-            self._start(events[0][2] + offset, offset)
-        rank = self.rank
-        for event in events:
-            tag = event[0]
-            if tag == "begin":
-                _, iteration, now, hint, auto = event
-                values = {"iteration": iteration, "hint": hint}
-                if auto is not None:
-                    values.update(rule=auto[0], auto=auto[1])
-                self._begin(track_uuid(rank, "iterations"), now + offset, f"iteration {iteration}", values)
-            elif tag == "end":
-                self._end(track_uuid(rank, "iterations"), event[2] + offset)
-            elif tag == "task":
-                self._task(event, offset)
-            elif tag == "decision":
-                self._decision(event, offset)
-            elif tag == "arrival":
-                self._arrival(event[1], offset)
-            elif tag == "counters":
-                _, now, values = event
-                for key, value in values.items():
-                    self._counter(COUNTERS[key], now + offset, value)
-            elif tag == "step":
-                self._step(event, offset)
-            elif tag == "rendezvous":
-                self._rendezvous(event, offset)
-            elif tag == "sends":
-                for sent in event[1]:
-                    if self.setup.config.traces(sent.iteration):
-                        self._send(sent, offset)
+
+    def flush(self) -> None:
         self.file.write(self.builder.serialize())
         self.file.flush()
 
-    def _start(self, now: int, offset: int) -> None:
-        """Process track, child tracks, clock snapshot and the metadata instant (clears incremental state).
+    def start(self, now: int, meta: dict[str, Any], kinds: Sequence[str], clocks_offset: int | None = None) -> None:
+        """The process track, the child tracks ``kinds``, and the metadata instant (clears incremental state).
 
-        [Note: trace clocks] Timestamps are ``CLOCK_MONOTONIC`` of this rank plus
-        ``clock_offset_ns`` (0 on one host: runtime.run.worker's [Note: one clock
-        domain]), declared as the sequence's default clock, and a ClockSnapshot
-        relates that domain to this host's BOOTTIME and REALTIME, so trace
-        processors align it with Kineto or Nsight Systems traces of the same run.
+        ``clocks_offset``: write a clock snapshot relating this trace's clock to the host's
+        ([Note: trace clocks]); None writes none (a trace of another host, imported).
         """
-        setup, rank = self.setup, self.rank
+        rank = self.rank
         process = self._packet(now, first=True)
         process.trace_packet_defaults.timestamp_clock_id = 3  # BUILTIN_CLOCK_MONOTONIC
-        self._clock_snapshot(offset)
+        if clocks_offset is not None:
+            self._clock_snapshot(clocks_offset)
         descriptor = process.track_descriptor
         descriptor.uuid = track_uuid(rank, "process")
         descriptor.name = f"rank {rank}"
         descriptor.process.pid = rank + 1
         descriptor.process.process_name = f"rank {rank}"
-        for kind in ("iterations", "compute", "decisions", "ready set", "in flight", "activation bytes"):
+        for kind in kinds:
             self._track(kind, 0, now, counter=kind in COUNTERS.values())
-        from runtime.config import hint_spec, run_shape
-
-        c = setup.config
-        shape = run_shape(c)
-        meta = {
-            "schema": SCHEMA, "rank": rank, "world": setup.world, "job": setup.job, "workload": c.workload,
-            "stages": shape.ranks, "chunks": shape.chunks, "placement": shape.placement,
-            "microbatches": shape.microbatches, "policy": c.policy,
-            "rule": c.rule().name, "p2p": c.p2p,
-            "hint": hint_spec(c), "memory_budget": c.memory_budget, "budget_slots": setup.budget or 0,
-            "clock_offset_ns": setup.clock_offset_ns, "clock_error_ns": setup.clock_error_ns,
-            "timing": "cuda-events" if self.cuda else "host", "device": str(setup.device),
-        }
-        grid = getattr(setup, "grid", None)
-        if grid is not None and grid.world > grid.pp:  # TP / DP: where this rank sits (runtime.comm.grid)
-            meta.update({"tp": grid.tp, "dp": grid.dp, "pipe_rank": grid.pipe_rank, "tp_rank": grid.tp_rank,
-                         "dp_rank": grid.dp_rank})
         packet = self._packet(now)
         event = packet.track_event
         event.type = event.TYPE_INSTANT
@@ -275,7 +231,20 @@ class _PacketWriter:
         self._annotate(packet, meta)
         self.started = True
 
+    def slice(self, kind: str, peer: int, start: int, end: int, name: str, values: dict[str, Any], flows=(),
+              ends=()) -> None:
+        """One slice on this rank's ``kind`` track (to or from ``peer`` for messages)."""
+        track = self._track(kind, peer, start)
+        self._begin(track, start, name, values, flows, ends)
+        self._end(track, end)
+
     def _clock_snapshot(self, offset: int) -> None:
+        """[Note: trace clocks] Timestamps are ``CLOCK_MONOTONIC`` of this rank plus
+        ``clock_offset_ns`` (0 on one host: runtime.run.worker's [Note: one clock
+        domain]), declared as the sequence's default clock, and a ClockSnapshot
+        relates that domain to this host's BOOTTIME and REALTIME, so trace
+        processors align it with Kineto or Nsight Systems traces of the same run.
+        """
         from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import BuiltinClock
 
         packet = self.builder.add_packet()
@@ -359,6 +328,72 @@ class _PacketWriter:
         event.type = event.TYPE_COUNTER
         event.track_uuid = track_uuid(self.rank, kind)
         event.counter_value = int(value)
+
+
+class _RunWriter(PacketWriter):
+    """Turns a run's buffered events into TracePackets for one rank's sequence and appends them to its file."""
+
+    def __init__(self, path: Path, setup, cuda: bool) -> None:
+        super().__init__(path, setup.rank)
+        self.setup = setup
+        self.cuda = cuda
+
+    def write_iteration(self, events: list[tuple], offset: int) -> None:
+        self.batch()
+        if not self.started:
+            self._start(events[0][2] + offset, offset)
+        rank = self.rank
+        for event in events:
+            tag = event[0]
+            if tag == "begin":
+                _, iteration, now, hint, auto = event
+                values = {"iteration": iteration, "hint": hint}
+                if auto is not None:
+                    values.update(rule=auto[0], auto=auto[1])
+                self._begin(track_uuid(rank, "iterations"), now + offset, f"iteration {iteration}", values)
+            elif tag == "end":
+                self._end(track_uuid(rank, "iterations"), event[2] + offset)
+            elif tag == "task":
+                self._task(event, offset)
+            elif tag == "decision":
+                self._decision(event, offset)
+            elif tag == "arrival":
+                self._arrival(event[1], offset)
+            elif tag == "counters":
+                _, now, values = event
+                for key, value in values.items():
+                    self._counter(COUNTERS[key], now + offset, value)
+            elif tag == "step":
+                self._step(event, offset)
+            elif tag == "rendezvous":
+                self._rendezvous(event, offset)
+            elif tag == "sends":
+                for sent in event[1]:
+                    if self.setup.config.traces(sent.iteration):
+                        self._send(sent, offset)
+        self.flush()
+
+    def _start(self, now: int, offset: int) -> None:
+        """The process track, its child tracks and this run's metadata ([Note: trace clocks])."""
+        from runtime.config import hint_spec, run_shape
+
+        setup, c = self.setup, self.setup.config
+        shape = run_shape(c)
+        meta = {
+            "schema": SCHEMA, "rank": self.rank, "world": setup.world, "job": setup.job, "workload": c.workload,
+            "stages": shape.ranks, "chunks": shape.chunks, "placement": shape.placement,
+            "microbatches": shape.microbatches, "policy": c.policy,
+            "rule": c.rule().name, "p2p": c.p2p,
+            "hint": hint_spec(c), "memory_budget": c.memory_budget, "budget_slots": setup.budget or 0,
+            "clock_offset_ns": setup.clock_offset_ns, "clock_error_ns": setup.clock_error_ns,
+            "timing": "cuda-events" if self.cuda else "host", "device": str(setup.device),
+        }
+        grid = getattr(setup, "grid", None)
+        if grid is not None and grid.world > grid.pp:  # TP / DP: where this rank sits (runtime.comm.grid)
+            meta.update({"tp": grid.tp, "dp": grid.dp, "pipe_rank": grid.pipe_rank, "tp_rank": grid.tp_rank,
+                         "dp_rank": grid.dp_rank})
+        self.start(now, meta, ("iterations", "compute", "decisions", "ready set", "in flight", "activation bytes"),
+                   clocks_offset=offset)
 
     # -- event kinds ---------------------------------------------------------
     def _task(self, event: tuple, offset: int) -> None:
