@@ -430,5 +430,5 @@ def chosen_hint(outcome: TuneOutcome) -> HintOrder:
     return resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement)
 
 
-__all__ = ["AUTO_BUDGETS", "HeldBudget", "TuneOutcome", "Verdict", "chosen_hint", "decide", "render_markdown", "report", "tune",
-           "work_budget"]
+__all__ = ["AUTO_BUDGETS", "HeldBudget", "TuneOutcome", "Verdict", "chosen_hint", "decide", "render_markdown", "report",
+           "tune", "work_budget"]
