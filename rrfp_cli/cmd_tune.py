@@ -327,8 +327,9 @@ def _traced_candidate(traced):
 
 def _held_budget(source: dict, shape):
     """``--target torch`` without ``--memory-budget``: per rank, what the user's schedule held, and what that
-    was. The traced run's hint when tuning on a trace; else the shape's baseline order (1F1B, interleaved
-    1F1B, ZB-V), whose peaks are the ``1f1b`` budget. Written as ``1f1b`` or a slot count when one says it."""
+    was. The traced run's hint when tuning on a trace (its order's peaks in fixed order; a ready run's
+    budget); else the shape's baseline order (1F1B, interleaved 1F1B, ZB-V), whose peaks are the ``1f1b``
+    budget. Written as ``1f1b`` or a slot count when one says it."""
     from hints.orders import peak_in_flight
     from runtime.sched.budget import MemoryBudget
     from runtime.tune.decide import HeldBudget
@@ -336,6 +337,11 @@ def _held_budget(source: dict, shape):
     traced = source.get("traced")
     if traced is None:
         return "1f1b", "the baseline order of the shape (1f1b)"
+    from runtime.sched.rules import RULES
+
+    run_budget = (source.get("meta") or {}).get("memory_budget")
+    if RULES[traced.rule].uses_budget and run_budget:  # a ready run held what its arbiter let it, not its order's peak
+        return str(run_budget), f"the traced run's budget ({run_budget}, under --policy ready)"
     hint = traced.hint
     if hint is None:  # a built-in rebuilt per iteration: its peaks do not depend on which microbatch goes first
         from runtime.sched.evaluate import resolve

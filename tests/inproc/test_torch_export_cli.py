@@ -178,3 +178,6 @@ def test_the_torch_budget_is_what_the_traced_schedule_held(schedule, budget):
     else:
         assert held == budget
     assert _held_budget({"traced": None}, shape) == ("1f1b", "the baseline order of the shape (1f1b)")
+    ready = Candidate("gpipe (traced)", "traced", "lookahead", builtin_hint("gpipe", 4, 1, 8))
+    assert _held_budget({"traced": ready, "meta": {"memory_budget": "2x"}}, shape) == \
+        ("2x", "the traced run's budget (2x, under --policy ready)")  # what its arbiter let it hold
