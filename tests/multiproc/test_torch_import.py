@@ -121,3 +121,16 @@ def test_the_schedules_compute_the_same_losses(profiled):
     assert losses["InterleavedZeroBubble"] == pytest.approx(reference, rel=1e-6)
     assert losses["1F1B"] == pytest.approx(losses["GPipe"], rel=1e-6)
     assert os.path.isfile(JOB)
+
+
+def test_round_trip_trace_to_tuned_csv_to_torch_runs_with_the_same_loss(profiled, tmp_path):
+    """A torch job's trace -> rrfp trace import -> rrfp tune-hint --target torch -> the CSV loaded by torch's
+    _PipelineScheduleRuntime._load_csv: the job runs the tuned order and computes the same losses."""
+    folder, losses = profiled["Interleaved1F1B"]
+    assert run_cli(tmp_path, "trace", "import", str(folder), "--out", "run").returncode == 0
+    tuned = run_cli(tmp_path, "tune-hint", "run", "--target", "torch", "--policy", "fixed", "--out", "tuned",
+                    "--time-budget", "5s")
+    assert tuned.returncode == 0, tuned.stderr
+    csv_path = tmp_path / "tuned" / "schedule.csv"
+    assert "_load_csv" in (tmp_path / "tuned" / "torch_schedule.md").read_text()
+    assert run_job(tmp_path, "--csv", str(csv_path)) == pytest.approx(losses, rel=1e-6)
