@@ -158,3 +158,40 @@ def test_a_shape_that_does_not_match_the_trace_is_refused(tmp_path):
     result = run_cli(tmp_path, "trace", "import", "t", "--out", "run")
     assert result.returncode == 2 and "not empty" in result.stderr
     assert (tmp_path / "run" / "keep.txt").read_text() == "mine"
+
+
+def _mutations():
+    """Ways a rank's JSON can be damaged: each must import (the damage is harmless) or fail in one line."""
+    def events(f):
+        return lambda d: d.__setitem__("traceEvents", [f(e) for e in d["traceEvents"]])
+
+    yield "ts as text", events(lambda e: {**e, "ts": str(e.get("ts"))})
+    yield "negative durations", events(lambda e: {**e, "dur": -1} if e.get("ph") == "X" else e)
+    yield "events not objects", lambda d: d.__setitem__("traceEvents", [1, "x", None] + d["traceEvents"])
+    yield "names not text", events(lambda e: {**e, "name": 7} if str(e.get("name", "")).startswith("PP:") else e)
+    yield "no steps", events(lambda e: {**e, "name": "other"} if str(e.get("name", "")).startswith("Profiler")
+                             else e)
+    yield "rank out of range", lambda d: d["distributedInfo"].__setitem__("rank", 9)
+    yield "world as text", lambda d: d["distributedInfo"].__setitem__("world_size", "2")
+    yield "traceEvents not a list", lambda d: d.__setitem__("traceEvents", {"a": 1})
+    yield "actions of another stage", events(lambda e: {**e, "name": e["name"].replace("PP:1", "PP:7")}
+                                             if isinstance(e.get("name"), str) else e)
+    yield "half the events", lambda d: d.__setitem__("traceEvents", d["traceEvents"][::2])
+    yield "a JSON list", None
+
+
+@pytest.mark.parametrize("what,mutate", list(_mutations()), ids=[m[0] for m in _mutations()])
+def test_damaged_traces_import_or_fail_in_one_line(tmp_path, what, mutate):
+    paths = kineto_traces(import_torch_schedule("Interleaved1F1B", 2, 4, 2), tmp_path / "t")
+    data = json.loads(paths[1].read_text())
+    if mutate is None:
+        data = [data]
+    else:
+        mutate(data)
+    paths[1].write_text(json.dumps(data))
+    result = run_cli(tmp_path, "trace", "import", "t", "--out", "run")
+    assert "Traceback" not in result.stderr, result.stderr
+    assert result.returncode in (0, 2), result.stderr
+    if result.returncode == 2:
+        assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: ")
+        assert not (tmp_path / "run").exists()
