@@ -195,3 +195,14 @@ def test_damaged_traces_import_or_fail_in_one_line(tmp_path, what, mutate):
     if result.returncode == 2:
         assert len(result.stderr.strip().splitlines()) == 1 and result.stderr.startswith("error: ")
         assert not (tmp_path / "run").exists()
+
+
+def test_torchtitan_windows_of_one_rank_are_joined_and_a_repeated_step_is_refused(tmp_path):
+    hint = import_torch_schedule("ZBVZeroBubble", 2, 4)
+    root = tmp_path / "profile_traces"
+    kineto_traces(hint, root / "iteration_2", steps=(1, 2), gz=True)
+    kineto_traces(hint, root / "iteration_4", steps=(3, 4), gz=True, step_offset_us={0: 1e6, 1: 1e6})
+    imported = import_torch_traces([root], tmp_path / "run")
+    assert imported.iterations == [1, 2, 3, 4] and imported.complete == [1, 2, 3, 4]
+    kineto_traces(hint, root / "iteration_9", steps=(2,), gz=True)
+    assert "two profiles of one rank" in _bad(tmp_path / "run", "../profile_traces")
