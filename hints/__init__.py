@@ -1,5 +1,6 @@
 """What should run, in which order: the bottom of rrfp's import graph. Pure Python, no torch
-(``files.torch_import`` imports torch lazily, when called). Modules, in import order:
+(``files.torch_import`` imports torch lazily, when called; ``files.torch_csv``'s export checks a CSV
+with torch's own lowering when torch imports). Modules, in import order:
 
 * :mod:`~hints.errors` -- the errors every package raises for bad input, failures and interrupts;
 * :mod:`~hints.tasks` -- the task IR: pipeline shapes, placement, tasks in torch's action grammar;
