@@ -417,15 +417,21 @@ def export_command(
     iterations: Annotated[Optional[str], typer.Option(
         "--iterations", help="A:B: only iterations A..B-1 into --durations (either side may be left out; "
         "default every complete one but iteration 0, which pays for start-up, unless it is the only one).")] = None,
+    chrome: Annotated[Optional[Path], typer.Option(
+        "--chrome", help="Write Chrome trace JSON (torch.profiler's format): a directory gets one "
+        "rank<r>_trace.json per rank (what HTA reads); a FILE.json or FILE.json.gz one trace of every rank "
+        "(chrome://tracing, Perfetto UI).")] = None,
     force: Force = False,
     json_mode: JsonFlag = False,
 ) -> None:
-    """Write the trace's frames as Parquet (--parquet), its realized durations as a table (--durations), or both."""
+    """Write the trace's frames as Parquet (--parquet), its realized durations as a table (--durations), Chrome
+    trace JSON (--chrome), or several."""
     from hints.errors import UserError
+    from profiler.trace.chrome import check_chrome_destination, write_chrome
     from profiler.trace.reader import FRAME_NAMES
 
-    if parquet is None and durations is None:
-        raise UserError("give --parquet DIR, --durations FILE, or both", "rrfp trace export")
+    if parquet is None and durations is None and chrome is None:
+        raise UserError("give --parquet DIR, --durations FILE, --chrome PATH, or several", "rrfp trace export")
     if iterations is not None and durations is None:
         raise UserError("applies to --durations only", "--iterations")
     window = None if iterations is None else _iteration_window(iterations)
@@ -437,6 +443,8 @@ def export_command(
         check_new_file(durations, force, "--durations")
     if parquet is not None:
         check_new_directory(parquet, files, force, "--parquet")
+    if chrome is not None:
+        check_chrome_destination(chrome, force, "--chrome")
     out = Output(json_mode)
     frames = _load(run, out, select=False)  # the frames are exported whole
     data: dict = {"written": []}
@@ -445,6 +453,8 @@ def export_command(
         data["written"].append(str(durations))
     if parquet is not None:
         data["written"] += _export_parquet(frames, parquet)
+    if chrome is not None:
+        data["written"] += write_chrome(frames, chrome, force, "--chrome")
 
     def render(console: Console) -> None:
         frame_files = [w for w in data["written"] if w != str(durations)]
