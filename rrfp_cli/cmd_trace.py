@@ -431,7 +431,7 @@ def export_command(
     from profiler.trace.reader import FRAME_NAMES
 
     if parquet is None and durations is None and chrome is None:
-        raise UserError("give --parquet DIR, --durations FILE, --chrome PATH, or several", "rrfp trace export")
+        raise UserError("give --parquet DIR, --durations FILE, or both, and/or --chrome PATH", "rrfp trace export")
     if iterations is not None and durations is None:
         raise UserError("applies to --durations only", "--iterations")
     window = None if iterations is None else _iteration_window(iterations)
