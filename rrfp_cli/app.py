@@ -23,7 +23,7 @@ import threading
 import typer
 
 from hints.errors import Failure, Interrupted, UserError, raise_interrupted
-from rrfp_cli import cmd_bench, cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_tune
+from rrfp_cli import cmd_bench, cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_trace_files, cmd_tune  # noqa: F401
 from rrfp_cli.output import in_cli_terms
 
 app = typer.Typer(
@@ -34,7 +34,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(cmd_hints.app, name="hints")
-app.add_typer(cmd_trace.app, name="trace")
+app.add_typer(cmd_trace.app, name="trace")  # cmd_trace_files adds export, merge, import to it
 app.command("simulate")(cmd_simulate.simulate)
 app.command("run")(cmd_run.run)
 app.command("tune-hint")(cmd_tune.tune_hint)

@@ -7,7 +7,6 @@ trace refuse it and name its jobs (``profiler.trace.reader.locate_trace``).
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Callable, Optional
 
@@ -15,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
-from rrfp_cli.output import Column, Output, check_new_directory, check_new_file, print_pairs, print_table, shell_lines
+from rrfp_cli.output import Column, Output, check_new_file, print_pairs, print_table
 
 if TYPE_CHECKING:  # polars is imported by the commands, so `rrfp --help` stays fast
     import polars as pl
@@ -61,6 +60,13 @@ def _window(iteration: int | None, iterations: str | None) -> tuple[tuple[int, i
     if iteration is not None:
         return (iteration, iteration + 1), "--iteration"
     return (None if iterations is None else _iteration_window(iterations)), "--iterations"
+
+
+def _iteration_window(spec: str | None) -> tuple[int, int | None]:
+    """``--iterations A:B`` as ``(A, B)``; ``B`` None means to the end."""
+    from runtime.config import parse_window
+
+    return parse_window(spec, "--iterations")
 
 
 def _emit(out: Output, data: dict, render) -> None:
@@ -405,126 +411,6 @@ def compare_command(
         {"utilization": ".1%", "speedup_vs_A": ".3f"}, ("run",)))
 
 
-@app.command("export")
-def export_command(
-    run: RunArg,
-    parquet: Annotated[Optional[Path], typer.Option(
-        "--parquet", help="Directory for the frames as Parquet files (tasks, decisions, transfers, counters, "
-        "iterations) plus meta.json.")] = None,
-    durations: Annotated[Optional[Path], typer.Option(
-        "--durations", help="Write the realized task durations and message latencies of the complete "
-        "iterations as a duration table (.csv, .parquet or .pq) that `rrfp simulate --durations` replays.")] = None,
-    iterations: Annotated[Optional[str], typer.Option(
-        "--iterations", help="A:B: only iterations A..B-1 into --durations (either side may be left out; "
-        "default every complete one but iteration 0, which pays for start-up, unless it is the only one).")] = None,
-    chrome: Annotated[Optional[Path], typer.Option(
-        "--chrome", help="Write Chrome trace JSON (torch.profiler's format): a directory gets one "
-        "rank<r>_trace.json per rank (what HTA reads); a FILE.json or FILE.json.gz one trace of every rank "
-        "(chrome://tracing, Perfetto UI).")] = None,
-    force: Force = False,
-    json_mode: JsonFlag = False,
-) -> None:
-    """Write the trace's frames as Parquet (--parquet), its realized durations as a table (--durations), Chrome
-    trace JSON (--chrome), or several."""
-    from hints.errors import UserError
-    from profiler.trace.chrome import check_chrome_destination, write_chrome
-    from profiler.trace.reader import FRAME_NAMES
-
-    if parquet is None and durations is None and chrome is None:
-        raise UserError("give --parquet DIR, --durations FILE, or both, and/or --chrome PATH", "rrfp trace export")
-    if iterations is not None and durations is None:
-        raise UserError("applies to --durations only", "--iterations")
-    window = None if iterations is None else _iteration_window(iterations)
-    files = [f"{name}.parquet" for name in FRAME_NAMES] + ["meta.json"]
-    if durations is not None:  # before reading the trace: a bad path fails fast
-        from runtime.durations.tables import check_destination
-
-        check_destination(durations)
-        check_new_file(durations, force, "--durations")
-    if parquet is not None:
-        check_new_directory(parquet, files, force, "--parquet")
-    if chrome is not None:
-        check_chrome_destination(chrome, force, "--chrome")
-    out = Output(json_mode)
-    frames = _load(run, out, select=False)  # the frames are exported whole
-    data: dict = {"written": []}
-    if durations is not None:
-        data["durations"] = _export_durations(frames, durations, window)
-        data["written"].append(str(durations))
-    if parquet is not None:
-        data["written"] += _export_parquet(frames, parquet)
-    if chrome is not None:
-        data["written"] += write_chrome(frames, chrome, force, "--chrome")
-
-    def render(console: Console) -> None:
-        frame_files = [w for w in data["written"] if w != str(durations)]
-        if frame_files:
-            console.print("wrote " + ", ".join(frame_files), markup=False)
-        table = data.get("durations")
-        if table:
-            its = table["iterations"]
-            console.print(f"wrote {table['file']}: {table['task_rows']} task rows of {len(its)} iteration"
-                          f"{'s' if len(its) != 1 else ''} ({_ranges(its)}); latencies: {table['latencies_measured']} "
-                          f"measured, {table['latencies_filled']} filled with the iteration's median",
-                          markup=False)
-            console.print("replay one:\n" + shell_lines(table["replay"], console.width), markup=False,
-                          soft_wrap=True)  # one command to copy
-
-    _emit(out, data, render)
-
-
-def _export_parquet(frames, directory: Path) -> list[str]:
-    """Every frame as ``<name>.parquet`` and the metadata as ``meta.json``, each file written atomically."""
-    from profiler.trace.schema import write_atomically
-
-    directory.mkdir(exist_ok=True)
-    written = [write_atomically(directory / f"{name}.parquet", frame.write_parquet)
-               for name, frame in frames.frames().items()]
-    written.append(write_atomically(directory / "meta.json",
-                                    lambda temporary: temporary.write_text(json.dumps(frames.meta, indent=1))))
-    return [str(path) for path in written]
-
-
-def _iteration_window(spec: str | None) -> tuple[int, int | None]:
-    """``--iterations A:B`` as ``(A, B)``; ``B`` None means to the end."""
-    from runtime.config import parse_window
-
-    return parse_window(spec, "--iterations")
-
-
-def _export_durations(frames, path: Path, window: tuple[int, int | None] | None) -> dict:
-    import shlex
-
-    from hints.errors import UserError
-    from profiler.analysis.realized import realized_iterations
-    from profiler.analysis.windows import chosen_iterations, pipeline_shape
-    from runtime.durations.tables import write_durations
-
-    complete = realized_iterations(frames)  # every complete iteration; the window picks among them
-    chosen = chosen_iterations([r.iteration for r in complete], window)
-    realized = [r for r in complete if r.iteration in chosen]
-    if not realized:
-        start, stop = window
-        raise UserError(f"no complete iteration in {start}:{'' if stop is None else stop} "
-                        f"(complete: {_ranges([r.iteration for r in complete])})", "--iterations")
-    rows = write_durations(path, [(r.iteration, r.durations) for r in realized])
-    shape = pipeline_shape(frames)
-    meta = next(iter(frames.meta.values()))
-    replay = ["rrfp", "simulate", "--durations", str(path), "--durations-iteration", str(realized[0].iteration),
-              "--ranks", str(shape.ranks), "--chunks", str(shape.chunks), "--microbatches", str(shape.microbatches),
-              "--placement", shape.placement, "--hint", str(meta.get("hint")), "--policy", str(meta.get("policy"))]
-    if meta.get("policy") == "ready":
-        replay += ["--memory-budget", str(meta.get("memory_budget"))]
-        # Traces older than the lookahead rule (no "rule") ran greedy readiness.
-        replay += ["--lookahead", "on" if meta.get("rule") == "lookahead" else "off"]
-    if meta.get("p2p") == "blocking":
-        replay += ["--p2p", "blocking"]
-    return {"file": str(path), "iterations": [r.iteration for r in realized], "task_rows": rows,
-            "latencies_measured": sum(len(r.measured) for r in realized),
-            "latencies_filled": sum(len(r.filled) for r in realized),
-            "replay": shlex.join(replay)}
-
-
 def _ranges(values: list[int]) -> str:
     from profiler.analysis.windows import ranges
 
@@ -569,73 +455,3 @@ def timeline_command(
                 **({"svg": str(svg)} if svg is not None else {}), **({"png": str(png)} if png is not None else {})},
           lambda console: console.print(f"wrote {', '.join(str(p) for p in written)} "
                                         f"({len(runs)} panel{'s' if len(runs) > 1 else ''})"))
-
-
-@app.command("merge")
-def merge_command(
-    run: Annotated[Path, typer.Argument(help="Run directory with trace/rank*.pftrace.", metavar="RUN")],
-    out_file: Annotated[Optional[Path], typer.Option("--out", help="Default RUN/trace.pftrace.")] = None,
-    force: Force = False,
-    json_mode: JsonFlag = False,
-) -> None:
-    """Merge per-rank traces into one, packet by packet (rrfp run does this itself unless it crashed)."""
-    from hints.errors import UserError
-    from profiler.trace.recorder import merge_traces
-    from profiler.trace.schema import rank_trace_files
-
-    files = rank_trace_files(run)
-    if not files:
-        raise UserError("has no trace/rank*.pftrace files to merge", str(run))
-    target = out_file or run / "trace.pftrace"
-    check_new_file(target, force, "--out")
-    out = Output(json_mode)
-    merged = merge_traces(files, target)
-    for warning in merged.warnings:
-        out.warn(warning)
-    _emit(out, {"merged": [str(f) for f in files], "out": str(merged.out), "packets": merged.packets},
-          lambda console: console.print(f"merged {len(files)} rank traces ({merged.packets} packets) into "
-                                        f"{merged.out}"))
-
-
-@app.command("import")
-def import_command(
-    traces: Annotated[list[Path], typer.Argument(
-        help="torch profiler traces (Chrome JSON, .json or .json.gz), one per rank, or folders of them "
-             "(torchtitan's profile folder).", metavar="TRACE...")],
-    out_dir: Annotated[Path, typer.Option("--out", help="New run directory to write.")],
-    schedule: Annotated[Optional[str], typer.Option(
-        "--schedule", help="torch's schedule the job ran (1F1B, GPipe, Interleaved1F1B, InterleavedZeroBubble, "
-        "ZBVZeroBubble, DualPipeV); checked against the trace. Default: inferred.")] = None,
-    stages: Annotated[Optional[int], typer.Option("--ranks", "-p", min=1, help="Pipeline ranks (checked).")] = None,
-    chunks: Annotated[Optional[int], typer.Option("--chunks", "-v", min=1, help="Stages per rank (checked).")] = None,
-    microbatches: Annotated[Optional[int], typer.Option("--microbatches", "-m", min=1,
-                                                        help="Microbatches (checked).")] = None,
-    json_mode: JsonFlag = False,
-) -> None:
-    """Import torch profiler traces of a torch.distributed.pipelining job as a run every `rrfp trace` command
-    and `rrfp tune-hint RUN` read ([Note: what a torch trace cannot say] in profiler.trace.torch_profile)."""
-    from profiler.trace.torch_profile import import_torch_traces
-
-    out = Output(json_mode)
-    with out.progress("reading traces", len(traces)) as advance:
-        imported = import_torch_traces(traces, out_dir, schedule, stages, chunks, microbatches,
-                                       progress=lambda _: advance(1))
-    for warning in imported.warnings:
-        out.warn(warning)
-    data = imported.to_json()
-
-    def render(console: Console) -> None:
-        print_pairs(console, [
-            ("run", str(imported.out)), ("shape", imported.shape.describe()),
-            ("schedule", imported.schedule), ("steps", ", ".join(map(str, imported.iterations))),
-            ("complete", ", ".join(map(str, imported.complete)) or "none"),
-            ("tasks", str(imported.tasks)), ("messages", str(imported.transfers)),
-            ("memory", f"{imported.memory_budget} (peak in flight per rank: "
-                       f"{', '.join(map(str, imported.peaks))})"),
-            ("timing", imported.timing),
-            ("not in the trace", "arbiter decisions, ready sets, counters, message sizes"),
-        ], title="imported torch profiler traces")
-        console.print(f"next: rrfp trace bubbles {imported.out}; rrfp trace sensitivity {imported.out}; "
-                      f"rrfp tune-hint {imported.out} --policy fixed")
-
-    _emit(out, data, render)
