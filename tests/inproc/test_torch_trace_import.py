@@ -102,6 +102,9 @@ def test_json_output_and_what_the_trace_cannot_say(tmp_path):
     assert refused.returncode == 2 and "no arbiter decisions" in refused.stderr
     for command in ("summary", "bubbles", "critical-path", "sensitivity"):
         assert run_cli(tmp_path, "trace", command, "run").returncode == 0, command
+    assert run_cli(tmp_path, "trace", "timeline", "run", "--svg", "t.svg").returncode == 0
+    exported = run_cli(tmp_path, "trace", "export", "run", "--durations", "d.parquet")
+    assert exported.returncode == 0 and "--hint torch:Interleaved1F1B" in exported.stdout
 
 
 def _bad(tmp_path, *args) -> str:
