@@ -110,6 +110,8 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
     tasks = shape.total_tasks * 3 // 2  # a split backward has half again as many tasks
     config = SearchConfig(objective, rules, work_budget(time_budget, jobs, tasks), seed, jobs)
     result = Search(evaluator, config, progress).run(candidates)
+    if not result.scored and result.interrupt is not None:
+        raise result.interrupt  # stopped before any candidate was scored: nothing to keep (exit 130 / 143)
     if result.scored and math.isinf(result.best.value) and result.stopped != "interrupted":
         raise UserError(f"no fixed order fits the memory budget {evaluator.budget} "
                         f"({min(evaluator.slots)}..{max(evaluator.slots)} slots per rank) on these scenarios; give a "

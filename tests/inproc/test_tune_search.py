@@ -82,3 +82,18 @@ def test_memory_auto_gives_a_pareto_table():
     assert chosen[0]["objective"] <= best * 1.01  # the smallest budget within 1% of the best
     smaller = [row for row in outcome.pareto if row["max_slots"] < chosen[0]["max_slots"]]
     assert all(row["objective"] > best * 1.01 for row in smaller)
+
+
+@pytest.mark.parametrize("budget", ["1f1b", "auto"])
+def test_an_interrupt_before_anything_is_scored_ends_the_tuning_as_an_interrupt(monkeypatch, budget):
+    """Ctrl-C (or SIGTERM) before the first candidate is scored leaves nothing to keep: the interrupt itself goes
+    up (the CLI's exit 130 / 143), never an IndexError from an empty ranking."""
+    from runtime.tune.search import Search
+
+    def interrupted(self, candidates):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Search, "score_all", interrupted)
+    scenarios = from_model(VariabilityModel(), PipelineShape(2, 1, 4), 2, 2, seed=0)
+    with pytest.raises(KeyboardInterrupt):
+        tune(scenarios, "ready", budget, Objective.parse("mean"), time_budget=1.0)
