@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 
 from rrfp_cli.cmd_trace import Force, JsonFlag, RunArg, _emit, _iteration_window, _load, _ranges, app
+from rrfp_cli.options import Chunks, Microbatches, Ranks
 from rrfp_cli.output import Output, check_new_directory, check_new_file, print_pairs, shell_lines
 
 
@@ -164,15 +165,15 @@ def import_command(
     schedule: Annotated[Optional[str], typer.Option(
         "--schedule", help="torch's schedule the job ran (1F1B, GPipe, Interleaved1F1B, InterleavedZeroBubble, "
         "ZBVZeroBubble, DualPipeV); checked against the trace. Default: inferred.")] = None,
-    stages: Annotated[Optional[int], typer.Option("--ranks", "-p", min=1, help="Pipeline ranks (checked).")] = None,
-    chunks: Annotated[Optional[int], typer.Option("--chunks", "-v", min=1, help="Stages per rank (checked).")] = None,
-    microbatches: Annotated[Optional[int], typer.Option("--microbatches", "-m", min=1,
-                                                        help="Microbatches (checked).")] = None,
+    stages: Ranks = None,
+    chunks: Chunks = None,
+    microbatches: Microbatches = None,
     json_mode: JsonFlag = False,
 ) -> None:
     """Import torch profiler traces of a torch.distributed.pipelining job as a run that every `rrfp trace` command and `rrfp tune-hint RUN` read.
 
-    What a torch trace cannot say (arbiter decisions, counters, message sizes) is marked: docs/traces.md."""
+    The shape is read off the traces; -p/-v/-m, when given, are checked against it. What a torch trace cannot say
+    (arbiter decisions, counters, message sizes) is marked: docs/traces.md."""
     from profiler.trace.torch_profile import import_torch_traces
 
     out = Output(json_mode)

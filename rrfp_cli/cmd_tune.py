@@ -331,7 +331,7 @@ def _held_budget(source: dict, shape):
     budget); else the shape's baseline order (1F1B, interleaved 1F1B, ZB-V), whose peaks are the ``1f1b``
     budget. Written as ``1f1b`` or a slot count when one says it."""
     from hints.orders import peak_in_flight
-    from runtime.sched.budget import MemoryBudget
+    from runtime.sched.budget import budget_spelling
     from runtime.tune.decide import HeldBudget
 
     traced = source.get("traced")
@@ -349,11 +349,7 @@ def _held_budget(source: dict, shape):
         hint = resolve(traced.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement)
     peaks = [peak_in_flight(order, hint.shape) for order in hint.orders]
     held = f"the traced run's schedule ({hint.name})"
-    if peaks == MemoryBudget.parse("1f1b").per_rank(shape):
-        return "1f1b", held
-    if len(set(peaks)) == 1:
-        return str(peaks[0]), held
-    return HeldBudget(tuple(peaks), held), held
+    return budget_spelling(shape, peaks) or HeldBudget(tuple(peaks), held), held
 
 
 def _write(target: Path, outcome, data: dict, source: dict, for_torch: bool = False) -> dict[str, str]:

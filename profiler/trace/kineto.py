@@ -58,15 +58,14 @@ class RankFile:
     events: list[Event]
     flow_starts: list[int] = field(default_factory=list)  # ns, sorted: forward ops that recorded autograd nodes
 
-    @property
-    def steps(self) -> list[tuple[int, int, int]]:
-        """``(N, start_ns, end_ns)`` of each ``ProfilerStep#N`` on a CPU thread, in time order."""
-        out = []
+    def steps(self) -> dict[int, Event]:
+        """Each ``ProfilerStep#N`` range on a CPU thread, by ``N``."""
+        out = {}
         for event in self.events:
             if event.cat == ANNOTATION and event.name.startswith(STEP_PREFIX):
                 number = event.name[len(STEP_PREFIX):]
                 if number.isdigit():
-                    out.append((int(number), event.start_ns, event.end_ns))
+                    out[int(number)] = event
         return out
 
     @property

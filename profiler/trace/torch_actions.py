@@ -84,6 +84,15 @@ class StepActions:
     annotated: bool  # PP: or Forward/Backward names (else cut by [Note: tasks without annotations])
 
 
+def stages_named(name: str) -> tuple[int, ...]:
+    """The model stages a ``PP:`` action names (compute, overlapped pair, message); () for any other range."""
+    for pattern, groups in ((_COMPUTE, (1,)), (_OVERLAP, (1, 3)), (_MESSAGE, (1,))):
+        match = pattern.match(name)
+        if match:
+            return tuple(int(match[g]) for g in groups)
+    return ()
+
+
 def comm_kind(name: str) -> str | None:
     """``send`` / ``recv`` for a communication range or operator, else None."""
     if not name.startswith(_COMM_PREFIXES):
@@ -118,14 +127,14 @@ class RankEvents:
 
     def compute_span(self, action: Event) -> tuple[int, int, int | None]:
         """[Note: compute and the wait for inputs]: ``(start, end, wait)`` of a compute range."""
-        gpu = self._gpu_twin(action)
+        gpu = self.gpu_twin(action)
         if gpu is not None:
             return gpu.start_ns, gpu.end_ns, None
         first = next((e.start_ns for e in self.inside(action)
                       if e.end_ns <= action.end_ns and comm_kind(e.name) is None), action.start_ns)
         return first, action.end_ns, first - action.start_ns
 
-    def _gpu_twin(self, action: Event) -> Event | None:
+    def gpu_twin(self, action: Event) -> Event | None:
         """The k-th ``gpu_user_annotation`` of the k-th CPU range of that name (CUDA traces)."""
         twins = self.gpu.get(action.name)
         if not twins:
@@ -134,12 +143,12 @@ class RankEvents:
         self.gpu_used[action.name] = k + 1
         return twins[k] if k < len(twins) else None
 
-    def comm_end(self, action: Event, kind: str) -> int | None:
-        """The completion of the first ``kind`` communication posted within ``action`` (a range if any)."""
+    def comm(self, action: Event, kind: str) -> Event | None:
+        """The first ``kind`` communication posted within ``action``: its range (posting to completion) if the
+        trace has one, else its operator (the posting)."""
         found = [e for e in self.inside(action) if comm_kind(e.name) == kind]
-        ranges = [e for e in found if e.cat == ANNOTATION]
-        chosen = (ranges or found)
-        return chosen[0].end_ns if chosen else None
+        chosen = [e for e in found if e.cat == ANNOTATION] or found
+        return chosen[0] if chosen else None
 
     def forward_run(self, start: int, end: int) -> bool:
         """Whether a forward operator in ``[start, end]`` recorded an autograd node (a ``fwdbwd`` flow)."""
@@ -171,20 +180,18 @@ def step_actions(events: RankEvents, step: Event, stage_of_rank: int) -> StepAct
         match = _MESSAGE.match(name)
         if match:
             annotated = True
-            end = events.comm_end(event, match[2].lower())
+            comm = events.comm(event, match[2].lower())
             messages.append(RawMessage(int(match[1]), match[2], match[3], int(match[4]), event.start_ns,
-                                       end if end is not None else event.end_ns))
+                                       comm.end_ns if comm is not None else event.end_ns))
             continue
         match = _GPIPE.match(name)
         if match:
             annotated = True
             start, end, wait = events.compute_span(event)
             task = RawTask(stage_of_rank, match[1][0], int(match[2]), start, end, wait)
-            task.recv_end_ns = events.comm_end(event, "recv")
-            sent = [e for e in events.inside(event) if comm_kind(e.name) == "send"]
-            sent = [e for e in sent if e.cat == ANNOTATION] or sent
-            if sent:
-                task.send = (sent[0].start_ns, sent[0].end_ns)
+            received, sent = events.comm(event, "recv"), events.comm(event, "send")
+            task.recv_end_ns = received.end_ns if received is not None else None
+            task.send = (sent.start_ns, sent.end_ns) if sent is not None else None
             tasks.append(task)
     if not annotated:
         tasks = _cut_unannotated(events, step, stage_of_rank)
@@ -200,11 +207,11 @@ def _overlapped(events: RankEvents, action: Event, match) -> list[RawTask]:
     cut = next((e.start_ns for e in inner if e.name.startswith(_BACKWARD_PREFIX)), action.end_ns)
     forward = (int(match[1]), int(match[2]))
     backward = (int(match[3]), int(match[4]))
-    gpu = events._gpu_twin(action)
+    gpu = events.gpu_twin(action)
     if gpu is not None:
         share = (cut - first) / max(1, action.end_ns - first)
         middle = gpu.start_ns + round(share * (gpu.end_ns - gpu.start_ns))
-        return [RawTask(*forward[:1], "F", forward[1], gpu.start_ns, middle, None),
+        return [RawTask(forward[0], "F", forward[1], gpu.start_ns, middle, None),
                 RawTask(backward[0], "B", backward[1], middle, gpu.end_ns, None)]
     return [RawTask(forward[0], "F", forward[1], first, cut, first - action.start_ns),
             RawTask(backward[0], "B", backward[1], cut, action.end_ns, 0)]

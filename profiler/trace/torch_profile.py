@@ -42,10 +42,10 @@ from hints.errors import HintError
 from hints.files.torch_csv import hint_from_task_orders
 from hints.orders import HintOrder, peak_in_flight
 from hints.tasks import PipelineShape, Task
-from profiler.trace.kineto import ANNOTATION, STEP_PREFIX, Event, KinetoError, RankFile, read_rank_file, trace_files
+from profiler.trace.kineto import ANNOTATION, Event, KinetoError, RankFile, read_rank_file, trace_files
 from profiler.trace.recorder import PacketWriter, merge_traces
 from profiler.trace.schema import SCHEMA, flow_id
-from profiler.trace.torch_actions import RankEvents, RawTask, StepActions, step_actions
+from profiler.trace.torch_actions import RankEvents, RawTask, StepActions, stages_named, step_actions
 
 SOURCE = "torch-profiler"
 
@@ -97,8 +97,8 @@ def import_torch_traces(inputs: list[Path], out: Path, schedule: str | None = No
     for number in steps:
         per_step[number] = {}
         for pipe_rank, global_rank in pipeline.items():
-            profile, events, step = profiles[global_rank]
-            per_step[number][pipe_rank] = step_actions(events, step[number], pipe_rank)
+            _, events, step_of = profiles[global_rank]
+            per_step[number][pipe_rank] = step_actions(events, step_of[number], pipe_rank)
     annotated = any(a.annotated for by_rank in per_step.values() for a in by_rank.values())
     tasks = {n: {r: list(a.tasks) for r, a in by_rank.items()} for n, by_rank in per_step.items()}
     where = _where(files)
@@ -126,10 +126,10 @@ def import_torch_traces(inputs: list[Path], out: Path, schedule: str | None = No
             "memory_budget": budget, "budget_slots": 0, "clock_offset_ns": 0, "clock_error_ns": 0,
             "timing": timing, "device": "cuda" if cuda else "cpu", "source": SOURCE}
     transfers = _transfers(per_step, tasks, shape)
-    written = _write(out, shape, meta, tasks, transfers, profiles, pipeline, steps)
+    count = sum(len(ts) for by_rank in tasks.values() for ts in by_rank.values())
     imported = Imported(out, shape, name, steps, complete, pipeline, [str(f) for f in files], budget, peaks,
-                        timing, annotated, written, len(transfers), warnings)
-    (out / "import.json").write_text(json.dumps(imported.to_json(), indent=1))
+                        timing, annotated, count, len(transfers), warnings)
+    _write(out, shape, meta, tasks, transfers, profiles, pipeline, steps, imported.to_json())
     return imported
 
 
@@ -152,7 +152,7 @@ def _by_rank(files: list[Path], progress) -> dict[int, tuple[RankFile, RankEvent
                               f"of {world[0]}: ranks of different runs", str(path))
         if profile.rank in profiles:
             joined = profiles[profile.rank]
-            clash = {n for n, _, _ in joined.steps} & {n for n, _, _ in profile.steps}
+            clash = joined.steps().keys() & profile.steps().keys()
             if clash:
                 raise KinetoError(f"holds step {min(clash)} of rank {profile.rank}, as {joined.path} does: two "
                                   f"profiles of one rank (different runs?)", str(path))
@@ -166,10 +166,7 @@ def _by_rank(files: list[Path], progress) -> dict[int, tuple[RankFile, RankEvent
                           f"({len(missing)} missing); give every rank's trace", _where(files))
     out = {}
     for rank, profile in profiles.items():
-        steps = {}
-        for event in profile.events:
-            if event.cat == ANNOTATION and event.name.startswith(STEP_PREFIX) and event.name[13:].isdigit():
-                steps[int(event.name[13:])] = event
+        steps = profile.steps()
         if not steps:
             raise KinetoError("has no ProfilerStep#N range: call prof.step() after every training step",
                               str(profile.path))
@@ -183,14 +180,8 @@ def _pipeline_ranks(profiles) -> tuple[dict[int, int], list[str]]:
     (data or tensor parallelism), of which the lowest is imported."""
     stages_of: dict[int, frozenset[int]] = {}
     for rank, (profile, events, steps) in profiles.items():
-        stages = set()
-        for event in profile.events:
-            if event.cat == ANNOTATION and event.name.startswith("PP:"):
-                digits = event.name[3:].lstrip("(")
-                number = digits[:len(digits) - len(digits.lstrip("0123456789"))]
-                if number:
-                    stages.add(int(number))
-        stages_of[rank] = frozenset(stages)
+        stages_of[rank] = frozenset(stage for event in profile.events if event.cat == ANNOTATION
+                                    for stage in stages_named(event.name))
     warnings = []
     if not any(stages_of.values()):
         return {rank: rank for rank in sorted(profiles)}, warnings
@@ -297,7 +288,7 @@ def _schedule_name(hint: HintOrder, stated: str | None, where: str, warnings: li
 
 
 def _first_difference(ours: HintOrder, theirs: HintOrder) -> str | None:
-    if theirs.shape.with_split(False) != ours.shape.with_split(False) and theirs.shape != ours.shape:
+    if theirs.shape.with_split(False) != ours.shape.with_split(False):
         return f"it is of {theirs.shape.describe()}, the trace of {ours.shape.describe()}"
     for rank, (a, b) in enumerate(zip(ours.orders, theirs.orders)):
         for position, (x, y) in enumerate(zip(a, b)):
@@ -313,9 +304,11 @@ def _hint_name(schedule: str) -> str:
 
 
 def _budget(shape: PipelineShape, peaks: list[int]) -> str:
-    from runtime.sched.budget import MemoryBudget
+    """What the job's order held as a budget: its spelling, else its largest per-rank peak (a trace's metadata
+    holds one spelling)."""
+    from runtime.sched.budget import budget_spelling
 
-    return "1f1b" if peaks == MemoryBudget.parse("1f1b").per_rank(shape) else str(max(peaks))
+    return budget_spelling(shape, peaks) or str(max(peaks))
 
 
 # -- messages ------------------------------------------------------------------------------------------------
@@ -357,7 +350,7 @@ def _transfers(per_step, tasks, shape: PipelineShape) -> list[tuple]:
                     sides.setdefault((f"{t.stage}{t.kind}{t.microbatch}", consumer), {}).setdefault("send", t.send)
                 if t.recv_end_ns is not None:
                     source = t.stage - 1 if t.kind == "F" else t.stage + 1
-                    producer = producer_of(source, t.kind if t.kind == "F" else "B", t.microbatch)
+                    producer = producer_of(source, t.kind, t.microbatch)
                     if producer is not None and 0 <= source < shape.stages:
                         sides.setdefault((producer, t.stage), {}).setdefault("recv", (None, t.recv_end_ns))
         for (producer, consumer), side in sides.items():
@@ -382,12 +375,15 @@ def _consumer(producer: str, consumer_stage: int, ran: dict) -> RawTask | None:
 # -- writing -------------------------------------------------------------------------------------------------
 
 
-def _write(out: Path, shape: PipelineShape, meta: dict, tasks, transfers, profiles, pipeline, steps) -> int:
-    """The run directory, built beside ``out`` and renamed into place; returns the task count written."""
+def _write(out: Path, shape: PipelineShape, meta: dict, tasks, transfers, profiles, pipeline, steps,
+           summary: dict) -> None:
+    """The run directory (rank traces, ``trace.pftrace``, ``import.json`` holding ``summary``), built beside
+    ``out`` and renamed into place once whole."""
     out.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
-        count = _write_ranks(building, shape, meta, tasks, transfers, profiles, pipeline, steps)
+        _write_ranks(building, shape, meta, tasks, transfers, profiles, pipeline, steps)
+        (building / "import.json").write_text(json.dumps(summary, indent=1))
         merge_traces(sorted((building / "trace").glob("rank*.pftrace"),
                             key=lambda p: int(p.stem[4:])), building / "trace.pftrace")
         if out.exists():
@@ -396,12 +392,11 @@ def _write(out: Path, shape: PipelineShape, meta: dict, tasks, transfers, profil
     except BaseException:
         shutil.rmtree(building, ignore_errors=True)
         raise
-    return count
 
 
-def _write_ranks(root: Path, shape, meta, tasks, transfers, profiles, pipeline, steps) -> int:
+def _write_ranks(root: Path, shape, meta, tasks, transfers, profiles, pipeline, steps) -> None:
     (root / "trace").mkdir()
-    count, sequences = 0, {}
+    sequences = {}
     outgoing: dict[int, list] = {}
     incoming: dict[int, list] = {}
     for row in sorted(transfers, key=lambda r: (r[0], r[4] if r[4] is not None else r[7] or 0)):
@@ -429,7 +424,6 @@ def _write_ranks(root: Path, shape, meta, tasks, transfers, profiles, pipeline, 
                     writer.slice("compute", 0, t.start_ns, t.end_ns, f"{t.stage}{t.kind}{t.microbatch}",
                                  {"iteration": number, "stage": t.stage, "kind": t.kind, "microbatch": t.microbatch,
                                   "chunk": shape.chunk_of(t.stage), "wait_ns": t.wait_ns})
-                    count += 1
             for dst, number, producer, sequence, start, end in outgoing.get(rank, []):
                 writer.slice("send", dst, start, end, producer,
                              {"iteration": number, "sequence": sequence, "bytes": 0, "queued_ns": start},
@@ -440,4 +434,3 @@ def _write_ranks(root: Path, shape, meta, tasks, transfers, profiles, pipeline, 
             writer.flush()
         finally:
             writer.close()
-    return count

@@ -85,6 +85,14 @@ def one_f_one_b_bounds(shape: PipelineShape) -> list[int]:
     return [min(w + 1, m * v) for w in warmups]
 
 
+def budget_spelling(shape: PipelineShape, peaks: list[int]) -> str | None:
+    """Per-rank peaks in flight as a ``--memory-budget`` spelling: ``1f1b`` when they are the baseline order's, a
+    slot count when every rank's is the same; None when no spelling says them."""
+    if peaks == MemoryBudget.parse("1f1b").per_rank(shape):
+        return "1f1b"
+    return str(peaks[0]) if len(set(peaks)) == 1 else None
+
+
 @lru_cache(maxsize=32)
 def _zbv_peaks(ranks: int, microbatches: int) -> tuple[int, ...]:
     """ZB-V's per-rank peak in flight, read off its order (built once per shape: 0.7 s at 128 x 512)."""
