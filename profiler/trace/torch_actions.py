@@ -24,10 +24,11 @@ torch.distributed.pipelining names its work in three ways, and we read all three
     issues microbatches in index order. So we cut the step's top-level operators at every message and at
     every switch between forward operators and autograd's backward nodes
     (``autograd::engine::evaluate_function: ...``); a forward run counts only if one of its operators
-    recorded an autograd node (a ``fwdbwd`` flow starts in it), which leaves out the input split, the
-    optimizer and ``zero_grad``. The k-th forward run is ``F k`` and the k-th backward run ``B k``. A
-    task's input arrived when the last receive posted before it completed (capped at its start); its
-    output left with the first send posted after it.
+    recorded an autograd node (a ``fwdbwd`` flow starts in it), and starts at the first such operator,
+    which leaves out the input split, the optimizer and ``zero_grad``. The k-th forward run is ``F k``
+    and the k-th backward run ``B k``. A task's wait is the gap since the rank last ran an operator or
+    posted a message; its input arrived when the last receive posted before it completed (capped at its
+    start); its output left with the first send posted after it.
 
 Messages: a ``SEND`` / ``RECV`` action (or a send or receive inside a task's range) carries one
 ``gloo:send`` / ``gloo:recv`` (``nccl:...`` on NCCL) range from its posting to its completion: the
@@ -221,13 +222,13 @@ def _cut_unannotated(events: RankEvents, step: Event, stage: int) -> list[RawTas
     """[Note: tasks without annotations]"""
     runs: list[dict] = []
     last_recv_end: int | None = None
-    previous_end = step.start_ns
+    previous_end = step.start_ns  # when the rank last did something: a task's wait is the gap since
     extendable = False  # no message since the last run began: a run of the same kind continues it
     for event in _top_level(events, step):
         kind = comm_kind(event.name)
         if kind is not None:
-            extendable = False
-            previous_end = max(previous_end, event.start_ns)
+            extendable = False  # a message's posting ends its operator; its range lasts to its completion
+            previous_end = max(previous_end, event.end_ns if event.cat == CPU_OP else event.start_ns)
             if kind == "recv":
                 last_recv_end = event.end_ns if last_recv_end is None else max(last_recv_end, event.end_ns)
             elif runs and event.start_ns >= runs[-1]["end"]:
@@ -236,19 +237,27 @@ def _cut_unannotated(events: RankEvents, step: Event, stage: int) -> list[RawTas
                     runs[-1]["send"] = (event.start_ns, event.end_ns, event.cat)
             continue
         if event.name.startswith(_IGNORED_PREFIXES):
+            previous_end = max(previous_end, event.end_ns)
             continue
         which = "B" if event.name.startswith(_BACKWARD_PREFIX) else "F"
         if extendable and runs[-1]["kind"] == which:
             runs[-1]["end"] = max(runs[-1]["end"], event.end_ns)
+            runs[-1]["parts"].append((event.start_ns, event.end_ns))
+            previous_end = max(previous_end, event.end_ns)
             continue
         arrived = None if last_recv_end is None else min(last_recv_end, event.start_ns)
         runs.append({"kind": which, "start": event.start_ns, "end": event.end_ns, "arrived": arrived, "send": None,
-                     "wait": max(0, event.start_ns - previous_end)})
-        last_recv_end, previous_end, extendable = None, event.start_ns, True
+                     "wait": max(0, event.start_ns - previous_end), "parts": [(event.start_ns, event.end_ns)]})
+        last_recv_end, previous_end, extendable = None, max(previous_end, event.end_ns), True
     tasks, counts = [], {"F": 0, "B": 0}
     for run in runs:
-        if run["kind"] == "F" and not events.forward_run(run["start"], run["end"]):
-            continue  # no autograd node: the input split, the optimizer, zero_grad
+        if run["kind"] == "F":  # it starts at its first operator that recorded an autograd node
+            parts = run["parts"]
+            first = next((k for k, (a, b) in enumerate(parts) if events.forward_run(a, b)), None)
+            if first is None:
+                continue  # no autograd node: the input split, the optimizer, zero_grad
+            if first:  # operators before it (the input split) were work, not a wait, and not this task
+                run["start"], run["wait"] = parts[first][0], max(0, parts[first][0] - parts[first - 1][1])
         sent = run["send"]
         tasks.append(RawTask(stage, run["kind"], counts[run["kind"]], run["start"], run["end"], run["wait"],
                              run["arrived"], None if sent is None else sent[:2]))

@@ -87,8 +87,14 @@ def import_torch_traces(inputs: list[Path], out: Path, schedule: str | None = No
                         progress: Callable[[str], None] | None = None) -> Imported:
     """Read the torch profiler traces ``inputs`` and write the run directory ``out`` (see the module docstring)."""
     out = Path(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+    if out.exists() and not out.is_dir():
+        raise KinetoError("is a file; give a new directory", str(out))
+    if out.exists() and any(out.iterdir()):
         raise KinetoError("exists and is not empty; give a new directory", str(out))
+    if not out.parent.is_dir():
+        raise KinetoError(f"no such directory {str(out.parent)!r}", str(out))
+    if schedule is not None:
+        schedule = _stated_schedule(schedule)
     files = trace_files([Path(p) for p in inputs])
     profiles = _by_rank(files, progress)
     pipeline, warnings = _pipeline_ranks(profiles)
@@ -275,16 +281,27 @@ def _schedule_name(hint: HintOrder, stated: str | None, where: str, warnings: li
         try:
             theirs = import_torch_schedule(name, shape.ranks, shape.microbatches, shape.chunks, shape.placement)
         except HintError as err:
-            if stated:
-                raise KinetoError(f"--schedule {stated}: {err.what}", where) from None
+            if stated:  # a torch schedule that cannot build this shape (e.g. 1F1B with two chunks per rank)
+                raise KinetoError(f"the trace's actions do not follow {stated}: {err.what}", where) from None
             continue
         mismatch = _first_difference(hint, theirs)
         if mismatch is None:
-            return name.removeprefix("Schedule") if name.lower().startswith("schedule") else name
+            return name  # TORCH_SCHEDULES' or _stated_schedule's spelling
         if stated:
             raise KinetoError(f"the trace's actions do not follow {stated}: {mismatch}", where)
     warnings.append("the order run matches none of torch's built-in schedules: imported as a custom schedule")
     return "custom"
+
+
+def _stated_schedule(name: str) -> str:
+    """``--schedule``'s torch schedule, spelled as torch's names are (``ScheduleGPipe``, ``gpipe`` -> ``GPipe``)."""
+    from hints.files.torch_names import TORCH_SCHEDULES
+
+    key = name.lower().removeprefix("schedule")
+    known = {schedule.lower(): schedule for schedule in TORCH_SCHEDULES}
+    if key not in known:
+        raise KinetoError(f"{name!r} is not a torch schedule; one of {', '.join(TORCH_SCHEDULES)}", "`schedule`")
+    return known[key]
 
 
 def _first_difference(ours: HintOrder, theirs: HintOrder) -> str | None:
@@ -379,7 +396,6 @@ def _write(out: Path, shape: PipelineShape, meta: dict, tasks, transfers, profil
            summary: dict) -> None:
     """The run directory (rank traces, ``trace.pftrace``, ``import.json`` holding ``summary``), built beside
     ``out`` and renamed into place once whole."""
-    out.parent.mkdir(parents=True, exist_ok=True)
     building = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write_ranks(building, shape, meta, tasks, transfers, profiles, pipeline, steps)

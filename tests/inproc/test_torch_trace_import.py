@@ -209,3 +209,16 @@ def test_torchtitan_windows_of_one_rank_are_joined_and_a_repeated_step_is_refuse
     assert imported.iterations == [1, 2, 3, 4] and imported.complete == [1, 2, 3, 4]
     kineto_traces(hint, root / "iteration_9", steps=(2,), gz=True)
     assert "two profiles of one rank" in _bad(tmp_path / "run", "../profile_traces")
+
+
+def test_bad_destinations_and_schedule_names_are_refused_before_reading(tmp_path):
+    kineto_traces(import_torch_schedule("Interleaved1F1B", 2, 4, 2), tmp_path / "t")
+    (tmp_path / "afile").write_text("mine")
+    for out, message in (("afile", "afile: is a file"), ("absent/run", "no such directory")):
+        result = run_cli(tmp_path, "trace", "import", "t", "--out", out)
+        assert result.returncode == 2 and message in result.stderr, result.stderr
+    assert (tmp_path / "afile").read_text() == "mine" and not (tmp_path / "absent").exists()
+    assert "--schedule: 'Foo' is not a torch schedule" in _bad(tmp_path, "t", "--schedule", "Foo")
+    assert "do not follow 1F1B" in _bad(tmp_path, "t", "--schedule", "schedule1f1b")
+    imported = import_torch_traces([tmp_path / "t"], tmp_path / "ok", schedule="scheduleinterleaved1f1b")
+    assert imported.schedule == "Interleaved1F1B"
