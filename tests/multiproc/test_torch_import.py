@@ -44,15 +44,17 @@ def profiled(tmp_path_factory):
 
 
 def _raw_compute(folder: Path) -> dict[int, dict[str, int]]:
-    """Per rank, per ``PP:`` compute action: its range's end minus its first operator's start, in ns: the
-    profiler's compute slices with the input wait left out, read straight from the JSON."""
+    """Per rank, per ``PP:`` compute action (or GPipe's ``Forward i`` / ``Backward i``, named here as the task
+    it is): its range's end minus its first operator's start, in ns: the profiler's compute slices with the
+    input wait left out, read straight from the JSON."""
     out = {}
     for path in sorted(folder.glob("rank*_trace.json.gz")):
         data = json.loads(gzip.decompress(path.read_bytes()))
         rank = data["distributedInfo"]["rank"]
         events = [e for e in data["traceEvents"] if e.get("ph") == "X"]
-        actions = [e for e in events if e.get("cat") == "user_annotation" and e["name"].startswith("PP:")
-                   and e["name"][3:].rstrip("0123456789")[-1:] in "FBIW" and "_" not in e["name"]]
+        actions = [e for e in events if e.get("cat") == "user_annotation" and (
+            (e["name"].startswith("PP:") and e["name"][3:].rstrip("0123456789")[-1:] in "FBIW" and "_" not in e["name"])
+            or e["name"].startswith(("Forward ", "Backward ")))]
         spans = {}
         for action in actions:
             lo, hi = action["ts"], action["ts"] + action["dur"]
@@ -61,7 +63,10 @@ def _raw_compute(folder: Path) -> dict[int, dict[str, int]]:
                      and not e["name"].startswith(("gloo:", "c10d::", "nccl:"))]
             step = max((e for e in events if e["name"].startswith("ProfilerStep#") and e["ts"] <= lo),
                        key=lambda e: e["ts"])["name"]
-            spans[f"{step} {action['name']}"] = round((hi - min(inner, default=lo)) * 1000)
+            name = action["name"]
+            if not name.startswith("PP:"):  # GPipe: rank r runs stage r
+                name = f"PP:{rank}{name[0]}{name.split()[1]}"
+            spans[f"{step} {name}"] = round((hi - min(inner, default=lo)) * 1000)
         out[rank] = spans
     return out
 
@@ -82,7 +87,7 @@ def test_every_schedule_imports_with_its_tasks(profiled, tmp_path, name):
         assert run_cli(tmp_path, "trace", command, "run").returncode == 0, command
 
 
-@pytest.mark.parametrize("name", ["Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"])
+@pytest.mark.parametrize("name", ["GPipe", "Interleaved1F1B", "InterleavedZeroBubble", "ZBVZeroBubble"])
 def test_imported_durations_are_the_profilers_compute_slices(profiled, tmp_path, name):
     """Acceptance: busy time per rank within 1% of the profiler's compute slices, and each task exactly."""
     folder, _ = profiled[name]
