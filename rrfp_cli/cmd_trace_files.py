@@ -87,12 +87,12 @@ def export_command(
 
 def _export_parquet(frames, directory: Path) -> list[str]:
     """Every frame as ``<name>.parquet`` and the metadata as ``meta.json``, each file written atomically."""
-    from profiler.trace.schema import write_atomically
+    from hints.outputs import write_whole
 
     directory.mkdir(exist_ok=True)
-    written = [write_atomically(directory / f"{name}.parquet", frame.write_parquet)
+    written = [write_whole(directory / f"{name}.parquet", frame.write_parquet)
                for name, frame in frames.frames().items()]
-    written.append(write_atomically(directory / "meta.json",
+    written.append(write_whole(directory / "meta.json",
                                     lambda temporary: temporary.write_text(json.dumps(frames.meta, indent=1))))
     return [str(path) for path in written]
 

@@ -29,14 +29,13 @@ every failure is a :class:`HintError` naming the file, the rank and the task.
 from __future__ import annotations
 
 import json
-import os
-import secrets
 from pathlib import Path
 from typing import Any
 
 from hints.costs import CostModel
 from hints.errors import HintError, UserError
 from hints.orders import MICROBATCH_ORDERS, HintOrder
+from hints.outputs import write_text
 from hints.tasks import LOOPING, PLACEMENTS, PipelineShape, Task
 from hints.validate import validate_orders
 
@@ -66,29 +65,6 @@ def hint_to_json(hint: HintOrder) -> dict[str, Any]:
 
 def save_hint(hint: HintOrder, path: str | Path) -> None:
     write_text(path, json.dumps(hint_to_json(hint), indent=1) + "\n")
-
-
-def write_text(path: str | Path, text: str) -> None:
-    """Write a file whole or not at all, or one ``UserError`` naming it (a missing directory, a directory, no
-    permission, a full disk).
-
-    The text goes to a new file beside ``path`` (created as ``open`` creates files, so with the usual
-    permissions), renamed over it once complete: a failed write leaves what was there before, never half a
-    file a reader (rrfp, torch's ``_load_csv``) would take for whole.
-    """
-    target = Path(path)
-    temporary = None
-    try:
-        if target.is_dir():  # renaming a file over a directory fails with EBUSY for "." and EISDIR otherwise
-            raise IsADirectoryError(21, "Is a directory")
-        temporary = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
-        with open(temporary, "x") as file:
-            file.write(text)
-        os.replace(temporary, target)
-    except OSError as err:
-        if temporary is not None:
-            temporary.unlink(missing_ok=True)
-        raise UserError(f"cannot write: {err.strerror or err}", str(path)) from None
 
 
 def hint_from_json(data: Any, where: str) -> HintOrder:

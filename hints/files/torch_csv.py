@@ -49,8 +49,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hints.errors import HintError, UserError
-from hints.files.hint_json import write_text
 from hints.orders import HintOrder, fused_in
+from hints.outputs import write_text
 from hints.tasks import PLACEMENTS, PipelineShape, Task, V, check_placement
 from hints.validate import validate_orders
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hints.errors import UserError
+from hints.outputs import write_whole
 from profiler.bench.matrix import MATRIX_ROWS, MICROBATCHES_PER_RANK, Settings, row_unavailable
-from profiler.trace.schema import write_atomically
 
 SCHEMA = "rrfp-bench/1"
 Progress = Callable[[int, str], None]  # (units done so far, what is running now)
@@ -117,13 +117,13 @@ def save(suite: Suite, final: bool = False) -> None:
             "complete": final and not suite.results.get("interrupted")}
     suite.out.mkdir(parents=True, exist_ok=True)
     text = json.dumps(_jsonable(data), indent=1) + "\n"
-    write_atomically(suite.out / RESULTS_JSON, lambda temporary: Path(temporary).write_text(text))
+    write_whole(suite.out / RESULTS_JSON, lambda temporary: Path(temporary).write_text(text))
     from profiler.bench.report import results_markdown, section_markdown
 
     markdown = results_markdown(data)
-    write_atomically(suite.out / RESULTS_MD, lambda temporary: Path(temporary).write_text(markdown))
+    write_whole(suite.out / RESULTS_MD, lambda temporary: Path(temporary).write_text(markdown))
     section = section_markdown(data)
-    write_atomically(suite.out / SECTION_MD, lambda temporary: Path(temporary).write_text(section))
+    write_whole(suite.out / SECTION_MD, lambda temporary: Path(temporary).write_text(section))
 
 
 def _jsonable(value):

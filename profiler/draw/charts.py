@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Sequence
 
 from hints.errors import UserError
+from hints.outputs import write_whole
 from profiler.draw.timeline import CHAR_WIDTH, GRID, MUTED, RGB, Box, Label, Rule, Scene, to_png, to_svg
-from profiler.trace.schema import write_atomically
 
 PALETTE: tuple[RGB, ...] = (
     (31, 119, 180), (214, 39, 40), (44, 160, 44), (255, 127, 14), (148, 103, 189),
@@ -254,8 +254,8 @@ def save_chart(chart: LineChart | BarChart, stem: str | Path) -> list[Path]:
     stem = Path(stem)  # suffixes appended, not swapped: a stem ending "1.5x" keeps its ".5x"
     text = to_svg(scene)
     image = to_png(scene)
-    return [write_atomically(stem.parent / f"{stem.name}.svg", lambda temporary: Path(temporary).write_text(text)),
-            write_atomically(stem.parent / f"{stem.name}.png", lambda temporary: image.save(temporary, format="PNG"))]
+    return [write_whole(stem.parent / f"{stem.name}.svg", lambda temporary: Path(temporary).write_text(text)),
+            write_whole(stem.parent / f"{stem.name}.png", lambda temporary: image.save(temporary, format="PNG"))]
 
 
 __all__ = ["BarChart", "Bars", "LineChart", "PALETTE", "Series", "bar_scene", "chart_scene", "line_scene",

@@ -37,10 +37,10 @@ from xml.sax.saxutils import escape
 import polars as pl
 
 from hints.errors import UserError
+from hints.outputs import write_whole
 from profiler.analysis.bubbles import idle_segments
 from profiler.analysis.windows import traced_iterations
 from profiler.trace.reader import TraceFrames
-from profiler.trace.schema import write_atomically
 
 RGB = tuple[int, int, int]
 
@@ -358,10 +358,10 @@ def save_timeline(runs: Sequence[tuple[str, TraceFrames]], svg: str | Path | Non
     written = []
     if svg is not None:
         text = to_svg(scene)
-        written.append(write_atomically(svg, lambda temporary: Path(temporary).write_text(text)))
+        written.append(write_whole(svg, lambda temporary: Path(temporary).write_text(text)))
     if png is not None:
         image = to_png(scene)
-        written.append(write_atomically(png, lambda temporary: image.save(temporary, format="PNG")))
+        written.append(write_whole(png, lambda temporary: image.save(temporary, format="PNG")))
     return written
 
 

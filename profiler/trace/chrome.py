@@ -58,8 +58,8 @@ from typing import Any, Iterable
 import polars as pl
 
 from hints.errors import UserError
+from hints.outputs import write_whole
 from profiler.trace.reader import TraceFrames
-from profiler.trace.schema import write_atomically
 
 TASKS_TID, DECISIONS_TID, RENDEZVOUS_TID, SEND_TID, RECV_TID = 0, 1, 2, 100, 200
 _TASK_ARGS = ("iteration", "stage", "kind", "microbatch", "chunk", "wait_ns", "units", "tokens", "images")
@@ -116,10 +116,10 @@ def write_chrome(frames: TraceFrames, path: Path, force: bool = False, flag: str
         _check_directory(path, events.ranks, force, where)
     try:
         if combined:
-            return [str(write_atomically(path, lambda temporary: _dump(events.combined(path.name), temporary,
+            return [str(write_whole(path, lambda temporary: _dump(events.combined(path.name), temporary,
                                                                        path.name.endswith(".gz"))))]
         path.mkdir(exist_ok=True)
-        return [str(write_atomically(path / rank_file(rank), lambda temporary, rank=rank: _dump(
+        return [str(write_whole(path / rank_file(rank), lambda temporary, rank=rank: _dump(
                     events.rank_trace(rank, rank_file(rank)), temporary, False))) for rank in events.ranks]
     except OSError as err:
         raise UserError(f"cannot write: {err.strerror or err}", where) from None

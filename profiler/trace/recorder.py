@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from hints.outputs import write_whole
 from hints.tasks import Task
 from profiler.trace.schema import (
     COUNTERS,
@@ -46,7 +47,6 @@ from profiler.trace.schema import (
     rank_trace_files,
     track_name,
     track_uuid,
-    write_atomically,
 )
 
 _SENTINEL = object()
@@ -486,7 +486,7 @@ def merge_traces(paths: list[Path], out: Path) -> Merged:
             for part in parts:
                 merged.write(part)
 
-    return Merged(write_atomically(out, write), packets, warnings)
+    return Merged(write_whole(out, write), packets, warnings)
 
 
 def merge_run_traces(run: Path) -> Merged | None:

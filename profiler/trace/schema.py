@@ -70,10 +70,8 @@ length-delimited fields 1 (``packet``), each one ``TracePacket``
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 SCHEMA = "rrfp-trace/1"
 
@@ -118,21 +116,6 @@ def track_name(kind: str, peer: int = 0) -> str:
 def rank_trace_files(run: str | Path) -> list[Path]:
     """A run's per-rank traces, ``<run>/trace/rank<r>.pftrace``, in rank order."""
     return sorted((Path(run) / "trace").glob("rank*.pftrace"), key=lambda p: int(p.stem[4:] or 0))
-
-
-def write_atomically(path: str | Path, write: Callable[[Path], None]) -> Path:
-    """Call ``write(temporary)`` on a temporary file beside ``path``, then rename it to ``path``: a reader
-    never sees a half-written file, and a failure leaves nothing behind."""
-    path = Path(path)
-    handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(handle)
-    try:
-        write(Path(temporary))
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    return path
 
 
 def flow_id(src: int, dst: int, sequence: int) -> int:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
@@ -41,6 +40,7 @@ from typing import Callable
 from hints.errors import HintError
 from hints.files.torch_csv import hint_from_task_orders
 from hints.orders import HintOrder, peak_in_flight
+from hints.outputs import new_directory_beside
 from hints.tasks import PipelineShape, Task
 from profiler.trace.kineto import ANNOTATION, Event, KinetoError, RankFile, read_rank_file, trace_files
 from profiler.trace.recorder import PacketWriter, merge_traces
@@ -396,7 +396,7 @@ def _write(out: Path, shape: PipelineShape, meta: dict, tasks, transfers, profil
            summary: dict) -> None:
     """The run directory (rank traces, ``trace.pftrace``, ``import.json`` holding ``summary``), built beside
     ``out`` and renamed into place once whole."""
-    building = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    building = new_directory_beside(out)
     try:
         _write_ranks(building, shape, meta, tasks, transfers, profiles, pipeline, steps)
         (building / "import.json").write_text(json.dumps(summary, indent=1))

@@ -50,12 +50,11 @@ their latency, every other row an empty one.
 from __future__ import annotations
 
 import math
-import os
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
 from hints.errors import UserError
+from hints.outputs import write_whole
 from runtime.durations.variability import Durations
 
 COLUMNS = ("stage", "kind", "microbatch", "duration")
@@ -296,19 +295,5 @@ def write_durations(path: str | Path, tables: Sequence[tuple[int | None, Duratio
         schema[LATENCY] = pl.Float64
     rows = [row for it, durations in tables for row in duration_rows(durations, it, latency)]
     frame = pl.DataFrame(rows, schema=schema)
-    path = Path(path)
-    temporary = None
-    try:
-        handle, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(handle)
-        if fmt == "parquet":
-            frame.write_parquet(temporary)
-        else:
-            frame.write_csv(temporary)
-        os.replace(temporary, path)
-    except OSError as err:
-        raise UserError(f"cannot write: {err.strerror or err}", str(path)) from None
-    finally:
-        if temporary is not None and os.path.exists(temporary):
-            os.unlink(temporary)
+    write_whole(path, frame.write_parquet if fmt == "parquet" else frame.write_csv)
     return frame.height

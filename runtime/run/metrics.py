@@ -17,6 +17,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from hints.outputs import write_whole
+
 
 def gather_summaries(world: int, result, group, clock_offset_ns: int = 0, reduced=None) -> list[dict[str, Any]]:
     """Every rank's iteration summary (tensor collectives: the object ones need numpy); start and end on
@@ -136,8 +138,6 @@ def salvage_metrics(out_dir: Path) -> int:
     if rows:
         import polars as pl
 
-        partial = path.with_suffix(".parquet.partial")
-        pl.DataFrame(rows).write_parquet(partial)
-        partial.replace(Path(out_dir) / "metrics.parquet")
+        write_whole(Path(out_dir) / "metrics.parquet", pl.DataFrame(rows).write_parquet)
     path.unlink()
     return len(rows)

@@ -19,7 +19,7 @@ PACKAGES = ("hints", "runtime", "profiler", "rrfp_cli", "rrfp")
 # its own package; nothing else. Rooms are the subpackages (and the few modules that stand alone at a
 # package's top). The order is the one docs/ARCHITECTURE.md draws.
 ROOMS: dict[str, tuple[str, ...]] = {
-    "hints": ("hints.errors", "hints.tasks", "hints.deps", "hints.paths", "hints.priorities", "hints.costs",
+    "hints": ("hints.errors", "hints.outputs", "hints.tasks", "hints.deps", "hints.paths", "hints.priorities", "hints.costs",
               "hints.orders", "hints.validate",
               "hints.files", "hints"),
     "runtime": ("runtime", "runtime.durations", "runtime.sched", "runtime.tune", "runtime.config", "runtime.comm",

@@ -1,0 +1,205 @@
+"""Writing outputs whole: every file rrfp writes goes through here, from every package.
+
+[Note: outputs written whole]
+    A reader (rrfp, Perfetto, torch's ``_load_csv``, a user's script) must never find half a file and take it
+    for whole, and a command that fails must not leave some of its outputs behind. So:
+
+    - each file is written to a new temporary file beside its target and renamed over it once complete
+      (:func:`write_whole`); a failure removes the temporary file and leaves what was there before;
+    - the outputs of one command are staged together and renamed only when every one of them was written
+      (:class:`Outputs`): all or none;
+    - temporary files are created as ``open`` creates files, so the result has the permissions the umask
+      gives (``tempfile.mkstemp`` would make them 0600, and ``mkdtemp`` directories 0700);
+    - a failed write is one line naming the file: a full disk (or quota, read-only file system, I/O error)
+      is a :class:`DiskError` naming the file system that refused and what is free on it (exit 1: the
+      machine's fault, not the input's); a path that cannot be written (missing directory, no
+      permission, a directory in the way) is bad input, a :class:`~hints.errors.UserError` (exit 2).
+
+This module sits at the bottom of the import graph (beside :mod:`hints.errors`) so ``runtime``, ``profiler``
+and ``rrfp_cli`` all write through it.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import shutil
+from pathlib import Path
+from typing import Callable
+
+from hints.errors import Failure, UserError
+
+# errno values that say the machine could not store the bytes, not that the path was wrong.
+DISK_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EIO, errno.EFBIG})
+
+
+class DiskError(Failure):
+    """The file system refused to store an output (full, over quota, read-only, failing): exit 1, named."""
+
+    def __init__(self, message: str, path: str | Path, details: str = "") -> None:
+        self.path = str(path)
+        super().__init__(message, details)
+
+
+def current_umask() -> int:
+    """The process's umask, read without changing it where the system says it (Linux), else by setting it
+    back at once."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError, IndexError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def mount_point(path: str | Path) -> Path:
+    """The mount point of the file system that holds ``path`` (or would hold it, if it does not exist)."""
+    current = Path(os.path.abspath(path))
+    while not current.exists() and current != current.parent:
+        current = current.parent
+    while not os.path.ismount(current) and current != current.parent:
+        current = current.parent
+    return current
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def disk_message(err: OSError, path: str | Path) -> str:
+    """One line for a write the file system refused: what, which file, which file system and what is free."""
+    mount = mount_point(path)
+    try:
+        free = f", {_size(shutil.disk_usage(mount).free)} free"
+    except OSError:
+        free = ""
+    reason = {errno.ENOSPC: "the disk is full", errno.EDQUOT: "the disk quota is exceeded",
+              errno.EROFS: "the file system is read-only", errno.EIO: "the disk reported an I/O error",
+              errno.EFBIG: "the file is too large for the file system"}.get(err.errno, err.strerror or str(err))
+    return f"cannot write {path}: {reason} (file system at {mount}{free})"
+
+
+def write_error(err: OSError, path: str | Path, details: str = "") -> Exception:
+    """The error to raise for ``err`` while writing ``path`` ([Note: outputs written whole])."""
+    if err.errno in DISK_ERRNOS:
+        return DiskError(disk_message(err, path), path, details)
+    return UserError(f"cannot write: {err.strerror or err}", str(path))
+
+
+def is_disk_error(err: BaseException) -> bool:
+    return isinstance(err, DiskError) or (isinstance(err, OSError) and err.errno in DISK_ERRNOS)
+
+
+def _temporary_beside(target: Path) -> Path:
+    return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+
+
+def _create(path: Path) -> None:
+    """Create an empty file as ``open`` does (mode 0666 less the umask), failing if it exists."""
+    with open(path, "x"):
+        pass
+
+
+class Outputs:
+    """The outputs of one command, written all or none ([Note: outputs written whole]).
+
+    ``stage(target)`` returns a fresh temporary path beside ``target`` for a writer to fill (created empty,
+    so a writer that opens its path for writing gets the umask's permissions). ``commit()`` renames every
+    staged file over its target; ``discard()`` removes them. As a context manager it commits when the block
+    ends normally and discards on any exception (an interrupt included), turning a refused write into
+    :func:`write_error`'s error.
+    """
+
+    def __init__(self) -> None:
+        self.staged: list[tuple[Path, Path]] = []
+
+    def stage(self, target: str | Path) -> Path:
+        target = Path(target)
+        if target.is_dir():  # renaming a file over a directory fails with EBUSY for "." and EISDIR otherwise
+            raise UserError("cannot write: Is a directory", str(target))
+        temporary = _temporary_beside(target)
+        try:
+            _create(temporary)
+        except OSError as err:
+            raise write_error(err, target) from None
+        self.staged.append((temporary, target))
+        return temporary
+
+    def write(self, target: str | Path, write: Callable[[Path], object]) -> Path:
+        """Stage ``target`` and fill it with ``write(temporary)``; a refused write names ``target``."""
+        temporary = self.stage(target)
+        try:
+            write(temporary)
+        except OSError as err:
+            raise write_error(err, target) from None
+        return Path(target)
+
+    def write_text(self, target: str | Path, text: str) -> Path:
+        return self.write(target, lambda temporary: temporary.write_text(text))
+
+    def write_bytes(self, target: str | Path, data: bytes) -> Path:
+        return self.write(target, lambda temporary: temporary.write_bytes(data))
+
+    def commit(self) -> list[Path]:
+        done = []
+        try:
+            for temporary, target in self.staged:
+                os.replace(temporary, target)
+                done.append(target)
+        except OSError as err:
+            self.discard()
+            raise write_error(err, target) from None
+        self.staged = []
+        return done
+
+    def discard(self) -> None:
+        for temporary, _ in self.staged:
+            temporary.unlink(missing_ok=True)
+        self.staged = []
+
+    def __enter__(self) -> "Outputs":
+        return self
+
+    def __exit__(self, kind, value, traceback) -> bool:
+        if kind is None:
+            self.commit()
+            return False
+        self.discard()
+        if isinstance(value, OSError) and not isinstance(value, (UserError, Failure)):
+            raise write_error(value, getattr(value, "filename", None) or "an output") from None
+        return False
+
+
+def write_whole(path: str | Path, write: Callable[[Path], object]) -> Path:
+    """Write one file whole or not at all: ``write(temporary)`` fills a file beside ``path`` that is then
+    renamed over it ([Note: outputs written whole])."""
+    with Outputs() as outputs:
+        outputs.write(path, write)
+    return Path(path)
+
+
+def write_text(path: str | Path, text: str) -> Path:
+    return write_whole(path, lambda temporary: temporary.write_text(text))
+
+
+def new_directory_beside(target: str | Path) -> Path:
+    """A new, empty directory beside ``target`` to build it in before renaming it into place; created as
+    ``mkdir`` creates directories (0777 less the umask), where ``tempfile.mkdtemp`` makes them 0700."""
+    target = Path(target)
+    while True:
+        building = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.building")
+        try:
+            building.mkdir()
+            return building
+        except FileExistsError:
+            continue
+        except OSError as err:
+            raise write_error(err, target) from None
