@@ -61,6 +61,10 @@ def export_command(
     frames = _load(run, out, select=False)  # the frames are exported whole
     data: dict = {"written": []}
     if durations is not None:
+        from profiler.analysis.windows import cut_short_notes
+
+        for note in cut_short_notes(frames, window):  # [Note: iterations cut short]
+            out.warn(note)
         data["durations"] = _export_durations(frames, durations, window)
         data["written"].append(str(durations))
     if parquet is not None:

@@ -13,6 +13,8 @@ Conventions
   dependency model. ``F(0, i)`` is ready when its rank's iteration begins.
 * [Note: iteration 0] (in :func:`select_iterations`): analyses leave
   iteration 0 out by default.
+* [Note: iterations cut short] (in :func:`select_iterations`): an iteration
+  the trace does not hold whole is left out of every analysis, with a warning.
 """
 
 from __future__ import annotations
@@ -56,6 +58,31 @@ def complete_iterations(frames: TraceFrames) -> list[int]:
     return complete
 
 
+def cut_short(frames: TraceFrames) -> dict[int, int]:
+    """The iterations the trace holds only part of (a run killed or interrupted during them), each with how
+    many tasks it holds ([Note: iterations cut short])."""
+    if frames.tasks.is_empty() or not frames.meta:
+        return {}
+    total = pipeline_shape(frames).total_tasks
+    counts = frames.tasks.drop_nulls("iteration").group_by("iteration").len()
+    return {int(i): int(n) for i, n in sorted(counts.iter_rows()) if n < total}
+
+
+def cut_short_notes(frames: TraceFrames, window: tuple[int, int | None] | None = None) -> list[str]:
+    """The warning for the iterations in ``window`` (:func:`chosen_iterations`) that an analysis leaves out
+    because the trace holds only part of them; none if there are none."""
+    cut = cut_short(frames)
+    left_out = {i: n for i, n in cut.items() if i in chosen_iterations(traced_iterations(frames), window)}
+    return [cut_short_note(left_out, pipeline_shape(frames).total_tasks)] if left_out else []
+
+
+def cut_short_note(cut: dict[int, int], total: int) -> str:
+    """The warning for iterations left out because the trace holds only part of them."""
+    held = ", ".join(f"{i} ({n} of {total} tasks)" for i, n in cut.items())
+    return (f"left out iteration{'s' if len(cut) > 1 else ''} {held}: the run ended before "
+            f"{'they' if len(cut) > 1 else 'it'} finished")
+
+
 def ranges(values: Sequence[int]) -> str:
     """``[1, 2, 3, 7]`` as ``1..3, 7``."""
     runs: list[list[int]] = []
@@ -86,16 +113,30 @@ def select_iterations(frames: TraceFrames, window: tuple[int, int | None] | None
         it out by default, as ``rrfp run``'s medians do; a trace of iteration
         0 alone is analysed whole, with a note. ``--iterations A:B`` (or
         ``-i N``) chooses. Counters are not cut.
+
+    [Note: iterations cut short]
+        A run killed or interrupted during an iteration leaves that iteration's first tasks in the trace;
+        counted as an iteration, it would show a short makespan and idle ranks that never were. Every
+        analysis leaves it out (as ``export --durations``, ``sensitivity`` and tune-hint's sources did
+        already), with a warning that names it and how many of its tasks the trace holds; a window of
+        nothing but such iterations is an error naming them.
     """
     traced = traced_iterations(frames)
     if not traced:
         return frames, []
-    chosen = chosen_iterations(traced, window)
+    whole = [i for i in traced if i not in cut_short(frames)]
+    chosen = chosen_iterations(whole, window)
+    notes = cut_short_notes(frames, window)
     if not chosen:
+        if notes:
+            raise UserError(notes[0].replace("left out", "cannot analyse", 1)
+                            + (f" (whole: {ranges(whole)})" if whole else " (no iteration is whole)"),
+                            flag if window is not None else frames.path)
         start, stop = window
         raise UserError(f"no traced iteration in {start}:{'' if stop is None else stop} (traced: {ranges(traced)})",
                         flag)
-    notes = ["only iteration 0 is traced; it includes start-up costs"] if window is None and chosen == [0] else []
+    if window is None and chosen == [0]:
+        notes.append("only iteration 0 is traced; it includes start-up costs")
     keep = pl.col("iteration").is_in(chosen)
     return replace(frames, tasks=frames.tasks.filter(keep), decisions=frames.decisions.filter(keep),
                    transfers=frames.transfers.filter(keep), iterations=frames.iterations.filter(keep),

@@ -37,11 +37,14 @@ def build_run(
     held_back: dict[str, tuple[str, ...]] | None = None,
     steps: dict[int, tuple[float, float, float]] | None = None,
     memory_budget: str = "1f1b",
+    killed_rank: int | None = None,
 ) -> Path:
     """Write ``root/trace.pftrace``. Iteration k repeats the spans shifted by ``k * period_us``.
 
     ``held_back``: per task, the admissions the budget held back at the decision that chose it; ``steps``: per
-    rank, its optimizer step's (start, barrier, end) after each iteration.
+    rank, its optimizer step's (start, barrier, end) after each iteration; ``killed_rank``: that rank was killed
+    during the last iteration, so its trace ends with the iteration before (a rank writes an iteration when it
+    ends), and the last iteration holds only the other ranks' tasks.
     """
     config = RunConfig(workload="gpt", ranks=ranks, microbatches=microbatches, hint=hint, policy=policy,
                        memory_budget=memory_budget)
@@ -50,7 +53,7 @@ def build_run(
         setup = RecorderSetup(rank, ranks, str(root), "hand-made", config, torch.device("cpu"), 0, 0, None)
         recorder = TraceRecorder(setup)
         order = tuple(Task.parse(t) for t in (orders or {}).get(rank, [str(x) for x in base.orders[rank]]))
-        for iteration in range(iterations):
+        for iteration in range(iterations - (rank == killed_rank)):
             shift = int(iteration * period_us * US)
             spans = sorted(tasks[rank], key=lambda s: s[1])
             recorder.begin_iteration(iteration, shift + int(spans[0][1] * US), order)
