@@ -101,7 +101,6 @@ def simulate(
     if describe:
         _describe(out, workload, microbatches, seed, cost_table, durations)
         return
-    workload = workload or WorkloadChoice.uniform
     budget = MemoryBudget.parse(memory_budget)
     asked = placement_value(placement)
     hint_spec = hint_or_baseline(hint, chunks, asked)
@@ -119,6 +118,8 @@ def simulate(
 
     shape = hint_shape(hint_spec, stages, chunks, microbatches, asked)
     placed, chunks = shape.placement, shape.chunks
+    if workload is not None and durations is not None:
+        raise UserError("a recorded table has its own durations; give --workload or --durations", "--workload")
     if cost_table is not None and durations is not None:
         raise UserError("a recorded table has its own durations; give --cost-table or --durations", "--cost-table")
     if split_overhead is not None and durations is not None:
@@ -127,6 +128,7 @@ def simulate(
     if unknown and durations is not None:
         raise UserError("draws into a --workload model's durations; a recorded table keeps what it recorded",
                         "--unknown")
+    workload = workload or WorkloadChoice.uniform
     model = variability_model(workload, forward_time, backward_ratio, jitter, straggler_prob,
                               straggler_slowdown, comm_latency, comm_jitter, cost_table, split_overhead, unknown)
     table = durations_for(shape, model, seed, durations, durations_iteration, comm_latency)

@@ -39,7 +39,9 @@ Reading rules for ``latency``
 
 Every problem is one :class:`UserError` naming the file and, for a bad row,
 its row number as a spreadsheet shows the CSV (the header is row 1; the rows
-of other iterations count too).
+of other iterations count too). A table without rows and a directory are
+refused; so is a Parquet column of numbers stored as text (a CSV has no types:
+each cell is read as a number, so one odd cell is named by its row).
 
 Writing (:func:`write_durations`) is atomic: a temporary file in the target's
 directory, renamed over the target once complete. An unsplit table is written
@@ -82,6 +84,8 @@ def load_durations(path: str | Path, stages: int, microbatches: int, comm_latenc
     path = Path(path)
     if not path.exists():
         raise UserError("no such file", where)
+    if path.is_dir():  # polars would read a folder as a glob of its files, and say so in its own terms
+        raise UserError("is a directory; give a duration table (.csv, .parquet or .pq)", where)
     parquet = path.suffix.lower() in (".parquet", ".pq")
     try:
         frame = pl.read_parquet(path) if parquet else pl.read_csv(path, infer_schema_length=10000)
@@ -91,6 +95,11 @@ def load_durations(path: str | Path, stages: int, microbatches: int, comm_latenc
     missing = [c for c in COLUMNS if c not in frame.columns]
     if missing:
         raise UserError(f"missing column {missing[0]!r} (needs {', '.join(COLUMNS)})", where)
+    if frame.height == 0:
+        raise UserError(f"holds no rows (needs one per task of {stages} stages x {microbatches} microbatches)",
+                        where)
+    if parquet:
+        _check_stored_types(frame, where)
     has_latency = LATENCY in frame.columns
     if has_latency and comm_latency != 0:
         raise UserError(f"the table holds latencies (a {LATENCY!r} column), so `comm_latency` {comm_latency:g} "
@@ -153,6 +162,20 @@ def load_durations(path: str | Path, stages: int, microbatches: int, comm_latenc
         stages, microbatches, table["F"], table["B"], send_forward, send_backward, costs,
         input_grad=table["I"] if split else None, weight_grad=table["W"] if split else None, source=where,
     )
+
+
+def _check_stored_types(frame, where: str) -> None:
+    """A Parquet column stores one type: numbers stored as text are refused by column, not parsed cell by cell
+    as a CSV's are (a CSV has no types; one odd cell makes polars read its column as text: :func:`_number`)."""
+    for name in (ITERATION, "stage", "microbatch", "duration", LATENCY):
+        if name not in frame.columns:
+            continue
+        dtype = frame.schema[name]
+        whole = name in (ITERATION, "stage", "microbatch")
+        if dtype.is_integer() or (not whole and dtype.is_float()) or str(dtype) == "Null":  # Null: all empty
+            continue
+        kind = "whole numbers" if whole else "numbers"
+        raise UserError(f"column {name!r} is stored as {dtype}, not as {kind}", where)
 
 
 def sends_message(stage: int, kind: str, stages: int) -> bool:

@@ -1,0 +1,53 @@
+"""Bad input through the CLI, in this process ([Note: the two CLI runners]): each case is one ``error:`` line
+naming what is wrong and where, exit 2, nothing written (issue 24, "Bad input")."""
+
+from __future__ import annotations
+
+import polars as pl
+import pytest
+
+from tests.helpers.cli import one_error_line, run_cli
+
+COLUMNS = {"stage": pl.Int64, "kind": pl.Utf8, "microbatch": pl.Int64, "duration": pl.Float64}
+
+
+def rows(stages: int = 2, microbatches: int = 1) -> list[tuple[int, str, int, float]]:
+    return [(k, kind, i, 0.1) for k in range(stages) for i in range(microbatches) for kind in "FB"]
+
+
+def simulate(cwd, *args):
+    return run_cli(cwd, "simulate", "-p", "2", "-m", "1", *args)
+
+
+# -- item 1: duration tables -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["empty.csv", "empty.parquet", "empty_iterations.csv"])
+def test_a_table_without_rows_is_refused(tmp_path, name):
+    schema = ({"iteration": pl.Int64} if "iterations" in name else {}) | COLUMNS
+    frame = pl.DataFrame([], schema=schema, orient="row")
+    (frame.write_parquet if name.endswith(".parquet") else frame.write_csv)(tmp_path / name)
+    line = one_error_line(simulate(tmp_path, "--durations", name))
+    assert line == f"error: {name}: holds no rows (needs one per task of 2 stages x 1 microbatches)"
+
+
+def test_a_directory_as_durations_is_named_as_one(tmp_path):
+    (tmp_path / "tables").mkdir()
+    line = one_error_line(simulate(tmp_path, "--durations", "tables"))
+    assert line == "error: tables: is a directory; give a duration table (.csv, .parquet or .pq)"
+
+
+def test_durations_stored_as_text_in_parquet_are_refused_by_column(tmp_path):
+    frame = pl.DataFrame([(k, kind, i, str(d)) for k, kind, i, d in rows()],
+                         schema={**COLUMNS, "duration": pl.Utf8}, orient="row")
+    frame.write_parquet(tmp_path / "text.parquet")
+    line = one_error_line(simulate(tmp_path, "--durations", "text.parquet"))
+    assert line == "error: text.parquet: column 'duration' is stored as String, not as numbers"
+    pl.DataFrame(rows(), schema=COLUMNS, orient="row").write_parquet(tmp_path / "ok.parquet")
+    assert simulate(tmp_path, "--durations", "ok.parquet").returncode == 0
+
+
+def test_a_workload_beside_a_recorded_table_is_refused(tmp_path):
+    pl.DataFrame(rows(), schema=COLUMNS, orient="row").write_csv(tmp_path / "d.csv")
+    line = one_error_line(simulate(tmp_path, "--durations", "d.csv", "--workload", "vlm-mixed"))
+    assert line == "error: --workload: a recorded table has its own durations; give --workload or --durations"
