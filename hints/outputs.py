@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import secrets
 import shutil
 from pathlib import Path
@@ -94,6 +95,19 @@ def write_error(err: OSError, path: str | Path, details: str = "") -> Exception:
     return UserError(f"cannot write: {err.strerror or err}", str(path))
 
 
+_OS_ERROR = re.compile(r"\(os error (\d+)\)")
+
+
+def os_error_in(err: BaseException) -> OSError | None:
+    """The OSError a library written in Rust (polars) reports only in its message (``... No space left on
+    device (os error 28)``), or None when the message names none."""
+    match = _OS_ERROR.search(str(err))
+    if match is None:
+        return None
+    number = int(match.group(1))
+    return OSError(number, os.strerror(number))
+
+
 def is_disk_error(err: BaseException) -> bool:
     return isinstance(err, DiskError) or (isinstance(err, OSError) and err.errno in DISK_ERRNOS)
 
@@ -113,13 +127,14 @@ class Outputs:
 
     ``stage(target)`` returns a fresh temporary path beside ``target`` for a writer to fill (created empty,
     so a writer that opens its path for writing gets the umask's permissions). ``commit()`` renames every
-    staged file over its target; ``discard()`` removes them. As a context manager it commits when the block
-    ends normally and discards on any exception (an interrupt included), turning a refused write into
-    :func:`write_error`'s error.
+    staged file over its target; ``discard()`` removes them, and the directories ``directory()`` made for
+    them. As a context manager it commits when the block ends normally and discards on any exception (an
+    interrupt included), turning a refused write into :func:`write_error`'s error.
     """
 
     def __init__(self) -> None:
         self.staged: list[tuple[Path, Path]] = []
+        self.created: list[Path] = []  # directories made for the outputs (:meth:`directory`)
 
     def stage(self, target: str | Path) -> Path:
         target = Path(target)
@@ -140,7 +155,25 @@ class Outputs:
             write(temporary)
         except OSError as err:
             raise write_error(err, target) from None
+        except Exception as err:  # a writer in another language (polars) says its OSError in words
+            refused = os_error_in(err)
+            if refused is None:
+                raise
+            raise write_error(refused, target) from None
         return Path(target)
+
+    def directory(self, target: str | Path) -> Path:
+        """``target`` as a directory to stage outputs in: created now if missing (as ``mkdir`` creates it, the
+        umask's permissions), and removed again, if it is still empty, when the outputs are discarded."""
+        target = Path(target)
+        if target.is_dir():
+            return target
+        try:
+            target.mkdir()
+        except OSError as err:
+            raise write_error(err, target) from None
+        self.created.append(target)
+        return target
 
     def write_text(self, target: str | Path, text: str) -> Path:
         return self.write(target, lambda temporary: temporary.write_text(text))
@@ -157,13 +190,19 @@ class Outputs:
         except OSError as err:
             self.discard()
             raise write_error(err, target) from None
-        self.staged = []
+        self.staged, self.created = [], []
         return done
 
     def discard(self) -> None:
         for temporary, _ in self.staged:
             temporary.unlink(missing_ok=True)
         self.staged = []
+        for directory in reversed(self.created):
+            try:
+                directory.rmdir()
+            except OSError:  # something else was put there meanwhile: not ours to remove
+                pass
+        self.created = []
 
     def __enter__(self) -> "Outputs":
         return self
