@@ -24,9 +24,11 @@ import typer
 
 from hints.errors import Failure, Interrupted, UserError, raise_interrupted
 from rrfp_cli import cmd_bench, cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_trace_files, cmd_tune  # noqa: F401
+from rrfp_cli.helpscreen import App
+from rrfp_cli.options import check_numbers
 from rrfp_cli.output import in_cli_terms
 
-app = typer.Typer(
+app = App(  # plain help, never cut ([Note: help screens] in rrfp_cli/helpscreen.py)
     name="rrfp",
     help="Runtime-Readiness-First Pipeline: pipeline-parallel training that runs the best ready task.",
     no_args_is_help=True,
@@ -43,6 +45,7 @@ app.command("bench")(cmd_bench.bench)
 
 def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
+    check_numbers(command)  # inf, nan and numbers outside their model's range: one error line, before any work
     _interruptible(command)
     signal.signal(signal.SIGTERM, raise_interrupted)  # SIGTERM ends a command as Ctrl-C does: cleanly, 143
     try:

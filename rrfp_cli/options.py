@@ -8,6 +8,7 @@ Python).
 
 from __future__ import annotations
 
+import functools
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -22,6 +23,7 @@ from runtime.durations.presets import (
     SPLIT_OVERHEAD,
     WORKLOAD_NAMES,
 )
+from runtime.durations.ranges import check_number
 from runtime.durations.unknown import SPEC_HELP as UNKNOWN_HELP
 from runtime.sched.rules import P2P_MODES, Policy
 
@@ -47,6 +49,7 @@ class LookaheadChoice(str, Enum):
 
 # Workload names come from runtime.durations.presets (presets, legacy models and their aliases language/multimodal).
 WorkloadChoice = Enum("WorkloadChoice", {name: name for name in WORKLOAD_NAMES}, type=str)
+WORKLOAD_METAVAR = "<workload>"  # the names are in the help text; as a type they make a line of 120 columns
 WORKLOAD_HELP = (f"uniform; presets {', '.join(PRESET_NAMES)} (docs/workloads.md); "
                  f"{', '.join(LEGACY_ALIASES.values())} (aliases {', '.join(LEGACY_ALIASES)})")
 
@@ -91,9 +94,10 @@ LookaheadOpt = Annotated[
 ]
 P2POpt = Annotated[
     Optional[P2PChoice],
-    typer.Option("--p2p", help="--policy fixed only: async = buffered links, a rank never waits for its peer "
-                 "(default); blocking = Megatron's 1F1B baseline, after each task a rank posts its sends and "
-                 "its next task's receives and waits until the peers took them (docs/simulator.md)."),
+    typer.Option("--p2p", help="--policy fixed only: async = buffered links, a rank never waits for its peer; "
+                 "blocking = Megatron's 1F1B baseline, after each task a rank posts its sends and "
+                 "its next task's receives and waits until the peers took them (docs/simulator.md). "
+                 "[default: async]"),
 ]
 TaskOverhead = Annotated[
     float,
@@ -110,7 +114,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object in
 
 Workload = Annotated[
     Optional[WorkloadChoice],
-    typer.Option("--workload", help="Duration model: " + WORKLOAD_HELP + ". Default uniform.",
+    typer.Option("--workload", metavar=WORKLOAD_METAVAR, help="Duration model: " + WORKLOAD_HELP + ". Default uniform.",
                  rich_help_panel=VARIABILITY),
 ]
 # What each knob of the variability model means (runtime.durations.variability.VariabilityModel; RunConfig's
@@ -228,3 +232,29 @@ def variability_model(
         split_overhead=split_overhead,
         unknown=unknown,
     )
+
+
+def check_numbers(command) -> None:
+    """Every number option of ``command`` and its subcommands, checked before the command runs ([Note: number
+    ranges] in runtime.durations.ranges): finite everywhere (typer reads ``inf`` and ``nan`` as floats), and in
+    its range where the models give it one; one ``error:`` line naming the flag and the range otherwise. Done
+    here, once for the whole CLI, so no command can forget it."""
+    if command.callback is not None:
+        flags = {param.name: _long_flag(param) for param in command.params}
+        command.callback = _numbers_checked(command.callback, flags)
+    for sub in getattr(command, "commands", {}).values():
+        check_numbers(sub)
+
+
+def _long_flag(param) -> str:
+    return next((opt for opt in param.opts if opt.startswith("--")), param.opts[0] if param.opts else param.name)
+
+
+def _numbers_checked(callback, flags: dict[str, str]):
+    @functools.wraps(callback)
+    def run(*args, **kwargs):
+        for name, value in kwargs.items():
+            if isinstance(value, float):
+                check_number(name, value, flags.get(name, name))
+        return callback(*args, **kwargs)
+    return run

@@ -21,6 +21,7 @@ from hints.errors import UserError, input_name
 from hints.files.load import hint_or_baseline, hint_shape
 from hints.tasks import PLACEMENTS, PipelineShape, Task
 from runtime.durations.presets import WORKLOAD_NAMES
+from runtime.durations.ranges import NUMBER_RANGES, check_number
 from runtime.durations.unknown import Unknown
 from runtime.durations.variability import VariabilityModel, check_split_overhead
 from runtime.sched.budget import MemoryBudget
@@ -138,8 +139,10 @@ class RunConfig:
             _check_int("seq_len", self.seq_len, 1)
             if self.seq_len > 128:
                 raise UserError(f"at most 128 (the position table), got {self.seq_len}", "`seq_len`")
-        for name in ("lr", "forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter"):
-            _check_number(name, getattr(self, name), 0.0)
+        _check_number("lr", self.lr, 0.0)
+        for name in NUMBER_RANGES:  # [Note: number ranges] in runtime.durations.ranges
+            if name != "task_overhead":
+                check_number(name, getattr(self, name))
         _check_number("timeout", self.timeout, 0.001)
         if self.split_overhead is not None:
             check_split_overhead(self.split_overhead, "`split_overhead`")
@@ -149,10 +152,6 @@ class RunConfig:
         if self.unknown.strip() and self.workload != "emulated":
             raise UserError("draws into the emulated workload's durations; use --workload emulated (or rrfp "
                             "simulate)", "`unknown`")
-        _check_number("straggler_slowdown", self.straggler_slowdown, 1.0)
-        _check_number("straggler_prob", self.straggler_prob, 0.0)
-        if self.straggler_prob > 1:
-            raise UserError(f"must be between 0 and 1, got {self.straggler_prob}", "`straggler_prob`")
         if self.hidden % self.heads:
             raise UserError(f"`hidden` {self.hidden} must be a multiple of `heads` {self.heads}", "`hidden`")
         self._check_tp()
@@ -296,8 +295,8 @@ def _check_int(name: str, value: Any, minimum: int) -> None:
 
 
 def _check_number(name: str, value: Any, minimum: float) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < minimum:
-        raise UserError(f"must be a number >= {minimum:g}, got {value!r}", _flag(name))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < minimum:
+        raise UserError(f"must be a finite number >= {minimum:g}, got {value!r}", _flag(name))
 
 
 def _parse_task(text: Any, where: str) -> Task:

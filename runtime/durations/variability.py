@@ -79,6 +79,7 @@ from runtime.durations.presets import (
     canonical,
     default_split_overhead,
 )
+from runtime.durations.ranges import NUMBER_RANGES, check_number
 from runtime.durations.unknown import Unknown
 
 WORKLOADS = WORKLOAD_NAMES
@@ -127,16 +128,13 @@ class VariabilityModel:
                             f"{', '.join(PRESETS)}, not {self.workload!r}", "`workload`")
         if self.cost_table is not None:
             self.cost_table.means(self.preset)  # a table the preset cannot weigh is refused here, not mid-run
-        nonneg = ("forward_time", "backward_ratio", "jitter", "comm_latency", "comm_jitter",
-                  "seq_len_sigma", "attention", "images_mean")
-        for name in nonneg:
+        for name in NUMBER_RANGES:  # [Note: number ranges] in runtime.durations.ranges
+            if name != "task_overhead":
+                check_number(name, getattr(self, name))
+        for name in ("seq_len_sigma", "attention", "images_mean"):
             value = getattr(self, name)
-            if not isinstance(value, (int, float)) or value < 0 or math.isnan(value):
-                raise UserError(f"must be a number >= 0, got {value!r}", input_name(name))
-        if not 0.0 <= self.straggler_prob <= 1.0:
-            raise UserError(f"must be between 0 and 1, got {self.straggler_prob!r}", "`straggler_prob`")
-        if self.straggler_slowdown < 1.0:
-            raise UserError(f"must be >= 1, got {self.straggler_slowdown!r}", "`straggler_slowdown`")
+            if not isinstance(value, (int, float)) or value < 0 or not math.isfinite(value):
+                raise UserError(f"must be a finite number >= 0, got {value!r}", input_name(name))
         if self.attention > 1.0:
             raise UserError(f"must be between 0 and 1, got {self.attention!r}", "`attention`")
         for name in ("samples", "seq_len_min", "seq_len_max", "seq_len_median", "text_tokens", "image_tokens"):
@@ -184,9 +182,9 @@ class VariabilityModel:
 
 
 def check_split_overhead(value: object, where: str = "`split_overhead`") -> None:
-    """A split backward does at least the fused one's work: ``split_overhead`` is a finite number >= 1."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 1.0:
-        raise UserError(f"must be a finite number >= 1 (I + W over B), got {value!r}", where)
+    """A split backward does at least the fused one's work: ``split_overhead`` is a finite number >= 1, and at
+    most :data:`~runtime.durations.ranges.SPLIT_OVERHEAD_MAX` ([Note: number ranges])."""
+    check_number("split_overhead", value, where)
 
 
 def split_parts(backward: float, split_overhead: float) -> tuple[float, float]:

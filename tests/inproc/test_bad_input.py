@@ -51,3 +51,43 @@ def test_a_workload_beside_a_recorded_table_is_refused(tmp_path):
     pl.DataFrame(rows(), schema=COLUMNS, orient="row").write_csv(tmp_path / "d.csv")
     line = one_error_line(simulate(tmp_path, "--durations", "d.csv", "--workload", "vlm-mixed"))
     assert line == "error: --workload: a recorded table has its own durations; give --workload or --durations"
+
+
+# -- item 2: numbers are finite and in their model's range -----------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, line", [
+    (("simulate", "-p", "2", "-m", "2", "--forward-time", "inf"),
+     "error: --forward-time: must be a finite number from 0 to 3600, got inf"),
+    (("simulate", "-p", "2", "-m", "2", "--jitter", "1e308"),
+     "error: --jitter: must be a finite number from 0 to 3, got 1e+308"),
+    (("simulate", "-p", "2", "-m", "2", "--straggler-slowdown", "1e9"),
+     "error: --straggler-slowdown: must be a finite number from 1 to 1000, got 1000000000.0"),
+    (("simulate", "-p", "2", "-m", "2", "--comm-latency", "1e6"),
+     "error: --comm-latency: must be a finite number from 0 to 3600, got 1000000.0"),
+    (("simulate", "-p", "2", "-m", "2", "--split-overhead", "1e300"),
+     "error: --split-overhead: must be at most 10 (I + W over B), got 1e+300"),
+    (("run", "--forward-time", "inf"), "error: --forward-time: must be a finite number from 0 to 3600, got inf"),
+    (("run", "--jitter", "nan"), "error: --jitter: must be a finite number from 0 to 3, got nan"),
+    (("run", "--lr", "inf"), "error: --lr: must be a finite number, got inf"),
+    (("bench", "--out", "b", "--jitter", "5"), "error: --jitter: must be a finite number from 0 to 3, got 5.0"),
+    (("bench", "--out", "b", "--tune-seconds", "inf"), "error: --tune-seconds: must be a finite number, got inf"),
+    (("tune-hint", "--workload", "uniform", "-p", "2", "-m", "2", "--holdout", "nan"),
+     "error: --holdout: must be a finite number, got nan"),
+    (("trace", "sensitivity", "run", "--task-overhead", "inf"),
+     "error: --task-overhead: must be a finite number from 0 to 3600, got inf"),
+    (("hints", "show", "zb1p", "-p", "2", "-m", "2", "--split-overhead", "nan"),
+     "error: --split-overhead: must be a finite number >= 1 (I + W over B), got nan"),
+])
+def test_every_number_option_is_finite_and_in_range(tmp_path, args, line):
+    assert one_error_line(run_cli(tmp_path, *args)) == line
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_the_model_refuses_what_the_flags_refuse():
+    from hints.errors import UserError
+    from runtime.durations.variability import VariabilityModel
+
+    for knob, value in (("jitter", 1e308), ("forward_time", float("inf")), ("comm_jitter", float("nan"))):
+        with pytest.raises(UserError, match=f"`{knob}`: must be a finite number from"):
+            VariabilityModel(**{knob: value})
