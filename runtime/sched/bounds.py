@@ -1,9 +1,13 @@
-"""A makespan lower bound that holds for every hint, policy and memory budget.
+"""Makespan lower bounds: one that holds for every hint, policy and memory budget, and a tighter one per hint family.
 
 This module owns :func:`makespan_lower_bound` (a bound for one compiled
-:class:`~hints.deps.TaskGraph` and its per-task durations) and
-:func:`split_bound` (the same for a shape and a :class:`Durations` table,
-computed on the split-backward graph). Pure Python, standard library only.
+:class:`~hints.deps.TaskGraph` and its per-task durations),
+:func:`split_bound` (the *universal* bound for a shape and a
+:class:`Durations` table, computed on the free-split graph: valid for every
+hint, so the one to compare hints of different families against) and
+:func:`hint_bound` (the bound of one hint's *family*, computed on the hint's
+own graph with the durations it is charged: tighter, valid for that family
+only; [Note: bound per hint family]). Pure Python, standard library only.
 
 Conventions: durations are per task id, ``compute[t]`` seconds of work and
 ``transfer[t]`` the latency of the message ``t`` sends to a consumer on
@@ -122,6 +126,47 @@ def split_bound(shape: PipelineShape, table: Durations) -> LowerBound:
     return makespan_lower_bound(graph, compute, transfer)
 
 
+def hint_bound(shape: PipelineShape, table: Durations, graph: TaskGraph | None = None) -> LowerBound:
+    """The bound of the family of hints of ``shape``, on their own task graph ([Note: bound per hint family]).
+
+    [Note: bound per hint family]
+        A hint's family is its shape's graph: full backwards (1f1b, bf, bfw,
+        gpipe, interleaved), a split backward on every stage (zb, zbv, the
+        torch zero-bubble schedules), or on some stages (``cp`` and tuned hints
+        that leave a stage's backward whole: ``PipelineShape.fused_stages``).
+        Every schedule the simulator can produce for such a hint, under any
+        policy and memory budget, runs exactly that graph's tasks with the
+        durations :meth:`Durations.for_graph` charges them (a full ``B``; or
+        ``I`` and ``W`` with the split's charged cost). The proof in the
+        module docstring then applies to that graph as it is, so the bound
+        computed on it holds for the whole family, whatever its order.
+
+        It is at least :func:`split_bound` (the free split is a relaxation of
+        every family: a full ``B`` is one ``I`` then ``W`` at once, and a
+        charged split only lengthens ``W``), and tighter where the family
+        cannot overlap what the free split overlaps: with full backwards
+        the previous stage's gradient leaves only when the whole ``B`` ends.
+        It bounds nothing outside its family: a full-backward hint's bound is
+        not a bound for zb. Compare hints of different families against the
+        universal :func:`split_bound`; rrfp's tables give each row both.
+    """
+    graph = graph if graph is not None and graph.shape == shape else TaskGraph.build(shape)
+    compute, transfer = table.for_graph(graph)
+    own = makespan_lower_bound(graph, compute, transfer)
+    universal = split_bound(shape, table)
+    return own if own.value >= universal.value else universal  # equal up to rounding where they coincide
+
+
+def bound_family(shape: PipelineShape) -> str:
+    """The name of ``shape``'s bound ([Note: bound per hint family]): ``full-backward``, ``split``, or
+    ``split on stages ...`` when some stages keep a whole backward."""
+    if not shape.split_backward:
+        return "full-backward"
+    if shape.fused_stages:
+        return "split except stages " + ",".join(map(str, sorted(shape.fused_stages)))
+    return "split"
+
+
 def jackson_preemptive_bound(release: Sequence[float], processing: Sequence[float],
                              tail: Sequence[float]) -> float:
     """Optimal ``max(C_j + q_j)`` of ``1 | r_j, pmtn | max(C_j + q_j)`` (0 for no jobs)."""
@@ -165,4 +210,5 @@ def _preemptive_jackson(jobs: list[tuple[float, float, float]]) -> float:
     return best
 
 
-__all__ = ["LowerBound", "jackson_preemptive_bound", "makespan_lower_bound", "split_bound"]
+__all__ = ["LowerBound", "bound_family", "hint_bound", "jackson_preemptive_bound", "makespan_lower_bound",
+           "split_bound"]

@@ -47,7 +47,7 @@ from hints.orders import (
 )
 from hints.tasks import PipelineShape
 from runtime.durations.variability import Durations, VariabilityModel, sample_durations
-from runtime.sched.bounds import LowerBound, split_bound
+from runtime.sched.bounds import LowerBound, bound_family, hint_bound, split_bound
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.results import ScheduleDeadlock, SimResult
 from runtime.sched.rules import RULES, ArbiterRule
@@ -150,8 +150,12 @@ class Row:
     within_budget: bool  # peak <= budget on every rank ([Note: equal memory])
     speedup: float = float("nan")  # baseline makespan / this one
     vs_fixed: float | None = None  # fixed-order makespan of the same hint / this one (ready rules only)
-    over_bound: float = float("nan")  # makespan / lower bound (>= 1)
+    over_bound: float = float("nan")  # makespan / the bound of the hint's family (>= 1; [Note: bound per hint family])
     p2p: str = "async"  # "blocking": [Note: blocking p2p] (fixed only)
+    bound: float = float("nan")  # the lower bound of the hint's family (seconds)
+    bound_family: str = ""  # which one: runtime.sched.bounds.bound_family
+    over_universal: float = float("nan")  # makespan / the universal (free-split) bound, for cross-family reading
+    shape: PipelineShape | None = field(default=None, repr=False)  # the hint's, which says its bound's family
 
     @property
     def label(self) -> str:
@@ -165,7 +169,9 @@ class Row:
                 "makespan": self.makespan, "bubble_fraction": self.bubble_fraction,
                 "peak_in_flight": max(self.peak_in_flight), "peak_in_flight_per_rank": self.peak_in_flight,
                 "within_budget": self.within_budget, "speedup": self.speedup,
-                "vs_fixed_same_hint": self.vs_fixed, "makespan_over_bound": self.over_bound}
+                "vs_fixed_same_hint": self.vs_fixed, "makespan_over_bound": self.over_bound,
+                "lower_bound": self.bound, "lower_bound_family": self.bound_family,
+                "makespan_over_universal_bound": self.over_universal}
 
 
 @dataclass(frozen=True)
@@ -291,24 +297,29 @@ def compare(hints: dict[str, HintOrder], table: Durations, budget: MemoryBudget,
                 raise
             deadlocked.append(name)  # an order that needs buffered links: no blocking row
         else:
-            rows.append(_row(name, rule, result, slots, p2p))
+            rows.append(_row(name, rule, result, slots, p2p, hint.shape))
         if advance:
             advance(1)
     bound = split_bound(shape, table)
+    families = {s: hint_bound(s, table, graphs[s]) for s in graphs}
     base = next(r.makespan for r in rows if r.hint == baseline_name and r.rule == "fixed" and r.p2p == "async")
     fixed = {r.hint: r.makespan for r in rows if r.rule == "fixed" and r.p2p == "async"}
     for row in rows:
         row.speedup = base / row.makespan if row.makespan > 0 else float("nan")
-        row.over_bound = row.makespan / bound.value if bound.value > 0 else float("nan")
+        own = families[row.shape]
+        row.bound, row.bound_family = own.value, bound_family(row.shape)
+        row.over_bound = row.makespan / own.value if own.value > 0 else float("nan")
+        row.over_universal = row.makespan / bound.value if bound.value > 0 else float("nan")
         if row.rule != "fixed" and row.hint in fixed and row.makespan > 0:
             row.vs_fixed = fixed[row.hint] / row.makespan
     return Comparison(shape, budget, slots, f"{baseline_name} fixed", bound, rows, deadlocked)
 
 
-def _row(name: str, rule: ArbiterRule, result: SimResult, slots: list[int], p2p: str = "async") -> Row:
+def _row(name: str, rule: ArbiterRule, result: SimResult, slots: list[int], p2p: str,
+         shape: PipelineShape) -> Row:
     peaks = list(result.peak_in_flight)
     return Row(name, rule.name, result.makespan, result.bubble_fraction, peaks,
-               all(peak <= slot for peak, slot in zip(peaks, slots)), p2p=p2p)
+               all(peak <= slot for peak, slot in zip(peaks, slots)), p2p=p2p, shape=shape)
 
 
 def median_rows(comparisons: Sequence[Comparison]) -> list[Row]:
@@ -327,7 +338,9 @@ def median_rows(comparisons: Sequence[Comparison]) -> list[Row]:
         peaks = [max(r.peak_in_flight[k] for r in rows) for k in range(len(rows[0].peak_in_flight))]
         out.append(Row(hint, rule, median(r.makespan for r in rows), median(r.bubble_fraction for r in rows),
                        peaks, all(r.within_budget for r in rows), median(r.speedup for r in rows),
-                       median(r.vs_fixed for r in rows), median(r.over_bound for r in rows), p2p))
+                       median(r.vs_fixed for r in rows), median(r.over_bound for r in rows), p2p,
+                       median(r.bound for r in rows), rows[0].bound_family,
+                       median(r.over_universal for r in rows), rows[0].shape))
     return out
 
 

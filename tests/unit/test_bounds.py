@@ -15,7 +15,14 @@ from hints.deps import TaskGraph, prerequisites
 from hints.orders import applicable_builtins
 from hints.tasks import PLACEMENTS, PipelineShape, V
 from runtime.durations.variability import Durations
-from runtime.sched.bounds import LowerBound, jackson_preemptive_bound, makespan_lower_bound, split_bound
+from runtime.sched.bounds import (
+    LowerBound,
+    bound_family,
+    hint_bound,
+    jackson_preemptive_bound,
+    makespan_lower_bound,
+    split_bound,
+)
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.results import ScheduleDeadlock
 from runtime.sched.simulator import simulate
@@ -220,3 +227,39 @@ def test_no_schedule_beats_the_bound(p, v, m, split, recorded_split, seed, laten
                 assert hint.name.startswith("random") and policy == "fixed"  # random orders may deadlock
                 continue
             assert bound.value <= result.makespan + 1e-9, (hint.name, policy, budget)
+
+
+@settings(max_examples=80)
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
+       st.sampled_from([0.0, 0.3, 1.0]), st.sampled_from([1.0, 1.0, 1.6]), st.sampled_from(PLACEMENTS))
+def test_no_schedule_of_a_family_beats_its_bound(p, v, m, recorded_split, seed, latency, overhead, placement):
+    """[Note: bound per hint family]: each hint's own-graph bound holds for every policy and budget, and is at
+    least the universal one (a charged split, ``overhead`` > 1, only raises it)."""
+    from dataclasses import replace
+
+    v = 2 if placement == V else v
+    shape = PipelineShape(p, v, m, False, placement)
+    table = random_table(shape, seed, latency, recorded_split)
+    if not recorded_split:
+        table = replace(table, split_overhead=overhead)
+    universal = split_bound(shape, table)
+    hints = list(applicable_builtins(p, v, m, costs=table.microbatch_costs, placement=placement).values())
+    for hint in hints:
+        graph = TaskGraph.build(hint.shape)
+        family = hint_bound(hint.shape, table, graph)
+        assert family.value >= universal.value - 1e-9, hint.name
+        for policy, budget in (("ready", MemoryBudget.parse("1f1b")), ("ready", MemoryBudget.parse("2x")),
+                               ("fixed", None)):
+            result = simulate(hint, table, policy, budget, graph=graph)
+            assert family.value <= result.makespan + 1e-9, (hint.name, bound_family(hint.shape), policy, budget)
+
+
+def test_the_full_backward_bound_is_tighter_where_the_gradient_waits_for_the_whole_backward():
+    """Two stages, one microbatch, F = 1 and B = 2 everywhere: with full backwards the chain is F0 F1 B1 B0 = 6;
+    the free split lets stage 0's backward start when stage 1's I (1) ends: 1 + 1 + 1 + 1 + 1 = 5."""
+    shape = PipelineShape(2, 1, 1)
+    table = Durations(2, 1, [[1.0], [1.0]], [[2.0], [2.0]], [[0.0], [0.0]], [[0.0], [0.0]], [1.0])
+    assert hint_bound(shape, table).value == pytest.approx(6.0)
+    assert split_bound(shape, table).value == pytest.approx(5.0)
+    assert bound_family(shape) == "full-backward"
+    assert bound_family(shape.with_split(True)) == "split"
