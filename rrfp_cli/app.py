@@ -24,10 +24,11 @@ import typer
 
 from hints.errors import Failure, Interrupted, UserError, raise_interrupted
 from rrfp_cli import cmd_bench, cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_trace_files, cmd_tune  # noqa: F401
+from rrfp_cli.helpscreen import App
 from rrfp_cli.options import check_numbers
 from rrfp_cli.output import in_cli_terms
 
-app = typer.Typer(
+app = App(  # plain help, never cut ([Note: help screens] in rrfp_cli/helpscreen.py)
     name="rrfp",
     help="Runtime-Readiness-First Pipeline: pipeline-parallel training that runs the best ready task.",
     no_args_is_help=True,

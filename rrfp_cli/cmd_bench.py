@@ -15,8 +15,26 @@ from typing import Annotated, Optional
 
 import typer
 
+from profiler.bench.matrix import Settings
 from rrfp_cli.options import SPLIT_OVERHEAD_HELP, JsonFlag
 from rrfp_cli.output import Output
+
+# Plain data (no torch, no polars): each option's default, full suite and --quick, in its help text.
+_FULL, _QUICK = Settings(), Settings.quick_defaults()
+
+
+def _default(field: str, spell=lambda value: f"{value:g}" if isinstance(value, float) else str(value)) -> str:
+    """``[default: X; --quick Y]`` (``[default: X]`` where --quick keeps it) for a field of :class:`Settings`."""
+    full, quick = spell(getattr(_FULL, field)), spell(getattr(_QUICK, field))
+    return f"[default: {full}]" if full == quick else f"[default: {full}; --quick {quick}]"
+
+
+def _listed(values) -> str:  # ", ": the lists take spaces, and a help line wraps between items
+    return ", ".join(map(str, values))
+
+
+def _sweep(sweep) -> str:
+    return ", ".join(f"{kind}=" + ":".join(f"{level:g}" for level in levels) for kind, levels in sweep)
 
 
 def bench(
@@ -25,25 +43,27 @@ def bench(
                                       "overwritten without --force).")],
     quick: Annotated[bool, typer.Option("--quick", help="A smaller matrix, fewer seeds and tiny real runs: under "
                                         "5 minutes on 2 cores.")] = False,
-    workloads: Annotated[Optional[str], typer.Option("--workloads", help="Comma-separated workload presets "
-                                                     "(default: profiler.bench.matrix.WORKLOADS).")] = None,
+    workloads: Annotated[Optional[str], typer.Option(
+        "--workloads", help=f"Comma-separated workload presets (rrfp simulate --help lists them) "
+        f"{_default('workloads', _listed)}.")] = None,
     ranks: Annotated[Optional[str], typer.Option("--ranks", help="Comma-separated rank counts, e.g. 8,16,32 "
-                                                 "(default 8,16,32,64,128; --quick 8,16,32).")] = None,
+                                                 f"{_default('ranks', _listed)}.")] = None,
     budgets: Annotated[Optional[str], typer.Option("--budgets", help="Comma-separated memory budgets "
-                                                   "(default 1f1b,2x).")] = None,
-    seeds: Annotated[Optional[int], typer.Option("--seeds", help="Seeds per cell (default 3; --quick 2).")] = None,
+                                                   f"{_default('budgets', _listed)}.")] = None,
+    seeds: Annotated[Optional[int], typer.Option("--seeds", help=f"Seeds per cell {_default('seeds')}.")] = None,
     iterations: Annotated[Optional[int], typer.Option("--iterations", help="Sampled iterations per seed "
-                                                      "(default 2; --quick 1).")] = None,
+                                                      f"{_default('iterations')}.")] = None,
     seed: Annotated[int, typer.Option("--seed", help="First seed.")] = 0,
     jitter: Annotated[Optional[float], typer.Option("--jitter", help="Task noise (log-sd) of the matrix "
-                                                    "(default 0.1).")] = None,
-    tune_seconds: Annotated[Optional[float], typer.Option("--tune-seconds", help="Search time of the tuned row per "
-                                                          "cell (default 10; --quick 2; 0 skips it).")] = None,
+                                                    f"{_default('jitter')}.")] = None,
+    tune_seconds: Annotated[Optional[float], typer.Option(
+        "--tune-seconds", help=f"Search time of the tuned row per cell in seconds, 0 skips it "
+        f"{_default('tune_seconds')}.")] = None,
     split_overhead: Annotated[Optional[float], typer.Option("--split-overhead", help=SPLIT_OVERHEAD_HELP)] = None,
     unknown_sweep: Annotated[Optional[str], typer.Option(
         "--unknown-sweep", help="Levels of the sweep of variability nobody knows beforehand, e.g. "
-        "moe=1.3:1.7,cost-error=0.2 (default: profiler.bench.matrix.UNKNOWN_SWEEP; none skips it; rrfp simulate "
-        "--unknown says what each kind is).")] = None,
+        "moe=1.3:1.7,cost-error=0.2, or none to skip it (rrfp simulate --unknown says what each kind is) "
+        f"{_default('unknown_sweep', _sweep)}.")] = None,
     real: Annotated[bool, typer.Option("--real/--no-real", help="Real rrfp runs on this machine.")] = True,
     external: Annotated[bool, typer.Option("--external/--no-external", help="torch's schedules through "
                                            "benchmarks/cross_framework.py.")] = True,

@@ -20,11 +20,12 @@ from hints.files.hint_json import hint_to_json, save_hint
 from hints.files.torch_csv import export_torch_csv
 from hints.files.torch_names import TORCH_SCHEDULES
 from hints.orders import BUILTIN_HINTS, HintOrder
+from rrfp_cli.helpscreen import App
 from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Ranks, SplitOverhead, Workload, placement_value
 from rrfp_cli.output import Column, Output, print_table
 
-app = typer.Typer(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
-                  no_args_is_help=True)
+app = App(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
+          no_args_is_help=True)
 
 HintArg = Annotated[str, typer.Argument(help="Built-in name, hint file, or torch:SCHEDULE.", metavar="NAME|FILE")]
 
@@ -83,9 +84,9 @@ def show(
     split_overhead: SplitOverhead = None,
     json_mode: JsonFlag = False,
 ) -> None:
-    """Draw a hint as a coloured grid, one row per rank (colour = microbatch). ``cp``, ``bfw`` and the sorted
-    1F1Bs are built from the workload's expected durations (``--workload``, microbatches sampled at seed 0;
-    default uniform), which also decide the stages ``cp`` splits."""
+    """Draw a hint as a coloured grid, one row per rank (colour = microbatch). cp, bfw and the sorted
+    1F1Bs are built from the workload's expected durations (--workload, microbatches sampled at seed 0;
+    default uniform), which also decide the stages cp splits."""
     order = resolve_hint(hint, stages, chunks, microbatches, placement, workload, split_overhead)
     Output(json_mode).result(hint_to_json(order), lambda console: render_grid(console, order))
 

@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 from rich.text import Text
 
+from rrfp_cli.helpscreen import App
 from rrfp_cli.output import Column, Output, check_new_file, print_pairs, print_table
 
 if TYPE_CHECKING:  # polars is imported by the commands, so `rrfp --help` stays fast
@@ -21,8 +22,8 @@ if TYPE_CHECKING:  # polars is imported by the commands, so `rrfp --help` stays 
 
     from profiler.trace.reader import TraceFrames
 
-app = typer.Typer(help="Read a run's trace: bubbles, misalignment, critical path, hint sensitivity, decisions.",
-                  no_args_is_help=True)
+app = App(help="Read a run's trace: bubbles, misalignment, critical path, hint sensitivity, decisions.",
+          no_args_is_help=True)
 
 RunArg = Annotated[Path, typer.Argument(help="Run directory or .pftrace file.", metavar="RUN")]
 JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object instead of tables.")]

@@ -39,6 +39,7 @@ import typer
 from hints.errors import UserError
 from rrfp_cli.options import (
     WORKLOAD_HELP,
+    WORKLOAD_METAVAR,
     BackwardRatio,
     Chunks,
     CommLatency,
@@ -80,7 +81,7 @@ def tune_hint(
         "--durations", help="Duration tables (rrfp trace export --durations) instead of traces (repeatable).",
         rich_help_panel=SOURCE)] = None,
     workload: Annotated[Optional[WorkloadChoice], typer.Option(
-        "--workload", help=f"Tune on a duration model instead: {WORKLOAD_HELP}.",
+        "--workload", metavar=WORKLOAD_METAVAR, help=f"Tune on a duration model instead: {WORKLOAD_HELP}.",
         rich_help_panel=SOURCE)] = None,
     stages: Ranks = None,
     chunks: Chunks = None,

@@ -49,6 +49,7 @@ class LookaheadChoice(str, Enum):
 
 # Workload names come from runtime.durations.presets (presets, legacy models and their aliases language/multimodal).
 WorkloadChoice = Enum("WorkloadChoice", {name: name for name in WORKLOAD_NAMES}, type=str)
+WORKLOAD_METAVAR = "<workload>"  # the names are in the help text; as a type they make a line of 120 columns
 WORKLOAD_HELP = (f"uniform; presets {', '.join(PRESET_NAMES)} (docs/workloads.md); "
                  f"{', '.join(LEGACY_ALIASES.values())} (aliases {', '.join(LEGACY_ALIASES)})")
 
@@ -93,9 +94,10 @@ LookaheadOpt = Annotated[
 ]
 P2POpt = Annotated[
     Optional[P2PChoice],
-    typer.Option("--p2p", help="--policy fixed only: async = buffered links, a rank never waits for its peer "
-                 "(default); blocking = Megatron's 1F1B baseline, after each task a rank posts its sends and "
-                 "its next task's receives and waits until the peers took them (docs/simulator.md)."),
+    typer.Option("--p2p", help="--policy fixed only: async = buffered links, a rank never waits for its peer; "
+                 "blocking = Megatron's 1F1B baseline, after each task a rank posts its sends and "
+                 "its next task's receives and waits until the peers took them (docs/simulator.md). "
+                 "[default: async]"),
 ]
 TaskOverhead = Annotated[
     float,
@@ -112,7 +114,7 @@ JsonFlag = Annotated[bool, typer.Option("--json", help="Print one JSON object in
 
 Workload = Annotated[
     Optional[WorkloadChoice],
-    typer.Option("--workload", help="Duration model: " + WORKLOAD_HELP + ". Default uniform.",
+    typer.Option("--workload", metavar=WORKLOAD_METAVAR, help="Duration model: " + WORKLOAD_HELP + ". Default uniform.",
                  rich_help_panel=VARIABILITY),
 ]
 # What each knob of the variability model means (runtime.durations.variability.VariabilityModel; RunConfig's
