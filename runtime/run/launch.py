@@ -111,6 +111,7 @@ def launch(jobs: list[Job], options: WorkerOptions, nproc: int, checked: bool = 
             return elastic_launch(config, _elastic_worker)(jobs, options)
     except ChildFailedError as err:
         if signals.received or _all_interrupted(out_root, began, err.failures):
+            _ignore_interrupts()  # [Note: one interrupt, one shutdown]
             raise Interrupted(signals.received or signal.SIGINT) from None  # Ctrl-C reached the ranks first
         raise RunFailed(diagnose(out_root, err.failures, began, nproc, jobs[0].config)) from None
     except SignalException as err:  # SIGHUP / SIGQUIT: the agent stopped the ranks
@@ -130,9 +131,19 @@ def start_fork_server() -> None:
 
 
 class _FirstSignal:
-    """While launching: the first SIGINT/SIGTERM raises :class:`Interrupted` in the launcher; later ones
-    (a second Ctrl-C, ``timeout`` forwarding the signal) are ignored so the agent's shutdown of the ranks
-    (a signal to each, SIGKILL after 5 s) is never cut short."""
+    """While launching: the first SIGINT/SIGTERM raises :class:`Interrupted` in the launcher, and from then on
+    until the process exits every later one (a second Ctrl-C, ``timeout`` forwarding the signal) is ignored.
+
+    [Note: one interrupt, one shutdown]
+        The first interrupt starts the shutdown: the agent stops the ranks (a signal to each, SIGKILL after
+        5 s), then the caller keeps what finished (``rrfp run`` turns ``metrics.jsonl`` into
+        ``metrics.parquet`` and merges the rank traces) and exits 130 / 143. A second signal anywhere in
+        that (even after the launch returned, or while the interpreter exits) would cut it short and lose
+        outputs one interrupt keeps, or end the process by the signal instead of its exit code. So the
+        handlers are not restored once a signal was received: SIGINT and SIGTERM stay ignored. A caller that
+        goes on after catching :class:`Interrupted` restores them itself. Without a signal the handlers are
+        restored as they were.
+    """
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -145,12 +156,16 @@ class _FirstSignal:
         return self
 
     def __exit__(self, *exc) -> None:
+        if self.received is not None:
+            return  # [Note: one interrupt, one shutdown]: they stay ignored
         for s, handler in self._saved.items():
             signal.signal(s, handler)
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is None:
             self.received = signum
+            for s in self.SIGNALS:  # ignored in C from now on: no later one reaches Python code
+                signal.signal(s, signal.SIG_IGN)
             raise Interrupted(signum)
 
 

@@ -19,9 +19,9 @@ beside it in :mod:`runtime.run`:
 * :mod:`runtime.run.collect`: the results a job hands back (what tests compare).
 * :mod:`runtime.run.progress`: rank 0's progress bar.
 
-SIGINT and SIGTERM raise :class:`hints.errors.Interrupted` in the main
-thread: the rank writes an ``interrupt`` report, closes its trace recorder
-(every completed iteration is on disk) and stops.
+The first SIGINT or SIGTERM raises :class:`hints.errors.Interrupted` in the
+main thread (later ones are ignored): the rank writes an ``interrupt`` report,
+closes its trace recorder (every completed iteration is on disk) and stops.
 
 Outputs are written as the job goes, so a failure keeps what finished:
 ``config.json`` (and an emulated job's ``durations.parquet``) before the first
@@ -98,10 +98,8 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     out_root = Path(options.out_root)
     _redirect_output(rank, out_root)
     if threading.current_thread() is threading.main_thread():
-        from hints.errors import raise_interrupted
-
         for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, raise_interrupted)
+            signal.signal(signum, _interrupted_once)
     config = jobs[0].config
     threads = options.threads or max(1, (os.cpu_count() or 1) // max(1, world))
     torch.set_num_threads(threads)
@@ -145,6 +143,18 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _interrupted_once(signum: int, frame) -> None:
+    """A rank's SIGINT / SIGTERM handler: the first raises :class:`hints.errors.Interrupted`; later ones are
+    ignored. A Ctrl-C reaches a rank twice (the terminal's SIGINT, then the agent's SIGTERM), and a second
+    signal must not cut short the report and the trace close the first one started ([Note: one interrupt,
+    one shutdown] in :mod:`runtime.run.launch`)."""
+    from hints.errors import Interrupted
+
+    for other in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(other, signal.SIG_IGN)
+    raise Interrupted(signum)
 
 
 def _attempt_store(rank: int, world: int, timeout) -> dict[str, Any]:

@@ -1,0 +1,69 @@
+"""One interrupt, one shutdown ([Note: one interrupt, one shutdown] in runtime/run/launch.py): the launcher's and
+a rank's handlers turn the first SIGINT / SIGTERM into ``Interrupted`` and ignore every later one, so a second
+Ctrl-C (or the agent's SIGTERM after the terminal's SIGINT) cannot cut short what the first one started. End to
+end on real ranks: tests/multiproc/test_repeated_interrupts.py.
+"""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from hints.errors import Interrupted
+from runtime.run.launch import _FirstSignal
+from runtime.run.worker import _interrupted_once
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+@pytest.fixture
+def reached():
+    """The signals that reached the handlers in place before the code under test (``rrfp``'s own, in the CLI:
+    a ``KeyboardInterrupt`` that would cut the shutdown short); SIGINT / SIGTERM are as before once it ends."""
+    saved = {s: signal.getsignal(s) for s in SIGNALS}
+    signals: list[int] = []
+    for s in SIGNALS:
+        signal.signal(s, lambda signum, frame: signals.append(signum))
+    yield signals
+    for s, handler in saved.items():
+        signal.signal(s, handler)
+
+
+@pytest.mark.parametrize("first, later", [(signal.SIGINT, signal.SIGINT), (signal.SIGINT, signal.SIGTERM),
+                                          (signal.SIGTERM, signal.SIGINT)])
+def test_the_launcher_stops_on_the_first_signal_and_ignores_the_rest_until_it_exits(reached, first, later):
+    signals = _FirstSignal()
+    with pytest.raises(Interrupted) as caught:
+        with signals:
+            signal.raise_signal(first)
+            signal.raise_signal(later)  # during the agent's shutdown of the ranks
+    assert caught.value.signum == first and signals.received == first
+    # after the launch returned: rrfp run keeps what finished, then exits; a signal now must change nothing
+    for _ in range(3):
+        signal.raise_signal(later)
+    assert reached == []
+    assert all(signal.getsignal(s) == signal.SIG_IGN for s in SIGNALS)
+
+
+def test_without_a_signal_the_launcher_restores_the_handlers(reached):
+    before = {s: signal.getsignal(s) for s in SIGNALS}
+    with _FirstSignal():
+        pass
+    assert {s: signal.getsignal(s) for s in SIGNALS} == before
+    signal.raise_signal(signal.SIGINT)
+    assert reached == [signal.SIGINT]
+
+
+def test_a_rank_raises_on_its_first_signal_only(reached):
+    for s in SIGNALS:
+        signal.signal(s, _interrupted_once)
+    with pytest.raises(Interrupted) as caught:
+        signal.raise_signal(signal.SIGINT)  # the terminal's Ctrl-C
+    assert caught.value.signum == signal.SIGINT
+    # the agent's SIGTERM, and more Ctrl-C, while the rank writes its report and closes its trace
+    for later in (signal.SIGTERM, signal.SIGINT):
+        try:
+            signal.raise_signal(later)
+        except Interrupted:
+            pytest.fail(f"a later {later.name} cut the rank's shutdown short")
