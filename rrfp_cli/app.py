@@ -78,7 +78,7 @@ def main(argv: list[str] | None = None) -> None:
 def _exit_usage_error(err) -> None:
     """One ``error:`` line naming the command; ``rrfp`` or a group alone (``rrfp trace``) prints its help."""
     if any(cls.__name__ == "NoArgsIsHelpError" for cls in type(err).__mro__):
-        err.show()
+        sys.stdout.write(err.ctx.get_help() + "\n")  # as --help prints it (click's show() writes it to stderr)
     else:
         ctx = getattr(err, "ctx", None)
         message = " ".join(err.format_message().split())
