@@ -20,12 +20,24 @@ then what the other ranks reported, then where the reports and logs are.
     report wait a second before exiting (``_elastic_worker`` in
     :mod:`runtime.run.launch`): a rank that died outright is always the one
     the agent sees.
+
+    Under ``torchrun`` the diagnosing rank sees no exit codes (torchrun's
+    agent is every rank's parent, and keeps them). A rank that died without
+    a report is then found from its status file instead
+    (:func:`ended_without_report`; [Note: a rank's life is a lock on its
+    status file] in :mod:`runtime.run.health`): the process that wrote it has
+    ended, it had not finished, and it left no report, not even an interrupt
+    one. Ranks the agent stopped are still alive, or have reported, when the
+    diagnosis runs (they wait a second before exiting too), so they are never
+    taken for it. Its exit code stays torchrun's to print.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import signal
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,8 +57,35 @@ def failure_reports(out_root: Path, began: float, exclude_kinds: tuple[str, ...]
     return reports
 
 
+@dataclass(frozen=True)
+class EndedWithoutReport:
+    """A rank whose process ended without a report, known from its status file alone (:func:`ended_without_report`):
+    shaped as the elastic agent's failure records are, with no exit code."""
+
+    local_rank: int  # the rank (the agent's records name a rank by its local rank; one machine: the same)
+    exitcode: int | None = None
+    timestamp: float = math.inf  # unknown: after every failure the agent timed
+    message: str = ""
+
+
+def ended_without_report(out_root: Path, began: float, nproc: int) -> list[int]:
+    """The ranks whose process has ended though they had not finished, and left no report (not even an
+    interrupt one) since ``began``: killed outright, or crashed ([Note: root cause])."""
+    reported = {r["rank"] for r in failure_reports(out_root, began)}
+    ended = []
+    for rank in range(nproc):
+        path = out_root / "status" / f"rank{rank}"
+        status = StatusBoard.read(path)
+        if rank not in reported and status is not None and status["state"] != "finished" and StatusBoard.ended(path):
+            ended.append(rank)
+    return ended
+
+
 def diagnose(out_root: Path, failures: dict[int, Any], began: float, nproc: int, config=None) -> str:
-    """One message: the root cause first ([Note: root cause]), then what the other ranks reported."""
+    """One message: the root cause first ([Note: root cause]), then what the other ranks reported.
+
+    ``failures``: the elastic agent's records of the ranks that exited non-zero (empty under ``torchrun``, whose
+    agent keeps them); a rank missing from them that ended without a report is found from its status file."""
     reports = failure_reports(out_root, began, exclude_kinds=("interrupt",))
 
     def rank_of_report(r: dict) -> tuple:
@@ -55,7 +94,9 @@ def diagnose(out_root: Path, failures: dict[int, Any], began: float, nproc: int,
 
     reports.sort(key=rank_of_report)
     reported = {r["rank"] for r in reports}
-    silent = sorted((f for f in failures.values() if f.local_rank not in reported),
+    known = {f.local_rank for f in failures.values()}
+    unseen = [EndedWithoutReport(rank) for rank in ended_without_report(out_root, began, nproc) if rank not in known]
+    silent = sorted((f for f in [*failures.values(), *unseen] if f.local_rank not in reported),
                     key=lambda f: (f.timestamp, f.local_rank))
     if silent:
         message = _describe_silent(silent[0], out_root, config)
@@ -80,6 +121,8 @@ def diagnose(out_root: Path, failures: dict[int, Any], began: float, nproc: int,
 
 
 def _how(failure) -> str:
+    if failure.exitcode is None:
+        return "died without a report"
     if failure.exitcode == STALL_EXIT_CODE:
         return f"stalled (exit code {STALL_EXIT_CODE})"
     if failure.exitcode < 0:
@@ -108,7 +151,9 @@ def _describe_silent(failure, out_root: Path, config) -> str:
             line += f" {'during' if status['state'] == 'running' else 'after'} {status['task']},"
         line += f" iteration {status['iteration']} of job {status['job']}"
     message = failure.message if isinstance(failure.message, str) else ""
-    if failure.exitcode >= 0 and message and not message.startswith("To enable traceback"):
+    if failure.exitcode is None:
+        line += " (killed or crashed; torchrun's summary gives its exit code)"
+    elif failure.exitcode >= 0 and message and not message.startswith("To enable traceback"):
         line += f": {message}"
     return line
 

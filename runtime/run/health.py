@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import mmap
 import os
@@ -125,6 +126,17 @@ class StatusBoard:
     memory, no system call: the first byte is the state (``R`` running,
     ``I`` between tasks, ``F`` finished, ``S`` before the first iteration),
     then ``pid<TAB>job<TAB>iteration<TAB>task``.
+
+    [Note: a rank's life is a lock on its status file]
+        The writer holds an exclusive ``flock`` on the file for as long as its
+        process lives; the kernel drops it when the process ends, however it
+        ends (SIGKILL, the OOM killer, a crash). :meth:`ended` asks for a
+        shared lock without waiting: granted means the rank's process is gone.
+        That is how a rank under ``torchrun``, which sees no exit codes (the
+        agent, not the launcher, is every rank's parent), tells a neighbour
+        that was killed from one that is still writing its report
+        (:func:`runtime.run.diagnose.ended_without_report`). It needs no pid
+        or host, so it holds wherever the run directory is shared.
     """
 
     SIZE = 256
@@ -132,12 +144,18 @@ class StatusBoard:
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # [Note: a rank's life is a lock on its status file]
+            except BlockingIOError:
+                pass  # a live process of another run holds it: this rank's end goes unseen, nothing worse
             os.ftruncate(fd, self.SIZE)
             self.map = mmap.mmap(fd, self.SIZE)
-        finally:
+        except BaseException:
             os.close(fd)
+            raise
+        self._fd = fd
         self.pid = os.getpid()
         self.prefix = f"{self.pid}\t\t\t".encode()
         self._write(b"S", b"")
@@ -158,6 +176,30 @@ class StatusBoard:
     def _write(self, state: bytes, task: bytes) -> None:
         data = (state + self.prefix + task)[: self.SIZE - 1] + b"\0"
         self.map[: len(data)] = data
+
+    def close(self) -> None:
+        """Drop the lock, as the process's end does (tests; a rank keeps its board until it exits). The mapping
+        holds the open file, and with it the lock, as much as the descriptor does: both go."""
+        if self._fd >= 0:
+            self.map.close()
+            os.close(self._fd)
+            self._fd = -1
+
+    @staticmethod
+    def ended(path: Path) -> bool:
+        """Whether the process that wrote ``path`` has ended ([Note: a rank's life is a lock on its status file]);
+        False also when there is no such file."""
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:  # held: the writer lives
+            return False
+        finally:
+            os.close(fd)  # and with it the shared lock, if granted
+        return True
 
     @classmethod
     def read(cls, path: Path) -> dict[str, Any] | None:

@@ -52,7 +52,7 @@ from typing import Any
 
 from hints.errors import Interrupted, UserError
 from runtime.config import is_factory_path
-from runtime.run.diagnose import diagnose, failure_reports
+from runtime.run.diagnose import diagnose, ended_without_report, failure_reports
 from runtime.run.worker import Job, WorkerOptions, worker_main
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
@@ -260,6 +260,7 @@ def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, An
     except (Exception, Interrupted) as err:
         _ignore_interrupts()  # torchrun now stops the other ranks: let this one finish its diagnosis
         time.sleep(REPORTED_EXIT_DELAY)  # the rank that failed first has written its report by now
-        if isinstance(err, Interrupted) and not failure_reports(out_root, began, exclude_kinds=("interrupt",)):
-            raise  # a real interrupt: no rank failed
+        if (isinstance(err, Interrupted) and not failure_reports(out_root, began, exclude_kinds=("interrupt",))
+                and not ended_without_report(out_root, began, world)):
+            raise  # a real interrupt: no rank failed (torchrun's SIGTERM after a rank was killed is not one)
         raise RunFailed(diagnose(out_root, {}, began, world, config)) from None
