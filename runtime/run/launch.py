@@ -245,11 +245,27 @@ def _ignore_interrupts() -> None:
         signal.signal(signum, signal.SIG_IGN)
 
 
+WRONG_WORLD_WAIT = 60.0  # seconds a quiet rank waits for torchrun to stop it (local rank 0 starting slowly)
+
+
+def _exit_quietly_after_local_rank_0(code: int) -> None:
+    """A rank whose error every rank of the node finds (a wrong world size): local rank 0 prints it, this one exits
+    with the same code and says nothing, once torchrun's agent stops it (SIGTERM, sent when local rank 0 has
+    exited). Exiting first would make the agent stop local rank 0 before its one error line; bounded by
+    :data:`WRONG_WORLD_WAIT`."""
+    signal.signal(signal.SIGTERM, lambda signum, frame: os._exit(code))
+    signal.signal(signal.SIGINT, lambda signum, frame: os._exit(128 + signum))  # Ctrl-C: the whole group's
+    time.sleep(WRONG_WORLD_WAIT)
+    os._exit(code)
+
+
 def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, Any]:
     """This process is one rank of a ``torchrun`` job: check the world, run, and diagnose as the launcher does."""
     config = jobs[0].config
     world = int(os.environ["WORLD_SIZE"])
     if world != config.world_size:
+        if os.environ.get("LOCAL_RANK", os.environ["RANK"]) != "0":
+            _exit_quietly_after_local_rank_0(2)
         raise UserError(f"torchrun started {world} processes but {config.ranks} pipeline ranks x tp {config.tp} x "
                         f"dp {config.dp} need {config.world_size}; use --nproc-per-node (x nodes) = "
                         f"{config.world_size}", "`ranks`")

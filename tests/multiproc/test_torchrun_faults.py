@@ -67,3 +67,19 @@ def test_a_rank_killed_under_torchrun_is_the_root_cause_and_finished_iterations_
     assert kept.height >= 2 and f"kept {kept.height} completed iterations of ready-1f1b@1f1b" in stderr
     assert kept["iteration"].to_list() == list(range(kept.height))
     assert "internal error" not in stderr and "interrupted" not in stderr
+
+
+def test_a_wrong_world_size_is_one_error_line(tmp_path):
+    """Every rank finds the mismatch; local rank 0 says it, the others exit with the same code quietly. torchrun's
+    own summary of the failed ranks (its ChildFailedError traceback) follows, which rrfp cannot turn off."""
+    process = start_torchrun(tmp_path, "run", "--workload", "emulated", "--stages", "2", "--iters", "1", "--out", "w")
+    try:
+        _, stderr = process.communicate(timeout=120)
+    finally:
+        stop_everything(process, tmp_path / "w")
+    assert process.returncode != 0
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert errors == ["error: --ranks: torchrun started 3 processes but 2 pipeline ranks x tp 1 x dp 1 need 2; use "
+                      "--nproc-per-node (x nodes) = 2"], stderr
+    assert "interrupted" not in stderr and "Traceback" not in stderr.split("error: ")[0]
+    assert not (tmp_path / "w").exists()  # nothing written
