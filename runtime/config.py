@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import difflib
 import math
+import re
 import tomllib
 from dataclasses import asdict, dataclass, field, fields, replace
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
-from hints.errors import UserError, input_name
+from hints.errors import UserError, input_name, render_inputs
 from hints.files.load import hint_or_baseline, hint_shape
 from hints.tasks import PLACEMENTS, PipelineShape, Task
 from runtime.durations.presets import WORKLOAD_NAMES
@@ -146,14 +147,18 @@ class RunConfig:
         _check_number("timeout", self.timeout, 0.001)
         if self.split_overhead is not None:
             check_split_overhead(self.split_overhead, "`split_overhead`")
+            if self.workload != "emulated":  # a real model's split backward costs what it costs
+                raise UserError("prices the emulated workload's split backward; use `workload` emulated (a real "
+                                "model's split costs what it measures)", "`split_overhead`")
         if not isinstance(self.unknown, str):
             raise UserError(f"must be KIND=LEVEL pairs joined by commas, got {self.unknown!r}", "`unknown`")
         Unknown.parse(self.unknown)
         if self.unknown.strip() and self.workload != "emulated":
             raise UserError("draws into the emulated workload's durations; use --workload emulated (or rrfp "
                             "simulate)", "`unknown`")
-        if self.hidden % self.heads:
-            raise UserError(f"`hidden` {self.hidden} must be a multiple of `heads` {self.heads}", "`hidden`")
+        if self.hidden % self.heads:  # blamed on heads: the width is the model's size, heads split it
+            raise UserError(f"{self.heads} heads do not divide the model width `hidden` {self.hidden}: each head "
+                            f"takes hidden / heads features", "`heads`")
         self._check_tp()
         if self.workload == "multimodal" and self.ranks * (self.chunks or 1) < 2:
             raise UserError("the multimodal model needs at least 2 model stages (vision, language)", "`ranks`")
@@ -161,7 +166,9 @@ class RunConfig:
             raise UserError("must map tasks to seconds, e.g. {\"1B0\" = 0.3}", "`delay`")
         for text, seconds in self.delay.items():
             _parse_task(text, "`delay`")
-            _check_number(f"delay {text}", seconds, 0.0)
+            if isinstance(seconds, bool) or not isinstance(seconds, (int, float)) or not math.isfinite(seconds) \
+                    or seconds < 0:
+                raise UserError(f"{text} must take a finite number of seconds >= 0, got {seconds!r}", "`delay`")
         for name in ("fail_at", "hang_at"):
             if getattr(self, name) is not None and self.fault(name)[1] >= self.iters:
                 raise UserError(f"{getattr(self, name)!r} is never reached: the run has {self.iters} iterations",
@@ -312,7 +319,17 @@ FIELD_NAMES = tuple(f.name for f in fields(RunConfig))
 OLDER_NAMES = {"stages": "ranks"}
 
 
-def load_toml(path: str | Path) -> dict[str, Any]:
+class ConfigFile(dict):
+    """What :func:`load_toml` read, ``{field: value}``, and where: the file and each field's key as written in
+    it, so an error about a value the file gave names the file and the key, not a flag nobody typed."""
+
+    def __init__(self, values: dict[str, Any], path: str, keys: dict[str, str]) -> None:
+        super().__init__(values)
+        self.path = path
+        self.keys = keys  # field -> key as written (``memory-budget``, ``stages``)
+
+
+def load_toml(path: str | Path) -> ConfigFile:
     """Read a config file into ``{field: value}``; keys are flag names (``memory-budget``).
 
     A relative ``hint`` path that names a file beside the config file is taken from there, so a job
@@ -330,6 +347,7 @@ def load_toml(path: str | Path) -> dict[str, Any]:
     except tomllib.TOMLDecodeError as err:
         raise UserError(f"not valid TOML: {err}", where) from None
     values: dict[str, Any] = {}
+    keys: dict[str, str] = {}
     for key, value in data.items():
         name = key.replace("-", "_")
         name = OLDER_NAMES.get(name, name)
@@ -340,12 +358,13 @@ def load_toml(path: str | Path) -> dict[str, Any]:
             hint = f"; did you mean {close[0].replace('_', '-')!r}?" if close else ""
             raise UserError(f"unknown key {key!r}{hint}", where)
         values[name] = value
+        keys[name] = key
     hint = values.get("hint")
     if isinstance(hint, str) and not Path(hint).is_absolute():
         beside = Path(path).parent / hint  # a hint file named in a config file lives beside it (tune-hint's job.toml)
         if beside.is_file():
             values["hint"] = str(beside)
-    return values
+    return ConfigFile(values, where, keys)
 
 
 def current_names(values: dict[str, Any]) -> dict[str, Any]:
@@ -354,12 +373,32 @@ def current_names(values: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], where: str = "config") -> RunConfig:
-    """File values, then flags on top (flags win). Validation errors name the flag."""
+    """File values, then flags on top (flags win). A validation error names the flag, or, for a value a TOML
+    file gave (:class:`ConfigFile`), the file and its key: ``run.toml: stages: must be ...``."""
     merged = {**current_names(file_values), **flag_values}
     try:
         return RunConfig(**merged)
     except TypeError as err:  # a TOML value of the wrong structure for a dataclass field
         raise UserError(str(err), where) from None
+    except UserError as err:
+        if not isinstance(file_values, ConfigFile):
+            raise
+        raise _in_file_terms(err, file_values, flag_values) from None
+
+
+def _in_file_terms(err: UserError, file: ConfigFile, flags: dict[str, Any]) -> UserError:
+    """``err`` with the inputs ``file`` gave (and no flag overrode) named by their keys in the file, and the
+    error placed in the file when the input it is about came from there ([Note: inputs in messages])."""
+    def from_file(name: str) -> bool:
+        return name in file.keys and name not in flags
+
+    def named(name: str) -> str:
+        return file.keys[name] if from_file(name) else input_name(name)
+
+    about = re.fullmatch(r"`([a-z][a-z0-9_]*)`", err.where or "")
+    if about is None or not from_file(about.group(1)):
+        return err
+    return type(err)(render_inputs(err.what, named), f"{file.path}: {file.keys[about.group(1)]}")
 
 
 def hint_spec(config) -> str:

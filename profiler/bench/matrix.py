@@ -13,10 +13,12 @@ the simulated cells are run by :mod:`profiler.bench.cells`, the real runs by :mo
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from hints.errors import UserError
 from hints.tasks import PipelineShape
+from runtime.durations.ranges import check_number
 
 # The workload presets the suite runs (names VariabilityModel(workload=...) accepts; docs/workloads.md).
 WORKLOADS: tuple[str, ...] = ("uniform", "pretrain-packed", "sft-chat", "vlm-mixed", "vlm-video", "legacy-language",
@@ -162,13 +164,20 @@ def check_settings(settings: Settings) -> None:
     for ranks in settings.ranks:  # a budget too small for some cell is refused now, not at that cell
         shape = PipelineShape(ranks, chunks, MICROBATCHES_PER_RANK * ranks)
         for budget in settings.budgets:
-            MemoryBudget.parse(budget).per_rank(shape)
-    if settings.seeds < 1 or settings.iterations < 1:
-        raise UserError("need at least one seed and one iteration", "`seeds`")
-    if settings.jitter < 0 or any(j < 0 for j in settings.variability_jitters):
-        raise UserError("jitter must be >= 0", "`jitter`")
-    if settings.tune_seconds < 0:
-        raise UserError("must be >= 0 (0 skips the tuned row)", "`tune_seconds`")
+            try:  # the library names `memory_budget`, a flag rrfp bench does not have
+                MemoryBudget.parse(budget).per_rank(shape)
+            except UserError as err:
+                raise UserError(f"{err.what} (at {ranks} ranks)", "`budgets`") from None
+    if settings.seeds < 1:
+        raise UserError(f"need at least one seed per cell, got {settings.seeds}", "`seeds`")
+    if settings.iterations < 1:
+        raise UserError(f"need at least one iteration per seed, got {settings.iterations}", "`iterations`")
+    for jitter in (settings.jitter, *settings.variability_jitters):  # [Note: number ranges]
+        check_number("jitter", jitter)
+    if isinstance(settings.tune_seconds, bool) or not math.isfinite(settings.tune_seconds) \
+            or settings.tune_seconds < 0:
+        raise UserError(f"must be a finite number >= 0 (0 skips the tuned row), got {settings.tune_seconds!r}",
+                        "`tune_seconds`")
     if settings.split_overhead is not None:
         from runtime.durations.variability import check_split_overhead
 

@@ -91,3 +91,47 @@ def test_the_model_refuses_what_the_flags_refuse():
     for knob, value in (("jitter", 1e308), ("forward_time", float("inf")), ("comm_jitter", float("nan"))):
         with pytest.raises(UserError, match=f"`{knob}`: must be a finite number from"):
             VariabilityModel(**{knob: value})
+
+
+# -- item 3: a TOML value is named by its file and key ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("toml, line", [
+    ('stages = "four"', "error: job.toml: stages: must be a whole number >= 1, got 'four'"),
+    ("jitter = inf", "error: job.toml: jitter: must be a finite number from 0 to 3, got inf"),
+    ('memory-budget = "lots"',
+     "error: job.toml: memory-budget: 'lots' is not a budget; use 1f1b, a multiple such as 2x, or a slot count such as 6"),
+    ("heads = 3", "error: job.toml: heads: 3 heads do not divide the model width --hidden 64: each head takes "
+                  "hidden / heads features"),
+    ("hidden = 30\nheads = 4", "error: job.toml: heads: 4 heads do not divide the model width hidden 30: each head "
+                               "takes hidden / heads features"),
+    ('delay = {"1B0" = -1}', "error: job.toml: delay: 1B0 must take a finite number of seconds >= 0, got -1"),
+])
+def test_a_toml_value_is_blamed_on_its_file_and_key(tmp_path, toml, line):
+    (tmp_path / "job.toml").write_text(toml + "\n")
+    assert one_error_line(run_cli(tmp_path, "run", "--config", "job.toml")) == line
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.toml"]
+
+
+def test_a_flag_over_a_toml_value_is_blamed_as_the_flag(tmp_path):
+    (tmp_path / "job.toml").write_text("jitter = 0.1\n")
+    line = one_error_line(run_cli(tmp_path, "run", "--config", "job.toml", "--jitter", "9"))
+    assert line == "error: --jitter: must be a finite number from 0 to 3, got 9.0"
+
+
+# -- item 4: the option at fault is the one named ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, line", [
+    (("bench", "--out", "b", "--budgets", "0"), "error: --budgets: 0 gives 0 slot(s) on some rank, below the "
+     "smallest that can complete: one microbatch needs 2 slot(s) (one per chunk) on every rank (at 8 ranks)"),
+    (("bench", "--out", "b", "--iterations", "0"), "error: --iterations: need at least one iteration per seed, got 0"),
+    (("bench", "--out", "b", "--seeds", "0"), "error: --seeds: need at least one seed per cell, got 0"),
+    (("run", "--heads", "3"),
+     "error: --heads: 3 heads do not divide the model width --hidden 64: each head takes hidden / heads features"),
+    (("run", "--split-overhead", "2"), "error: --split-overhead: prices the emulated workload's split backward; use "
+     "--workload emulated (a real model's split costs what it measures)"),
+])
+def test_the_option_at_fault_is_the_one_named(tmp_path, args, line):
+    assert one_error_line(run_cli(tmp_path, *args)) == line
+    assert list(tmp_path.iterdir()) == []

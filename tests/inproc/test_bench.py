@@ -104,7 +104,7 @@ def test_the_commit_is_the_one_the_run_started_on(tmp_path, monkeypatch):
     (["--workloads", "speech"], "--workloads"),
     (["--ranks", "8,x"], "--ranks"),
     (["--ranks", "1"], "--ranks"),
-    (["--budgets", "0.5x"], "--memory-budget"),
+    (["--budgets", "0.5x"], "--budgets"),
     (["--budgets", ","], "--budgets"),
     (["--budgets", "1"], "slot"),  # one slot cannot hold the interleaved row's two chunks
 ])

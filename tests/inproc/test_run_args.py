@@ -22,7 +22,7 @@ def test_config_file_lookahead_and_bad_value(tmp_path):
     assert config.lookahead is False and config.rule().name == "greedy"
     (tmp_path / "bad.toml").write_text('lookahead = "sometimes"\n')
     line = one_error_line(run_cli(tmp_path, "run", "--config", "bad.toml", "--out", "x"))
-    assert "--lookahead: must be on, off, true or false" in line
+    assert "bad.toml: lookahead: must be on, off, true or false" in line
 
 
 @pytest.mark.parametrize("args,message", [
@@ -86,10 +86,10 @@ def test_bad_config_file(tmp_path):
 
 
 @pytest.mark.parametrize("text, message", [
-    ("hint = 5", "error: --hint: must be a string, got 5"),
-    ('hint = ["1f1b"]', "error: --hint: must be a string, got ['1f1b']"),
-    ("out = 5", "error: --out: must be a string, got 5"),
-    ('memory-budget = ["2x"]', "error: --memory-budget: must be 1f1b, a multiple such as 2x, or slots"),
+    ("hint = 5", "error: job.toml: hint: must be a string, got 5"),
+    ('hint = ["1f1b"]', "error: job.toml: hint: must be a string, got ['1f1b']"),
+    ("out = 5", "error: job.toml: out: must be a string, got 5"),
+    ('memory-budget = ["2x"]', "error: job.toml: memory-budget: must be 1f1b, a multiple such as 2x, or slots"),
 ])
 def test_config_values_of_the_wrong_type(tmp_path, text, message):
     (tmp_path / "job.toml").write_text(text + "\n")
