@@ -96,6 +96,7 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     world = int(os.environ["WORLD_SIZE"])
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     out_root = Path(options.out_root)
+    _name_process(rank)
     _redirect_output(rank, out_root)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
@@ -233,6 +234,22 @@ def _log_links(ctx: RankContext, backend: str, links) -> None:
     logs.mkdir(parents=True, exist_ok=True)
     with open(logs / "run.log", "a") as handle:  # one short append per rank: lines do not interleave
         handle.write(line)
+
+
+def _name_process(rank: int) -> None:
+    """Name this process ``rrfp rank <r>``, so ``ps -e``, ``ps -o comm``, ``top`` and ``pgrep`` tell the ranks apart.
+
+    Linux keeps a process's name (``/proc/<pid>/comm``, at most 15 bytes) apart from its command line, and lets the
+    process set it (``prctl(PR_SET_NAME)``; writing ``comm`` does the same for the main thread from any thread).
+    The command line (``ps -f``, ``ps aux``) stays what started the process: the fork server's line under ``rrfp
+    run``, ``python -m rrfp_cli run ...`` under torchrun; rewriting it needs a C extension. Threads started after
+    this (transport, watchdog) inherit the name. Elsewhere, or if ``/proc`` refuses: nothing changes.
+    """
+    try:
+        with open("/proc/self/comm", "w") as comm:
+            comm.write(f"rrfp rank {rank}"[:15])
+    except OSError:
+        pass
 
 
 def _redirect_output(rank: int, out_root: Path) -> None:

@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import polars as pl
 import pytest
@@ -52,6 +53,7 @@ def test_a_rank_killed_under_torchrun_is_the_root_cause_and_finished_iterations_
     try:
         killed = wait_for(lambda: (s := status(run, victim)) and s["iteration"] is not None and s["iteration"] >= 2
                           and s, timeout=120, what=f"rank {victim} in iteration 2")
+        named = [Path(f"/proc/{status(run, rank)['pid']}/comm").read_text() for rank in range(RANKS)]
         os.kill(killed["pid"], signal.SIGKILL)
         _, stderr = process.communicate(timeout=90)
     finally:
@@ -67,6 +69,7 @@ def test_a_rank_killed_under_torchrun_is_the_root_cause_and_finished_iterations_
     assert kept.height >= 2 and f"kept {kept.height} completed iterations of ready-1f1b@1f1b" in stderr
     assert kept["iteration"].to_list() == list(range(kept.height))
     assert "internal error" not in stderr and "interrupted" not in stderr
+    assert named == [f"rrfp rank {rank}\n" for rank in range(RANKS)]  # what ps -e and top show
 
 
 def test_a_wrong_world_size_is_one_error_line(tmp_path):
