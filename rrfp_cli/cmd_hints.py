@@ -7,6 +7,7 @@ order that depends on each iteration's costs unless ``--freeze-iteration N`` bin
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 from pathlib import Path
 from typing import Annotated, Optional
@@ -16,13 +17,14 @@ from rich.console import Console
 from rich.text import Text
 
 from hints.errors import UserError
-from hints.files.hint_json import hint_to_json, save_hint
-from hints.files.torch_csv import export_torch_csv
+from hints.files.hint_json import hint_to_json
+from hints.files.torch_csv import check_runs_in_torch, check_torch_lowering, torch_csv_text
 from hints.files.torch_names import TORCH_SCHEDULES
 from hints.orders import BUILTIN_HINTS, HintOrder
+from hints.outputs import Outputs
 from rrfp_cli.helpscreen import App
 from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Ranks, SplitOverhead, Workload, placement_value
-from rrfp_cli.output import Column, Output, print_table
+from rrfp_cli.output import Column, Output, check_new_file, print_table
 
 app = App(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
           no_args_is_help=True)
@@ -131,11 +133,16 @@ def export(
         "--freeze-iteration", min=0, metavar="N", help="Bind an order that depends on each iteration's costs "
         "(bfw, cp, 1f1b-light/-heavy, a cost-ranked rrfp-hint/2 file) to iteration N's: the --workload "
         "model's microbatches drawn at seed N. Needed for --torch-csv: torch runs one order every step.")] = None,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite output files that exist.")] = False,
     json_mode: JsonFlag = False,
 ) -> None:
-    """Write a hint as rrfp-hint/1 JSON (--out) and/or torch CSV (--torch-csv)."""
+    """Write a hint as rrfp-hint/1 JSON (--out) and/or torch CSV (--torch-csv): both or neither."""
     if torch_csv is None and out is None:
         raise typer.BadParameter("give --out FILE.json and/or --torch-csv FILE.csv", param_hint="--out")
+    for path, flag, suffix, kind in ((out, "--out", ".json", "rrfp-hint JSON"), (torch_csv, "--torch-csv", ".csv",
+                                                                                  "torch's CSV")):
+        if path is not None:  # before any work: a bad destination fails fast
+            check_new_file(path, force, flag, (suffix,), kind)
     output = Output(json_mode)
     order = resolve_hint(hint, stages, chunks, microbatches, placement, workload, split_overhead)
     why = _cost_dependence(hint, order)
@@ -148,15 +155,19 @@ def export(
                         "microbatches drawn at seed N)", "--torch-csv")
     elif freeze_iteration is not None:
         output.note(f"--freeze-iteration: {order.name} does not depend on costs; there is nothing to bind")
-    written, torch_version = [], None
-    if torch_csv is not None:
+    torch_text = torch_version = None
+    if torch_csv is not None:  # [Note: a CSV torch can run]: every check before anything is written
         from runtime.sched.simulator import check_completes
 
-        torch_version = export_torch_csv(order, torch_csv, check_completes)  # checks first: a refusal writes nothing
-        written.append(str(torch_csv))
-    if out is not None:
-        save_hint(order, out)
-        written.append(str(out))
+        check_runs_in_torch(order, check_completes)
+        torch_text = torch_csv_text(order)
+        torch_version = check_torch_lowering(order, torch_text)
+    with Outputs() as outputs:  # both or neither ([Note: outputs written whole] in hints.outputs)
+        if torch_text is not None:
+            outputs.write_text(torch_csv, torch_text)
+        if out is not None:
+            outputs.write_text(out, json.dumps(hint_to_json(order), indent=1) + "\n")
+    written = [str(path) for path in (torch_csv, out) if path is not None]
     if frozen is not None:
         output.warn(f"{'the CSV binds' if torch_csv is not None else 'the hint binds'} iteration "
                     f"{freeze_iteration}'s costs ({frozen}); torch runs this one order every step, whatever "

@@ -439,9 +439,9 @@ def timeline_command(
 
     if svg is None and png is None:
         raise UserError("give --svg FILE and/or --png FILE: where to write the picture", "timeline")
-    for path, flag in ((svg, "--svg"), (png, "--png")):
-        if path is not None:
-            check_new_file(path, force, flag)
+    for path, flag, suffix, kind in ((svg, "--svg", ".svg", "SVG"), (png, "--png", ".png", "PNG")):
+        if path is not None:  # before reading the trace: a bad destination fails fast
+            check_new_file(path, force, flag, (suffix,), kind)
     out = Output(json_mode)
     loaded = []
     for given in (run, other):

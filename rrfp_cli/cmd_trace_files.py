@@ -14,7 +14,14 @@ from rich.console import Console
 
 from rrfp_cli.cmd_trace import Force, JsonFlag, RunArg, _emit, _iteration_window, _load, _ranges, app
 from rrfp_cli.options import Chunks, Microbatches, Ranks
-from rrfp_cli.output import Output, check_new_directory, check_new_file, print_pairs, shell_lines
+from rrfp_cli.output import (
+    Output,
+    check_new_directory,
+    check_new_file,
+    check_writable,
+    print_pairs,
+    shell_lines,
+)
 
 
 @app.command("export")
@@ -39,7 +46,8 @@ def export_command(
     """Write the trace's frames as Parquet (--parquet), its realized durations as a table (--durations), Chrome
     trace JSON (--chrome), or several."""
     from hints.errors import UserError
-    from profiler.trace.chrome import check_chrome_destination, write_chrome
+    from hints.outputs import Outputs
+    from profiler.trace.chrome import check_chrome_destination, rank_file, write_chrome
     from profiler.trace.reader import FRAME_NAMES
 
     if parquet is None and durations is None and chrome is None:
@@ -51,26 +59,31 @@ def export_command(
     if durations is not None:  # before reading the trace: a bad path fails fast
         from runtime.durations.tables import check_destination
 
-        check_destination(durations)
         check_new_file(durations, force, "--durations")
+        check_destination(durations)
     if parquet is not None:
         check_new_directory(parquet, files, force, "--parquet")
     if chrome is not None:
         check_chrome_destination(chrome, force, "--chrome")
+        _check_chrome_name(chrome)
+        check_writable(chrome / rank_file(0) if chrome.is_dir() else chrome, f"--chrome {chrome}")
+    _distinct([(flag, path) for flag, path in (("--durations", durations), ("--parquet", parquet),
+                                               ("--chrome", chrome)) if path is not None])
     out = Output(json_mode)
     frames = _load(run, out, select=False)  # the frames are exported whole
     data: dict = {"written": []}
-    if durations is not None:
-        from profiler.analysis.windows import cut_short_notes
+    with Outputs() as outputs:  # all or none ([Note: outputs written whole] in hints.outputs)
+        if durations is not None:
+            from profiler.analysis.windows import cut_short_notes
 
-        for note in cut_short_notes(frames, window):  # [Note: iterations cut short]
-            out.warn(note)
-        data["durations"] = _export_durations(frames, durations, window)
-        data["written"].append(str(durations))
-    if parquet is not None:
-        data["written"] += _export_parquet(frames, parquet)
-    if chrome is not None:
-        data["written"] += write_chrome(frames, chrome, force, "--chrome")
+            for note in cut_short_notes(frames, window):  # [Note: iterations cut short]
+                out.warn(note)
+            data["durations"] = _export_durations(frames, durations, window, outputs)
+            data["written"].append(str(durations))
+        if parquet is not None:
+            data["written"] += _export_parquet(frames, parquet, outputs)
+        if chrome is not None:
+            data["written"] += write_chrome(frames, chrome, force, "--chrome", outputs)
 
     def render(console: Console) -> None:
         frame_files = [w for w in data["written"] if w != str(durations)]
@@ -89,19 +102,40 @@ def export_command(
     _emit(out, data, render)
 
 
-def _export_parquet(frames, directory: Path) -> list[str]:
-    """Every frame as ``<name>.parquet`` and the metadata as ``meta.json``, each file written atomically."""
-    from hints.outputs import write_whole
+def _check_chrome_name(path: Path) -> None:
+    """A --chrome name that is not .json or .json.gz would become a directory of per-rank files: refuse one that
+    says it is a file of another format (``trace.gz``, ``t.csv``) rather than make a directory of that name."""
+    from hints.errors import UserError
 
-    directory.mkdir(exist_ok=True)
-    written = [write_whole(directory / f"{name}.parquet", frame.write_parquet)
+    if path.is_dir() or not path.suffix:
+        return
+    if path.suffix.lower() in (".gz", ".csv", ".parquet", ".pq", ".png", ".svg", ".pftrace", ".html", ".txt", ".md"):
+        raise UserError("writes Chrome trace JSON: give a name ending in .json or .json.gz (one file) or a directory "
+                        "(one file per rank)", f"--chrome {path}")
+
+
+def _distinct(destinations: list[tuple[str, Path]]) -> None:
+    """Two outputs of one export may not be one path (the second would replace the first)."""
+    from hints.errors import UserError
+
+    seen: dict[Path, str] = {}
+    for flag, path in destinations:
+        key = path.resolve()
+        if key in seen:
+            raise UserError(f"is also given to {seen[key]}; give each output its own path", f"{flag} {path}")
+        seen[key] = flag
+
+
+def _export_parquet(frames, directory: Path, outputs) -> list[str]:
+    """Every frame as ``<name>.parquet`` and the metadata as ``meta.json``, staged among ``outputs``."""
+    folder = outputs.directory(directory)
+    written = [outputs.write(folder / f"{name}.parquet", frame.write_parquet)
                for name, frame in frames.frames().items()]
-    written.append(write_whole(directory / "meta.json",
-                                    lambda temporary: temporary.write_text(json.dumps(frames.meta, indent=1))))
+    written.append(outputs.write_text(folder / "meta.json", json.dumps(frames.meta, indent=1)))
     return [str(path) for path in written]
 
 
-def _export_durations(frames, path: Path, window: tuple[int, int | None] | None) -> dict:
+def _export_durations(frames, path: Path, window: tuple[int, int | None] | None, outputs) -> dict:
     import shlex
 
     from hints.errors import UserError
@@ -116,7 +150,7 @@ def _export_durations(frames, path: Path, window: tuple[int, int | None] | None)
         start, stop = window
         raise UserError(f"no complete iteration in {start}:{'' if stop is None else stop} "
                         f"(complete: {_ranges([r.iteration for r in complete])})", "--iterations")
-    rows = write_durations(path, [(r.iteration, r.durations) for r in realized])
+    rows = write_durations(path, [(r.iteration, r.durations) for r in realized], outputs=outputs)
     shape = pipeline_shape(frames)
     meta = next(iter(frames.meta.values()))
     replay = ["rrfp", "simulate", "--durations", str(path), "--durations-iteration", str(realized[0].iteration),

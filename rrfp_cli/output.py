@@ -56,8 +56,9 @@ class Output:
 
     @contextmanager
     def progress(self, description: str, total: int) -> Iterator[Callable[[int], None]]:
-        """A transient progress bar on stderr; yields ``advance(n)``. No-op in JSON mode."""
-        if self.json_mode or total <= 1:
+        """A transient progress bar on stderr; yields ``advance(n)``. No-op in JSON mode, and where stderr is no
+        terminal (rich would leave an empty line there, before an error line too)."""
+        if self.json_mode or total <= 1 or not self.err.is_terminal:
             yield lambda n=1: None
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -77,7 +78,7 @@ class Output:
     @contextmanager
     def status_progress(self, description: str, total: int) -> Iterator[Callable[[int, str], None]]:
         """Like :meth:`progress`, with a status text; yields ``update(completed, status)``."""
-        if self.json_mode:
+        if self.json_mode or not self.err.is_terminal:
             yield lambda completed, status="": None
             return
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -115,16 +116,20 @@ def format_seconds(value: float) -> str:
     return f"{value:.3f} s"
 
 
-def check_new_file(path: Path, force: bool, flag: str) -> None:
+def check_new_file(path: Path, force: bool, flag: str, suffixes: tuple[str, ...] = (), kind: str = "") -> None:
     """Fail before any work unless ``path`` can be written as a file: its directory exists, it is no directory,
-    and it does not exist yet unless ``force`` (``--force``) asks to overwrite it."""
+    its name ends in one of ``suffixes`` (when given: the ``kind`` of file the flag writes), it does not exist
+    yet unless ``force`` (``--force``) asks to overwrite it, and a file can be created beside it now (a
+    read-only directory or file system refuses here, not after the work)."""
     where = f"{flag} {path}"
     if path.is_dir():
         raise UserError("is a directory; give a file name", where)
-    if not path.parent.is_dir():
-        raise UserError(f"no such directory {str(path.parent)!r}", where)
+    _check_parent(path, where)
+    if suffixes and not path.name.lower().endswith(suffixes):
+        raise UserError(f"writes {kind or suffixes[0]}; give a name ending in {' or '.join(suffixes)}", where)
     if path.exists() and not force:
         raise UserError("exists; pass --force to overwrite it", where)
+    check_writable(path, where)
 
 
 def check_new_directory(path: Path, names: list[str], force: bool, flag: str) -> None:
@@ -133,11 +138,34 @@ def check_new_directory(path: Path, names: list[str], force: bool, flag: str) ->
     where = f"{flag} {path}"
     if path.exists() and not path.is_dir():
         raise UserError("is a file; give a directory", where)
-    if not path.parent.is_dir():
-        raise UserError(f"no such directory {str(path.parent)!r}", where)
+    _check_parent(path, where)
     clash = [name for name in names if (path / name).exists()]
     if clash and not force:
         raise UserError(f"already holds {clash[0]}; pass --force to overwrite", where)
+    check_writable(path / names[0] if path.is_dir() else path, where)
+
+
+def _check_parent(path: Path, where: str) -> None:
+    parent = path.parent
+    if parent.exists() and not parent.is_dir():
+        raise UserError(f"{str(parent)!r} is a file, not a directory", where)
+    if not parent.is_dir():
+        raise UserError(f"no such directory {str(parent)!r}", where)
+
+
+def check_writable(path: Path, where: str) -> None:
+    """Create (and remove) an empty file beside ``path``, as its writer will ([Note: outputs written whole] in
+    hints.outputs): a place that refuses files says so now, in one line naming ``where``: a permission
+    is bad input (exit 2), a read-only or full file system a DiskError (exit 1)."""
+    from hints.outputs import Outputs
+
+    probe = Outputs()
+    try:
+        probe.stage(path)
+    except UserError as err:
+        raise UserError(err.what, where) from None
+    finally:
+        probe.discard()
 
 
 # -- tables ------------------------------------------------------------------------

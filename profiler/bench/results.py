@@ -15,13 +15,12 @@ import os
 import platform
 import statistics
 import subprocess
-import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
 from hints.errors import UserError
-from hints.outputs import write_whole
+from hints.outputs import Outputs
 from profiler.bench.matrix import MATRIX_ROWS, MICROBATCHES_PER_RANK, Settings, row_unavailable
 
 SCHEMA = "rrfp-bench/1"
@@ -115,15 +114,13 @@ def save(suite: Suite, final: bool = False) -> None:
     """[Note: keep what finished] Rewrite results.json and the Markdown (atomically) with what is done."""
     data = {**header(suite), **{k: v for k, v in suite.results.items() if k != "started"}, "notes": suite.notes,
             "complete": final and not suite.results.get("interrupted")}
-    suite.out.mkdir(parents=True, exist_ok=True)
-    text = json.dumps(_jsonable(data), indent=1) + "\n"
-    write_whole(suite.out / RESULTS_JSON, lambda temporary: Path(temporary).write_text(text))
     from profiler.bench.report import results_markdown, section_markdown
 
-    markdown = results_markdown(data)
-    write_whole(suite.out / RESULTS_MD, lambda temporary: Path(temporary).write_text(markdown))
-    section = section_markdown(data)
-    write_whole(suite.out / SECTION_MD, lambda temporary: Path(temporary).write_text(section))
+    suite.out.mkdir(parents=True, exist_ok=True)
+    with Outputs() as outputs:  # the three of one state, or the previous three ([Note: outputs written whole])
+        outputs.write_text(suite.out / RESULTS_JSON, json.dumps(_jsonable(data), indent=1) + "\n")
+        outputs.write_text(suite.out / RESULTS_MD, results_markdown(data))
+        outputs.write_text(suite.out / SECTION_MD, section_markdown(data))
 
 
 def _jsonable(value):
@@ -148,7 +145,10 @@ def check_out(out: Path, force: bool) -> None:
         raise UserError(f"already holds {clash[0]}; pass `force` to overwrite", f"`out` {out}")
     try:  # created now, and probed with a file: os.access says yes to root in read-only places (/proc)
         out.mkdir(exist_ok=True)
-        with tempfile.TemporaryFile(dir=out):
-            pass
+        probe = Outputs()
+        probe.stage(out / RESULTS_JSON)
+        probe.discard()
     except OSError as err:
         raise UserError(f"cannot write there: {err.strerror or err}", f"`out` {out}") from None
+    except UserError as err:  # a full or read-only disk is a DiskError (exit 1), naming the disk
+        raise UserError(f"cannot write there: {err.what.removeprefix('cannot write: ')}", f"`out` {out}") from None

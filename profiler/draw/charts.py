@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hints.errors import UserError
-from hints.outputs import write_whole
+from hints.outputs import Outputs
 from profiler.draw.timeline import CHAR_WIDTH, GRID, MUTED, RGB, Box, Label, Rule, Scene, to_png, to_svg
 
 PALETTE: tuple[RGB, ...] = (
@@ -249,13 +249,15 @@ def chart_scene(chart: LineChart | BarChart) -> Scene:
 
 
 def save_chart(chart: LineChart | BarChart, stem: str | Path) -> list[Path]:
-    """Write ``stem.svg`` and ``stem.png`` (atomically); the paths written."""
+    """Write ``stem.svg`` and ``stem.png``, both or neither ([Note: outputs written whole] in hints.outputs);
+    the paths written."""
     scene = chart_scene(chart)
     stem = Path(stem)  # suffixes appended, not swapped: a stem ending "1.5x" keeps its ".5x"
-    text = to_svg(scene)
     image = to_png(scene)
-    return [write_whole(stem.parent / f"{stem.name}.svg", lambda temporary: Path(temporary).write_text(text)),
-            write_whole(stem.parent / f"{stem.name}.png", lambda temporary: image.save(temporary, format="PNG"))]
+    with Outputs() as outputs:
+        svg = outputs.write_text(stem.parent / f"{stem.name}.svg", to_svg(scene))
+        png = outputs.write(stem.parent / f"{stem.name}.png", lambda temporary: image.save(temporary, format="PNG"))
+    return [svg, png]
 
 
 __all__ = ["BarChart", "Bars", "LineChart", "PALETTE", "Series", "bar_scene", "chart_scene", "line_scene",

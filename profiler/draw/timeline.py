@@ -37,7 +37,7 @@ from xml.sax.saxutils import escape
 import polars as pl
 
 from hints.errors import UserError
-from hints.outputs import write_whole
+from hints.outputs import Outputs
 from profiler.analysis.bubbles import idle_segments
 from profiler.analysis.windows import traced_iterations
 from profiler.trace.reader import TraceFrames
@@ -353,16 +353,16 @@ def to_png(scene: Scene):
 
 def save_timeline(runs: Sequence[tuple[str, TraceFrames]], svg: str | Path | None = None,
                   png: str | Path | None = None, iteration: int | None = None, width: int = 1600) -> list[Path]:
-    """Draw ``runs`` (``(title, frames)``, one panel each) and write the SVG and/or PNG; the paths written."""
+    """Draw ``runs`` (``(title, frames)``, one panel each) and write the SVG and/or PNG, both or neither
+    ([Note: outputs written whole] in hints.outputs); the paths written."""
     scene = build_scene(panels_for(runs, iteration), width)
-    written = []
-    if svg is not None:
-        text = to_svg(scene)
-        written.append(write_whole(svg, lambda temporary: Path(temporary).write_text(text)))
-    if png is not None:
-        image = to_png(scene)
-        written.append(write_whole(png, lambda temporary: image.save(temporary, format="PNG")))
-    return written
+    with Outputs() as outputs:
+        if svg is not None:
+            outputs.write_text(svg, to_svg(scene))
+        if png is not None:
+            image = to_png(scene)
+            outputs.write(png, lambda temporary: image.save(temporary, format="PNG"))
+    return [Path(path) for path in (svg, png) if path is not None]
 
 
 __all__ = ["HATCHES", "Scene", "build_scene", "hatch_strokes", "panels_for", "save_timeline", "task_colour",

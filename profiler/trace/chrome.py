@@ -58,7 +58,7 @@ from typing import Any, Iterable
 import polars as pl
 
 from hints.errors import UserError
-from hints.outputs import write_whole
+from hints.outputs import Outputs
 from profiler.trace.reader import TraceFrames
 
 TASKS_TID, DECISIONS_TID, RENDEZVOUS_TID, SEND_TID, RECV_TID = 0, 1, 2, 100, 200
@@ -80,6 +80,8 @@ def check_chrome_destination(path: Path, force: bool = False, flag: str | None =
     """Before any work: a combined file must be new (unless ``force``) in a directory that exists; a per-rank
     directory may exist (a directory), or its parent must. ``flag`` names ``path`` in errors (``--chrome``)."""
     where = f"{flag} {path}" if flag else str(path)
+    if path.parent.exists() and not path.parent.is_dir():
+        raise UserError(f"{str(path.parent)!r} is a file, not a directory", where)
     if not path.parent.is_dir():
         raise UserError(f"no such directory {str(path.parent)!r}", where)
     if is_combined(path):
@@ -105,24 +107,26 @@ def _check_directory(path: Path, ranks: Iterable[int], force: bool, where: str) 
         raise UserError(f"already holds {names[0]}; pass --force to overwrite", where)
 
 
-def write_chrome(frames: TraceFrames, path: Path, force: bool = False, flag: str | None = None) -> list[str]:
+def write_chrome(frames: TraceFrames, path: Path, force: bool = False, flag: str | None = None,
+                 outputs: Outputs | None = None) -> list[str]:
     """Write ``frames`` to ``path`` (layout by :func:`is_combined`); the files written. Files that exist are
-    replaced only with ``force``; ``flag`` names ``path`` in errors (``--chrome``)."""
+    replaced only with ``force``; ``flag`` names ``path`` in errors (``--chrome``). Staged among a command's
+    ``outputs`` when given (renamed into place with them), else written all or none here."""
     where = f"{flag} {path}" if flag else str(path)
     check_chrome_destination(path, force, flag)
     events = ChromeEvents(frames)
     combined = is_combined(path)
     if not combined:
         _check_directory(path, events.ranks, force, where)
-    try:
-        if combined:
-            return [str(write_whole(path, lambda temporary: _dump(events.combined(path.name), temporary,
-                                                                       path.name.endswith(".gz"))))]
-        path.mkdir(exist_ok=True)
-        return [str(write_whole(path / rank_file(rank), lambda temporary, rank=rank: _dump(
-                    events.rank_trace(rank, rank_file(rank)), temporary, False))) for rank in events.ranks]
-    except OSError as err:
-        raise UserError(f"cannot write: {err.strerror or err}", where) from None
+    if outputs is None:
+        with Outputs() as own:
+            return write_chrome(frames, path, force, flag, own)
+    if combined:
+        return [str(outputs.write(path, lambda temporary: _dump(events.combined(path.name), temporary,
+                                                                 path.name.endswith(".gz"))))]
+    folder = outputs.directory(path)
+    return [str(outputs.write(folder / rank_file(rank), lambda temporary, rank=rank: _dump(
+                events.rank_trace(rank, rank_file(rank)), temporary, False))) for rank in events.ranks]
 
 
 def _dump(trace: dict, temporary: Path, compress: bool) -> None:

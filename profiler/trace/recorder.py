@@ -37,6 +37,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
 
+from hints.errors import UserError
 from hints.outputs import write_whole
 from hints.tasks import Task
 from profiler.trace.schema import (
@@ -468,18 +469,28 @@ def merge_traces(paths: list[Path], out: Path) -> Merged:
     """Concatenate per-rank traces packet by packet (sequence ids and track uuids are unique per rank).
 
     A rank file that ends in a partial packet (its rank crashed while writing)
-    keeps its complete packets; the files after it are merged whole. The
-    merged file is written atomically.
+    keeps its complete packets; the files after it are merged whole. A file
+    that holds no packet and is not cut short is not a trace, and nothing is
+    written: a :class:`UserError` naming it; so is a set of files with no
+    packet at all. The merged file is written atomically.
     """
     parts, warnings, packets = [], [], 0
     for path in paths:
-        data = Path(path).read_bytes()
+        try:
+            data = Path(path).read_bytes()
+        except OSError as err:
+            raise UserError(f"cannot read: {err.strerror or err}", str(path)) from None
         length, count, stopped = complete_packets(data)
+        if not count and stopped is not None and not stopped.truncated:
+            raise UserError(f"not a Perfetto trace (byte {stopped.at}: {stopped.reason}); nothing merged", str(path))
         parts.append(data[:length])
         packets += count
         if stopped is not None:
             what = "truncated" if stopped.truncated else f"stopped ({stopped.reason})"
             warnings.append(f"{path}: {what} at byte {stopped.at}; {count} complete packets kept")
+    if not packets:
+        raise UserError("no rank file holds a complete trace packet; nothing merged",
+                        ", ".join(map(str, paths)) if len(paths) < 3 else f"{paths[0]} and {len(paths) - 1} more")
 
     def write(temporary: Path) -> None:
         with open(temporary, "wb") as merged:

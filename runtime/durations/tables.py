@@ -56,7 +56,7 @@ from pathlib import Path
 from typing import Sequence
 
 from hints.errors import UserError
-from hints.outputs import write_whole
+from hints.outputs import Outputs, write_whole
 from runtime.durations.variability import Durations
 
 COLUMNS = ("stage", "kind", "microbatch", "duration")
@@ -296,8 +296,10 @@ def check_destination(path: str | Path) -> str:
     return fmt
 
 
-def write_durations(path: str | Path, tables: Sequence[tuple[int | None, Durations]], latency: bool = True) -> int:
+def write_durations(path: str | Path, tables: Sequence[tuple[int | None, Durations]], latency: bool = True,
+                    outputs: Outputs | None = None) -> int:
     """Write ``(iteration, durations)`` tables to one CSV or Parquet file, atomically; returns the row count.
+    Staged among a command's ``outputs`` when given (renamed into place with them), else written at once.
 
     The ``iteration`` column is written when the iterations are numbers (all
     of them or none: a single table may have None); ``latency`` adds the
@@ -318,5 +320,9 @@ def write_durations(path: str | Path, tables: Sequence[tuple[int | None, Duratio
         schema[LATENCY] = pl.Float64
     rows = [row for it, durations in tables for row in duration_rows(durations, it, latency)]
     frame = pl.DataFrame(rows, schema=schema)
-    write_whole(path, frame.write_parquet if fmt == "parquet" else frame.write_csv)
+    write = frame.write_parquet if fmt == "parquet" else frame.write_csv
+    if outputs is None:
+        write_whole(path, write)
+    else:
+        outputs.write(path, write)
     return frame.height

@@ -470,13 +470,16 @@ def test_hints_check_reports_a_deadlocking_order(tmp_path):
 
 
 @pytest.mark.parametrize("flag, target, why", [
-    ("--out", "nowhere/h.json", "No such file or directory"),
-    ("--out", ".", "Is a directory"),
-    ("--torch-csv", "nowhere/h.csv", "No such file or directory"),
+    ("--out", "nowhere/h.json", "no such directory 'nowhere'"),
+    ("--out", ".", "is a directory; give a file name"),
+    ("--torch-csv", "nowhere/h.csv", "no such directory 'nowhere'"),
+    ("--torch-csv", "h.json", "writes torch's CSV; give a name ending in .csv"),
+    ("--out", "h.csv", "writes rrfp-hint JSON; give a name ending in .json"),
 ])
 def test_error_hints_export_where_it_cannot_write(tmp_path, flag, target, why):
     line = user_error(tmp_path, "hints", "export", "1f1b", "-p", "2", "-m", "4", flag, target)
-    assert line == f"error: {target}: cannot write: {why}"
+    assert line == f"error: {flag} {target}: {why}"
+    assert list(tmp_path.iterdir()) == []
 
 
 @pytest.mark.parametrize("args, line", [

@@ -144,6 +144,7 @@ OUTPUTS = {  # subcommand -> its arguments writing to `path`
     "merge --out": lambda run, path: ["merge", run, "--out", path],
 }
 MESSAGES = {"missing": "no such directory", "directory": "is a directory", "existing": "exists; pass --force"}
+SUFFIXES = {"export --durations": ".csv", "timeline --png": ".png", "timeline --svg": ".svg"}  # what each writes
 
 
 @pytest.mark.parametrize("where", ["missing", "directory", "existing"])
@@ -152,8 +153,8 @@ def test_outputs_never_land_in_a_bad_place(tmp_path, output, where):
     run = build_run(tmp_path / "run", **ONE_F_ONE_B)
     paths = _destinations(tmp_path)
     path = paths[where]
-    if output == "export --durations" and where != "directory":
-        path = path.with_suffix(".csv")
+    if output in SUFFIXES and where != "directory":
+        path = path.with_suffix(SUFFIXES[output])
         if where == "existing":
             path.write_bytes(b"mine")
     message = MESSAGES[where]
@@ -172,7 +173,7 @@ def test_outputs_never_land_in_a_bad_place(tmp_path, output, where):
 @pytest.mark.parametrize("output", sorted(OUTPUTS))
 def test_force_overwrites_and_nothing_else_does(tmp_path, output):
     run = build_run(tmp_path / "run", **ONE_F_ONE_B)
-    path = tmp_path / ("out.csv" if output == "export --durations" else "out")
+    path = tmp_path / ("out" + SUFFIXES.get(output, ""))
     assert run_cli(tmp_path, "trace", *OUTPUTS[output](run, path)).returncode == 0
     if path.is_file():
         path.write_bytes(b"mine")  # what --force must replace, and nothing else may
