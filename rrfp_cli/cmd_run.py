@@ -171,7 +171,7 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
     try:
         results = launch(jobs, options, config.nproc or config.world_size, checked=True)
     except RunFailed as err:  # app.main: the cause, then what was kept; exit 1
-        raise Failure(f"run failed: {err}", _keep_what_finished(jobs, config)) from None
+        raise Failure(f"run failed: {err}", _keep_what_finished(jobs, config, err.reports)) from None
     except Interrupted:
         sys.stderr.write(_keep_what_finished(jobs, config))
         raise
@@ -281,15 +281,17 @@ def _merge_traces(jobs, config: RunConfig) -> None:
             merge_run_traces(Path(job.out_dir))
 
 
-def _keep_what_finished(jobs, config: RunConfig) -> str:
+def _keep_what_finished(jobs, config: RunConfig, reports: bool | None = None) -> str:
     """After a failure or an interrupt: completed iterations' metrics to Parquet, rank traces merged.
 
-    Returns what was kept, a line per job, for the message. Under ``torchrun`` only rank 0 does this.
+    Returns what was kept, a line per job, for the message. Under ``torchrun`` only the reporting rank does this.
     """
     from runtime.run.launch import under_torchrun
     from runtime.run.metrics import salvage_metrics
 
-    if under_torchrun() and os.environ.get("RANK") != "0":
+    if reports is None:  # an interrupt: rank 0 reports ([Note: who reports under torchrun] for a failure)
+        reports = not under_torchrun() or os.environ.get("RANK") == "0"
+    if not reports:
         return ""
     lines = []
     for job in jobs:

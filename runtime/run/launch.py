@@ -62,7 +62,14 @@ FORKSERVER_PRELOAD = ("torch", "torch._dynamo", "torch.distributed", "runtime.ru
 
 
 class RunFailed(RuntimeError):
-    """A rank failed or stalled; the message names the root cause and what the other ranks saw."""
+    """A rank failed or stalled; the message names the root cause and what the other ranks saw.
+
+    ``reports``: whether this process tells the user and keeps what finished: the launcher; under ``torchrun``
+    rank 0, or when rank 0 died, the lowest rank alive ([Note: who reports under torchrun])."""
+
+    def __init__(self, message: str, reports: bool = True) -> None:
+        super().__init__(message)
+        self.reports = reports
 
 
 def under_torchrun() -> bool:
@@ -260,7 +267,20 @@ def _exit_quietly_after_local_rank_0(code: int) -> None:
 
 
 def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, Any]:
-    """This process is one rank of a ``torchrun`` job: check the world, run, and diagnose as the launcher does."""
+    """This process is one rank of a ``torchrun`` job: check the world, run, and diagnose as the launcher does.
+
+    [Note: who reports under torchrun]
+        Every rank that fails diagnoses the run, but rank 0 reports: the other
+        ranks' output goes to ``logs/rank<r>.log``. When rank 0 itself died
+        without a report (killed), the lowest rank whose lower ranks all did so
+        reports instead: it gives its output back to the terminal it was
+        started on and its ``RunFailed`` says ``reports``, so ``rrfp run``
+        keeps what finished there. Ranks only learn that from the status files
+        ([Note: a rank's life is a lock on its status file] in
+        :mod:`runtime.run.health`), after the same one-second wait, so exactly
+        one rank reports: a lower rank that is alive, or has reported, is never
+        taken for dead.
+    """
     config = jobs[0].config
     world = int(os.environ["WORLD_SIZE"])
     if world != config.world_size:
@@ -270,13 +290,31 @@ def _run_under_torchrun(jobs: list[Job], options: WorkerOptions) -> dict[int, An
                         f"dp {config.dp} need {config.world_size}; use --nproc-per-node (x nodes) = "
                         f"{config.world_size}", "`ranks`")
     out_root = Path(options.out_root)
+    rank = int(os.environ["RANK"])
     began = time.time()
+    terminal = os.dup(1), os.dup(2)  # before worker_main sends this rank's output to logs/
     try:
-        return {int(os.environ["RANK"]): worker_main(jobs, options)}
+        return {rank: worker_main(jobs, options)}
     except (Exception, Interrupted) as err:
         _ignore_interrupts()  # torchrun now stops the other ranks: let this one finish its diagnosis
         time.sleep(REPORTED_EXIT_DELAY)  # the rank that failed first has written its report by now
+        ended = ended_without_report(out_root, began, world)
         if (isinstance(err, Interrupted) and not failure_reports(out_root, began, exclude_kinds=("interrupt",))
-                and not ended_without_report(out_root, began, world)):
+                and not ended):
             raise  # a real interrupt: no rank failed (torchrun's SIGTERM after a rank was killed is not one)
-        raise RunFailed(diagnose(out_root, {}, began, world, config)) from None
+        reports = set(range(rank)) <= set(ended)  # [Note: who reports under torchrun]
+        if reports and rank != 0:
+            _restore_output(terminal)
+        raise RunFailed(diagnose(out_root, {}, began, world, config), reports) from None
+    finally:
+        for fd in terminal:
+            os.close(fd)
+
+
+def _restore_output(terminal: tuple[int, int]) -> None:
+    """Give stdout and stderr back to what they were when the rank started (the terminal torchrun runs on)."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.dup2(terminal[0], 1)
+    os.dup2(terminal[1], 2)
+    sys.stdout, sys.stderr = sys.__stdout__, sys.__stderr__
