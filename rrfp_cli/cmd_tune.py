@@ -29,7 +29,6 @@ import re
 import shutil
 import statistics
 import sys
-import tempfile
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Iterator, Optional
@@ -123,7 +122,8 @@ def tune_hint(
     unknown: Unknown = "",
     out: Annotated[Optional[Path], typer.Option("--out", help="Directory to create (must not exist).")] = None,
     check: Annotated[Optional[Path], typer.Option("--check", help="A run made with a tuned job.toml: did the "
-                                                  "predicted gain materialize? (needs --report)")] = None,
+                                                  "predicted gain materialize? (needs --report; exit 3 when it lies outside the predicted "
+                                                  "range)")] = None,
     report_file: Annotated[Optional[Path], typer.Option("--report", help="The report.json of the tuning, for "
                                                         "--check.")] = None,
     json_mode: JsonFlag = False,
@@ -240,10 +240,12 @@ def _new_directory(out: Path) -> Path:
     parent = out.parent if str(out.parent) else Path(".")
     if not parent.is_dir():
         raise UserError(f"its parent {parent} is not a directory", str(out))
+    from hints.outputs import new_directory_beside
+
     try:  # try it now (permissions, read-only or special file systems), not after the search
-        os.rmdir(tempfile.mkdtemp(prefix=f".{out.name}.", dir=parent))
-    except OSError as err:
-        raise UserError(f"cannot write in {parent}: {err.strerror or err}", str(out)) from None
+        new_directory_beside(out).rmdir()
+    except UserError as err:  # a full or read-only disk is a DiskError (exit 1), naming the disk
+        raise UserError(f"cannot write in {parent}: {err.what.removeprefix('cannot write: ')}", str(out)) from None
     return out
 
 
@@ -357,13 +359,14 @@ def _write(target: Path, outcome, data: dict, source: dict, for_torch: bool = Fa
     """hint.json, job.toml, report.json, report.md (with ``for_torch``, schedule.csv and torch_schedule.md too):
     written in a temporary directory, then renamed to ``target``."""
     from hints.files.hint_json import save_hint
+    from hints.outputs import new_directory_beside, write_error
     from runtime.sched.rules import RULES
     from runtime.tune.decide import chosen_hint, render_markdown
 
     candidate = outcome.verdict.chosen.candidate
     rule = RULES[candidate.rule]
     names = ["hint.json", "job.toml", "report.json", "report.md"]
-    staging = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent if str(target.parent) else "."))
+    staging = new_directory_beside(target)  # the umask's permissions (mkdtemp's were 0700)
     try:
         hint = chosen_hint(outcome)
         if for_torch:  # first: a refusal leaves nothing behind
@@ -397,8 +400,10 @@ def _write(target: Path, outcome, data: dict, source: dict, for_torch: bool = Fa
         (staging / "report.json").write_text(json.dumps(jsonable(data), indent=1) + "\n")
         (staging / "report.md").write_text(render_markdown(data))
         os.rename(staging, target)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(staging, ignore_errors=True)
+        if isinstance(err, OSError):  # a full disk names the disk ([Note: outputs written whole] in hints.outputs)
+            raise write_error(err, target) from None
         raise
     return {name: str(target / name) for name in names}
 
@@ -516,6 +521,15 @@ def _numeric(cell: str) -> bool:
 
 
 # -- --check ------------------------------------------------------------------------
+#
+# [Note: a check that fails]
+# ``--check`` exits 0 when the run's median makespan (and, when the report has one, its gain over the traced
+# run) lies in the predicted range, and CHECK_FAILED (3) when either lies outside it: the result is still printed
+# whole (or as JSON, with ``passed``: false), and one ``check failed:`` line on stderr says what missed. 3 is
+# neither bad input (2), nor a failed job or an internal error (1), nor an interrupt (130, 143), so a script
+# can tell a prediction that missed from a check that could not be made.
+
+CHECK_FAILED = 3
 
 
 def _check(run: Path, report_path: Path, output: Output) -> None:
@@ -555,6 +569,10 @@ def _check(run: Path, report_path: Path, output: Output) -> None:
         low_gain, high_gain = gain_range(gain)
         result.update(realized_gain_over_traced=realized, predicted_gain_range=[low_gain, high_gain],
                       gain_within_predicted_range=low_gain <= realized <= high_gain)
+    missed = [what for what, key in (("median makespan", "within_predicted_range"),
+                                     ("gain over the traced run", "gain_within_predicted_range"))
+              if result.get(key) is False]
+    result["passed"] = not missed
 
     def render(console) -> None:
         verdict = "inside" if result["within_predicted_range"] else "OUTSIDE"
@@ -568,6 +586,10 @@ def _check(run: Path, report_path: Path, output: Output) -> None:
                           f"{inside}", markup=False)
 
     output.result(result, render)
+    if missed:  # [Note: a check that fails]
+        sys.stderr.write(f"check failed: the {' and the '.join(missed)} of {run} "
+                         f"{'lies' if len(missed) == 1 else 'lie'} outside the predicted range (exit {CHECK_FAILED})\n")
+        raise typer.Exit(CHECK_FAILED)
 
 
 __all__ = ["parse_duration", "tune_hint"]
