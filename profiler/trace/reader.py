@@ -243,7 +243,7 @@ class _Reader:
         self.packets = 0
         self.corrupt = 0
         self.malformed = 0
-        self.cut: str | None = None  # where the first truncated file was cut, for errors
+        self.cut: tuple[str, str] | None = None  # the first truncated file and where it was cut, for errors
         self.rows: dict[str, list[tuple]] = {kind: [] for kind in ("compute", "decisions", "iterations", "step",
                                                                    "counters", "rendezvous")}
         self.sends: dict[int, tuple] = {}
@@ -287,7 +287,7 @@ class _Reader:
             message = f"truncated at byte {err.at}; {kept} complete packets kept"
             if not self.packets:
                 raise TraceError(message, where)
-            self.cut = self.cut or f"{where}: {message}"
+            self.cut = self.cut or (where, message)
             self.warnings.append(f"{where}: {message}")
         elif not self.packets:
             raise TraceError(f"not a Perfetto trace (byte {err.at}: {err.reason})", where)
@@ -384,8 +384,12 @@ class _Reader:
         start, event, sequence = begun
         v = self._values("compute", event, sequence)
         if v is not None:
+            name = self._name(event, sequence)
+            if name != f"{v['stage']}{v['kind']}{v['microbatch']}":  # a slice is named by its task's text
+                self.malformed += 1  # (a corrupt name would reach the analyses as "'' is not a task")
+                return
             self.rows["compute"].append((
-                track[0], v["iteration"], self._name(event, sequence), v["stage"], v["kind"], v["microbatch"],
+                track[0], v["iteration"], name, v["stage"], v["kind"], v["microbatch"],
                 v["chunk"], start, end, _whole(v.get("units")), _whole(v.get("tokens")), _whole(v.get("images")),
                 _whole(v.get("wait_ns"))))
 
@@ -473,8 +477,9 @@ class _Reader:
         if not self.packets:
             raise TraceError("holds no complete trace packet (no traced iteration finished?)", self.name)
         if not self.meta:
-            if self.cut:
-                raise TraceError(f"{self.cut}, none with the {SCHEMA} metadata", self.name)
+            if self.cut:  # named once: the file that was cut (one of a run's rank files, or the trace given)
+                where, message = self.cut
+                raise TraceError(f"{message}, none with the {SCHEMA} metadata", where)
             raise TraceError(f"not written by rrfp (no {SCHEMA} metadata in {self.packets} packets)", self.name)
 
     def _check_meta(self) -> None:

@@ -135,3 +135,39 @@ def test_a_flag_over_a_toml_value_is_blamed_as_the_flag(tmp_path):
 def test_the_option_at_fault_is_the_one_named(tmp_path, args, line):
     assert one_error_line(run_cli(tmp_path, *args)) == line
     assert list(tmp_path.iterdir()) == []
+
+
+# -- item 5: trace messages name the file once, and a corrupt task name is dropped ------------------------------------
+
+
+@pytest.fixture
+def trace(tmp_path):
+    from tests.helpers.trace_builder import ONE_F_ONE_B, build_run
+
+    return build_run(tmp_path / "run", **ONE_F_ONE_B) / "trace.pftrace"
+
+
+@pytest.mark.parametrize("command", ["summary", "sensitivity", "export"])
+def test_a_trace_cut_before_its_metadata_names_the_file_once(trace, tmp_path, command):
+    from tests.helpers.trace_builder import packet_bounds
+
+    start, _ = packet_bounds(trace.read_bytes())[1]
+    (tmp_path / "cut.pftrace").write_bytes(trace.read_bytes()[:start + 2])
+    extra = ["--durations", "d.csv"] if command == "export" else []
+    line = one_error_line(run_cli(tmp_path, "trace", command, "cut.pftrace", *extra))
+    assert line == (f"error: cut.pftrace: truncated at byte {start}; 1 complete packets kept, none with the "
+                    f"rrfp-trace/1 metadata")
+    assert not (tmp_path / "d.csv").exists()
+
+
+def test_a_task_slice_not_named_as_its_task_is_dropped_not_parsed(trace, tmp_path):
+    from profiler.trace.reader import read_trace
+
+    data = trace.read_bytes()
+    assert data.count(b"\x12\x031B1") == 2  # rank 1's interned names of its 1B1 slices (its decision, its task)
+    (tmp_path / "renamed.pftrace").write_bytes(data.replace(b"\x12\x031B1", b"\x12\x031Bx"))
+    frames = read_trace(tmp_path / "renamed.pftrace")
+    assert "1Bx" not in frames.tasks["task"].to_list() and frames.tasks.height == 7
+    assert any("events with missing or mistyped fields (dropped)" in w for w in frames.warnings)
+    done = run_cli(tmp_path, "trace", "summary", "renamed.pftrace")
+    assert "is not a task" not in done.stderr and "internal error" not in done.stderr, done
