@@ -40,7 +40,7 @@ from typing import Callable
 from hints.errors import HintError
 from hints.files.torch_csv import hint_from_task_orders
 from hints.orders import HintOrder, peak_in_flight
-from hints.outputs import new_directory_beside
+from hints.outputs import new_directory_beside, write_error
 from hints.tasks import PipelineShape, Task
 from profiler.trace.kineto import ANNOTATION, Event, KinetoError, RankFile, read_rank_file, trace_files
 from profiler.trace.recorder import PacketWriter, merge_traces
@@ -405,8 +405,10 @@ def _write(out: Path, shape: PipelineShape, meta: dict, tasks, transfers, profil
         if out.exists():
             out.rmdir()
         building.rename(out)
-    except BaseException:
+    except BaseException as err:
         shutil.rmtree(building, ignore_errors=True)
+        if isinstance(err, OSError):  # a full disk names the disk ([Note: outputs written whole] in hints.outputs)
+            raise write_error(err, out) from None
         raise
 
 

@@ -231,3 +231,22 @@ def test_hints_export_never_overwrites_without_force(tmp_path):
     done = run_cli(tmp_path, "hints", "export", *HINT, "--torch-csv", "h.csv", "--out", "h.json", "--force")
     assert done.returncode == 0, done
     assert json.loads((tmp_path / "h.json").read_text())["format"] == "rrfp-hint/1"
+
+
+def test_trace_import_meeting_a_full_disk_names_it_and_leaves_nothing(tmp_path, monkeypatch):
+    import profiler.trace.torch_profile
+    from hints.files.torch_import import import_torch_schedule
+    from tests.helpers.kineto_builder import kineto_traces
+
+    kineto_traces(import_torch_schedule("1F1B", 2, 4, 1), tmp_path / "traces", steps=(1, 2, 3))
+    write_ranks = profiler.trace.torch_profile._write_ranks
+
+    def full(root, *args):
+        write_ranks(root, *args)  # the rank files fitted; what comes next does not
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(profiler.trace.torch_profile, "_write_ranks", full)
+    done = run_cli(tmp_path, "trace", "import", tmp_path / "traces", "--out", tmp_path / "imported")
+    assert done.returncode == 1 and done.stderr.startswith(f"error: cannot write {tmp_path / 'imported'}: the disk "
+                                                           "is full (file system at "), done
+    assert _left(tmp_path) == ["traces", "traces/rank0_trace.json", "traces/rank1_trace.json"]
