@@ -34,23 +34,34 @@ class Output:
         self.console = Console(highlight=False)
         self.err = Console(stderr=True, highlight=False)
         self.warnings: list[str] = []  # what :meth:`warn` said, for commands that put it in their JSON
+        self._unshown = 0  # warnings not printed yet
 
     def warn(self, message: str) -> None:
-        """A warning: on stderr for people, kept in :attr:`warnings` for the JSON."""
+        """A warning: kept in :attr:`warnings` for the JSON, and shown on stderr for people once the command goes
+        on to print something (its result, a note): a command that ends in a bad-input error prints that one
+        ``error:`` line and nothing before it (the warnings of a trace it could not use are no help then)."""
+        self.warnings.append(message)
+        self._unshown += 1
+
+    def _show_warnings(self) -> None:
         from rich.markup import escape
 
-        self.warnings.append(message)
-        self.note(f"[yellow]warning:[/] {escape(message)}")
+        unshown, self._unshown = self.warnings[len(self.warnings) - self._unshown:], 0
+        if not self.json_mode:
+            for message in unshown:
+                self.err.print(f"[yellow]warning:[/] {escape(message)}")
 
     def result(self, data: Any, render: Callable[[Console], None]) -> None:
-        """Emit the command's result: ``data`` as JSON, or ``render`` for people."""
+        """Emit the command's result: ``data`` as JSON, or ``render`` for people (after the warnings)."""
+        self._show_warnings()
         if self.json_mode:
             sys.stdout.write(json.dumps(jsonable(data), indent=1) + "\n")
         else:
             render(self.console)
 
     def note(self, message: str) -> None:
-        """A line for people (stderr); silent in JSON mode."""
+        """A line for people (stderr), after the warnings so far; silent in JSON mode."""
+        self._show_warnings()
         if not self.json_mode:
             self.err.print(message)
 

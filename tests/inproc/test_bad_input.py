@@ -171,3 +171,30 @@ def test_a_task_slice_not_named_as_its_task_is_dropped_not_parsed(trace, tmp_pat
     assert any("events with missing or mistyped fields (dropped)" in w for w in frames.warnings)
     done = run_cli(tmp_path, "trace", "summary", "renamed.pftrace")
     assert "is not a task" not in done.stderr and "internal error" not in done.stderr, done
+
+
+# -- item 6: a command that fails on bad input prints only its error line; one that succeeds keeps its warnings --------
+
+
+def test_warnings_are_not_printed_before_an_error_line(trace, tmp_path):
+    data = trace.read_bytes().replace(b"\x12\x031B1", b"\x12\x031Bx")  # rank 1's 1B1 dropped: no whole iteration
+    (tmp_path / "renamed.pftrace").write_bytes(data)
+    for json_mode in ([], ["--json"]):
+        line = one_error_line(run_cli(tmp_path, "trace", "summary", "renamed.pftrace", *json_mode))
+        assert line.startswith("error: renamed.pftrace: cannot analyse iteration 0"), line
+
+
+def test_warnings_are_printed_when_the_command_succeeds(tmp_path):
+    import json
+
+    from tests.helpers.trace_builder import ONE_F_ONE_B, build_run, packet_bounds
+
+    data = (build_run(tmp_path / "run", **ONE_F_ONE_B, iterations=2, period_us=200) / "trace.pftrace").read_bytes()
+    start, _ = packet_bounds(data)[-1]
+    (tmp_path / "cut.pftrace").write_bytes(data[:start + 2])
+    done = run_cli(tmp_path, "trace", "summary", "cut.pftrace")
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if line.startswith("warning: ")]
+    assert any("truncated at byte" in line for line in warned), done.stderr
+    shown = json.loads(run_cli(tmp_path, "trace", "summary", "cut.pftrace", "--json").stdout)["warnings"]
+    assert len(shown) == len(warned) and any("truncated at byte" in w for w in shown)
