@@ -112,14 +112,14 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     """
     from hints.deps import TaskGraph
     from runtime.durations.variability import VariabilityModel, sample_durations
-    from runtime.sched.bounds import split_bound
+    from runtime.sched.bounds import bound_family, hint_bound, split_bound
     from runtime.sched.budget import MemoryBudget
     from runtime.sched.results import ScheduleDeadlock
     from runtime.sched.simulator import simulate
 
     m = MICROBATCHES_PER_RANK * ranks
     model = VariabilityModel(workload=workload, jitter=jitter, split_overhead=split_overhead, unknown=unknown)
-    tables, bounds, graphs = {}, {}, {}
+    tables, bounds, graphs, family_bounds = {}, {}, {}, {}
     base_shape = PipelineShape(ranks, 1, m)
     slots = {budget: MemoryBudget.parse(budget).per_rank(base_shape) for budget in budgets}
 
@@ -148,6 +148,8 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         if hint.shape not in graphs:
             graphs[hint.shape] = TaskGraph.build(hint.shape)
         graph = graphs[hint.shape]
+        if hint.shape not in family_bounds:  # [Note: bound per hint family] in runtime.sched.bounds
+            family_bounds[hint.shape] = hint_bound(hint.shape, table, graph).value
         breakdown = bubbles and row.p2p is None  # a blocking replay records no decisions: no breakdown for it
         try:
             result = simulate(hint, table, rule, MemoryBudget.parse(budget), record=breakdown, graph=graph,
@@ -157,7 +159,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
             return None
         peaks = [peak / row.chunks for peak in result.peak_in_flight]
         out = {"makespan": result.makespan, "peak": max(peaks), "peaks": peaks, "bound": bounds[row.chunks],
-               "rule": rule}
+               "family_bound": family_bounds[hint.shape], "bound_family": bound_family(hint.shape), "rule": rule}
         if breakdown:
             from profiler.analysis.bubbles import simulated_bubbles
 
@@ -213,7 +215,9 @@ def summarize_cell(workload: str, ranks: int, budget: str, per_table: Sequence[d
             "row": row.name, "hint": row.hint if row.hint != TUNED else tuned.label, "rule": runs[0]["rule"]
             if runs[0] else row.rule, "chunks": row.chunks, "makespan_s": spread(makespans),
             "speedup_vs_fixed_1f1b": spread(ratio(base, makespans)),
-            "makespan_over_bound": spread([r["makespan"] / r["bound"] if r else None for r in runs]),
+            "makespan_over_bound": spread([r["makespan"] / r["family_bound"] if r else None for r in runs]),
+            "bound_family": next(r["bound_family"] for r in runs if r),
+            "makespan_over_universal_bound": spread([r["makespan"] / r["bound"] if r else None for r in runs]),
             "peak_in_flight": max(r["peak"] for r in runs if r), "within_budget": all(r["within"] for r in runs if r),
         }
         if row.ready or row.hint == TUNED:

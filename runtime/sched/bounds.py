@@ -160,10 +160,11 @@ def hint_bound(shape: PipelineShape, table: Durations, graph: TaskGraph | None =
 def bound_family(shape: PipelineShape) -> str:
     """The name of ``shape``'s bound ([Note: bound per hint family]): ``full-backward``, ``split``, or
     ``split on stages ...`` when some stages keep a whole backward."""
-    if not shape.split_backward:
+    whole = sorted(shape.fused_stages) if shape.split_backward else list(range(shape.stages))
+    if len(whole) == shape.stages:
         return "full-backward"
-    if shape.fused_stages:
-        return "split except stages " + ",".join(map(str, sorted(shape.fused_stages)))
+    if whole:
+        return f"split except stage{'s' if len(whole) > 1 else ''} " + ",".join(map(str, whole))
     return "split"
 
 

@@ -53,6 +53,9 @@ def test_tiny_matrix_writes_every_file_with_the_schema(tiny):
             assert row["within_budget"] is True  # ready rules keep to the budget
             assert "ready_over_fixed_same_hint" in row and "fixed_same_hint_peak_in_flight" in row
             assert row["makespan_over_bound"]["min"] >= 1.0
+            # [Note: bound per hint family]: a row's own bound is at least the universal one, so its ratio is lower
+            assert row["makespan_over_universal_bound"]["median"] >= row["makespan_over_bound"]["median"] - 1e-9
+        assert rows["ready-1f1b"]["bound_family"] == "full-backward" and rows["ready-zb"]["bound_family"] == "split"
         # readiness with the 1f1b hint: the same hint in fixed order is the baseline itself
         assert rows["ready-1f1b"]["fixed_same_hint_speedup"]["median"] == pytest.approx(1.0)
     assert {"variability", "bubbles"} <= set(data["simulation"])

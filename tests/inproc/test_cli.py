@@ -168,8 +168,14 @@ def test_simulate_compare(tmp_path):
     fixed = {r["hint"]: r["makespan"] for r in data["rows"] if r["rule"] == "fixed"}
     for row in data["rows"]:
         assert row["speedup"] == pytest.approx(baseline["makespan"] / row["makespan"])
-        assert row["makespan"] >= data["lower_bound"] - 1e-12
-        assert row["makespan_over_bound"] == pytest.approx(row["makespan"] / data["lower_bound"])
+        assert row["makespan"] >= row["lower_bound"] - 1e-12  # its family's bound
+        assert row["lower_bound"] >= data["lower_bound"] - 1e-12  # at least the universal one
+        assert row["makespan_over_bound"] == pytest.approx(row["makespan"] / row["lower_bound"])
+        assert row["makespan_over_universal_bound"] == pytest.approx(row["makespan"] / data["lower_bound"])
+        if row["hint"] in ("gpipe", "1f1b", "bf", "bfw"):
+            assert row["lower_bound_family"] == "full-backward"
+        if row["hint"] == "zb":
+            assert row["lower_bound_family"] == "split"
         assert row["within_budget"] == all(p <= s for p, s in zip(row["peak_in_flight_per_rank"], slots))
         if row["rule"] == "fixed":
             assert row["vs_fixed_same_hint"] is None
