@@ -23,6 +23,7 @@ import os
 import threading
 import time
 import traceback
+import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -136,7 +137,11 @@ class StatusBoard:
         agent, not the launcher, is every rank's parent), tells a neighbour
         that was killed from one that is still writing its report
         (:func:`runtime.run.diagnose.ended_without_report`). It needs no pid
-        or host, so it holds wherever the run directory is shared.
+        or host, so it holds wherever the run directory is shared. The lock
+        is taken on a descriptor of its own (the mapping keeps a duplicate of
+        the one it was made from), which a child the rank forks (a data
+        loader's worker) closes as it starts (``os.register_at_fork``), so no
+        process but the rank keeps the lock.
     """
 
     SIZE = 256
@@ -146,16 +151,13 @@ class StatusBoard:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # [Note: a rank's life is a lock on its status file]
-            except BlockingIOError:
-                pass  # a live process of another run holds it: this rank's end goes unseen, nothing worse
             os.ftruncate(fd, self.SIZE)
             self.map = mmap.mmap(fd, self.SIZE)
-        except BaseException:
+        finally:
             os.close(fd)
-            raise
-        self._fd = fd
+        self._lock = _lock_for_life(path)  # [Note: a rank's life is a lock on its status file]
+        board = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: board() is not None and board().close())
         self.pid = os.getpid()
         self.prefix = f"{self.pid}\t\t\t".encode()
         self._write(b"S", b"")
@@ -178,12 +180,11 @@ class StatusBoard:
         self.map[: len(data)] = data
 
     def close(self) -> None:
-        """Drop the lock, as the process's end does (tests; a rank keeps its board until it exits). The mapping
-        holds the open file, and with it the lock, as much as the descriptor does: both go."""
-        if self._fd >= 0:
-            self.map.close()
-            os.close(self._fd)
-            self._fd = -1
+        """Drop the lock, as the process's end does (tests; a rank keeps its board until it exits; a forked child
+        drops its copy as it starts). The mapping stays: it holds no lock."""
+        if self._lock >= 0:
+            os.close(self._lock)
+            self._lock = -1
 
     @staticmethod
     def ended(path: Path) -> bool:
@@ -214,6 +215,18 @@ class StatusBoard:
         pid, job, iteration, task = fields
         return {"state": cls.STATES[raw[0]], "pid": int(pid), "job": job or None,
                 "iteration": int(iteration) if iteration.isdigit() else None, "task": task or None}
+
+
+def _lock_for_life(path: Path) -> int:
+    """A descriptor of ``path`` holding an exclusive ``flock`` ([Note: a rank's life is a lock on its status file]);
+    -1 if another live process holds it (a rank of another run: this rank's end then goes unseen, nothing worse)."""
+    fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)  # writable: NFS takes flock as a write lock
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return -1
+    return fd
 
 
 def failure_path(ctx: RankContext, kind: str) -> Path:

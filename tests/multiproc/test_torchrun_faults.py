@@ -12,6 +12,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import polars as pl
@@ -86,3 +87,21 @@ def test_a_wrong_world_size_is_one_error_line(tmp_path):
                       "--nproc-per-node (x nodes) = 2"], stderr
     assert "interrupted" not in stderr and "Traceback" not in stderr.split("error: ")[0]
     assert not (tmp_path / "w").exists()  # nothing written
+
+
+def test_a_process_the_rank_forks_does_not_keep_its_status_lock(tmp_path):
+    """A data loader's forked workers outlive their rank by seconds: they must not hold its lock meanwhile."""
+    from runtime.run.health import StatusBoard
+
+    path = tmp_path / "status" / "rank0"
+    board = StatusBoard(path)
+    child = os.fork()
+    if child == 0:  # the forked worker: lives on after its rank
+        time.sleep(30)
+        os._exit(0)
+    try:
+        board.close()  # the rank ends
+        wait_for(lambda: StatusBoard.ended(path), timeout=5, what="the lock to go with the rank")  # the child runs
+    finally:
+        os.kill(child, signal.SIGKILL)
+        os.waitpid(child, 0)
