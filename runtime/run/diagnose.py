@@ -149,6 +149,8 @@ def _describe_silent(failure, out_root: Path, config) -> str:
     elif status["state"] != "finished":
         if status["task"]:
             line += f" {'during' if status['state'] == 'running' else 'after'} {status['task']},"
+        else:  # the iteration had begun, no task yet
+            line += " in"
         line += f" iteration {status['iteration']} of job {status['job']}"
     message = failure.message if isinstance(failure.message, str) else ""
     if failure.exitcode is None:

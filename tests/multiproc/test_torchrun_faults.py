@@ -63,9 +63,9 @@ def test_a_rank_killed_under_torchrun_is_the_root_cause_and_finished_iterations_
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1, stderr  # rank 0 reports, or rank 1 when rank 0 died; the others write to logs/
     cause = re.fullmatch(rf"error: run failed: rank {victim} \(stage {victim}\) died without a report "
-                         rf"(during|after) {victim}[FB]\d+, iteration (\d+) of job ready-1f1b@1f1b "
+                         rf"((during|after) {victim}[FB]\d+,|in) iteration (\d+) of job ready-1f1b@1f1b "
                          r"\(killed or crashed; torchrun's summary gives its exit code\)", errors[0])
-    assert cause and int(cause.group(2)) >= 2, stderr
+    assert cause and int(cause.group(3)) >= 2, stderr
     kept = pl.read_parquet(run / "metrics.parquet")
     assert kept.height >= 2 and f"kept {kept.height} completed iterations of ready-1f1b@1f1b" in stderr
     assert kept["iteration"].to_list() == list(range(kept.height))

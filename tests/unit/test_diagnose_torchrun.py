@@ -57,6 +57,13 @@ def test_without_exit_codes_the_rank_that_ended_silently_is_the_root_cause(tmp_p
     assert lines[2] == "rank 0 was stopped"
 
 
+def test_a_rank_killed_before_its_iterations_first_task_is_placed_in_the_iteration(tmp_path):
+    began = time.time()
+    _board(tmp_path, 1).close()  # iteration 3 had begun; no task had started
+    line = diagnose(tmp_path, {}, began, 2, RunConfig(ranks=2)).splitlines()[0]
+    assert line.startswith("rank 1 (stage 1) died without a report in iteration 3 of job ready-1f1b@1f1b ("), line
+
+
 def test_a_finished_or_live_rank_is_never_taken_for_a_silent_death(tmp_path):
     began = time.time()
     finished, live = _board(tmp_path, 0), _board(tmp_path, 1, "1F0")
