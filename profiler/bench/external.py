@@ -88,6 +88,7 @@ import torch
 from hints.errors import HintError, UserError, as_flag, render_inputs
 from hints.files.torch_import import import_torch_schedule
 from hints.orders import peak_in_flight
+from hints.outputs import write_text
 from hints.tasks import LOOPING, PipelineShape, V
 from profiler.bench.script_args import Parser, progress
 from profiler.bench.torch_side import run_torch
@@ -483,7 +484,7 @@ def main(argv: list[str] | None = None) -> None:
         rows += [json_row(case, m) for m in results[case.name]]
         sys.stdout.flush()
         if args.json is not None:  # rewritten after every case, so a long run leaves what it measured
-            args.json.write_text(json.dumps(rows, indent=1) + "\n")
+            write_text(args.json, json.dumps(rows, indent=1) + "\n")  # whole: bench reads it as it is
     print_summary(cases, results)
     print(f"\nTotal run time: {time.perf_counter() - began:.0f} s")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from hints.outputs import Outputs
 from profiler.bench.matrix import MATRIX_ROWS, PAPER_KIND, PAPER_ROWS, PaperRow
 from profiler.draw.charts import BarChart, Bars, LineChart, Series, save_chart
 
@@ -480,7 +481,13 @@ def _speedup_series(entries_by_x: list[tuple[float, dict | None]], rows=MATRIX_R
 
 
 def write_plots(data: dict, folder: Path) -> list[Path]:
-    folder.mkdir(parents=True, exist_ok=True)
+    """Every chart of ``data`` in ``folder``, all or none ([Note: outputs written whole] in hints.outputs): a
+    refused write is one line naming the disk or the place, and leaves the charts that were there before."""
+    with Outputs() as outputs:
+        return _draw_plots(data, outputs.directory(folder), outputs)
+
+
+def _draw_plots(data: dict, folder: Path, outputs: Outputs) -> list[Path]:
     settings = data["settings"]
     written: list[Path] = []
     for w in settings["workloads"]:
@@ -490,7 +497,7 @@ def write_plots(data: dict, folder: Path) -> list[Path]:
                 chart = LineChart(f"{w}, budget {b}: speedup over fixed 1F1B (median, p10-p90 whiskers)",
                                   "pipeline stages (ranks), m = 4p", "speedup", _speedup_series(by_ranks),
                                   [(math.log2(c["ranks"]), str(c["ranks"])) for _, c in by_ranks], reference=1.0)
-                written += save_chart(chart, folder / f"speedup-vs-stages-{w}-{b}")
+                written += save_chart(chart, folder / f"speedup-vs-stages-{w}-{b}", outputs)
             sweep = sorted(((c["jitter"], c) for c in _cells(data, "variability")
                             if c["workload"] == w and c["budget"] == b), key=lambda item: item[0])
             if sweep:
@@ -498,8 +505,8 @@ def write_plots(data: dict, folder: Path) -> list[Path]:
                                   f"variability", "jitter / cost spread (CV of a stage's forward time across microbatches)",
                                   "speedup", _speedup_series(sweep),
                                   [(j, f"{j:g} / {c['cost_spread']['median']:.2f}") for j, c in sweep], reference=1.0)
-                written += save_chart(chart, folder / f"speedup-vs-variability-{w}-{b}")
-            written += _unknown_charts(data, w, b, folder)
+                written += save_chart(chart, folder / f"speedup-vs-variability-{w}-{b}", outputs)
+            written += _unknown_charts(data, w, b, folder, outputs)
             bubbles = [e for e in data.get("simulation", {}).get("bubbles", []) if e["workload"] == w
                        and e["budget"] == b]
             if bubbles:
@@ -507,7 +514,7 @@ def write_plots(data: dict, folder: Path) -> list[Path]:
                                  "share of ranks x makespan", [e["row"] for e in bubbles],
                                  [Bars(c.replace("_", " "), [e["share"].get(c, 0.0) for e in bubbles],
                                        CAUSE_COLOURS[c]) for c in CAUSES], stacked=True)
-                written += save_chart(chart, folder / f"bubbles-{w}-{b}")
+                written += save_chart(chart, folder / f"bubbles-{w}-{b}", outputs)
         largest = max((c["ranks"] for c in _cells(data) if c["workload"] == w), default=None)
         if largest is not None:
             names = [r.name for r in MATRIX_ROWS if any(_row(_cell(data, w, largest, b), r.name)
@@ -521,14 +528,14 @@ def write_plots(data: dict, folder: Path) -> list[Path]:
                 bars.append(Bars(f"budget {b}", values))
             chart = BarChart(f"{w}, {largest} ranks: makespan over the lower bound (median)", "makespan / bound",
                              names, bars, reference=1.0)
-            written += save_chart(chart, folder / f"makespan-over-bound-{w}")
+            written += save_chart(chart, folder / f"makespan-over-bound-{w}", outputs)
     return written
 
 
 __all__ = ["paper_table", "results_markdown", "section_markdown", "write_plots"]
 
 
-def _unknown_charts(data: dict, workload: str, budget: str, folder: Path) -> list[Path]:
+def _unknown_charts(data: dict, workload: str, budget: str, folder: Path, outputs: Outputs) -> list[Path]:
     """Per kind of unknown variability: ready over the best fixed order at equal memory, by level (level 0 is
     the sweep's "none"), one line per reported ready row, p10-p90 whiskers."""
     cells = _unknown_points(data, workload, budget)
@@ -549,5 +556,5 @@ def _unknown_charts(data: dict, workload: str, budget: str, folder: Path) -> lis
             chart = LineChart(f"{workload}, {points[-1][1]['ranks']} ranks, budget {budget}: ready over the best fixed "
                               f"order at equal memory, by {kind} (median, p10-p90)", f"{kind} level",
                               "ready / best fixed", series, [(x, f"{x:g}") for x, _ in points], reference=1.0)
-            written += save_chart(chart, folder / f"unknown-{kind}-{workload}-{budget}")
+            written += save_chart(chart, folder / f"unknown-{kind}-{workload}-{budget}", outputs)
     return written

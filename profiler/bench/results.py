@@ -116,8 +116,8 @@ def save(suite: Suite, final: bool = False) -> None:
             "complete": final and not suite.results.get("interrupted")}
     from profiler.bench.report import results_markdown, section_markdown
 
-    suite.out.mkdir(parents=True, exist_ok=True)
     with Outputs() as outputs:  # the three of one state, or the previous three ([Note: outputs written whole])
+        outputs.directory(suite.out)  # check_out made it; made again if it was removed meanwhile
         outputs.write_text(suite.out / RESULTS_JSON, json.dumps(_jsonable(data), indent=1) + "\n")
         outputs.write_text(suite.out / RESULTS_MD, results_markdown(data))
         outputs.write_text(suite.out / SECTION_MD, section_markdown(data))

@@ -42,6 +42,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from hints.outputs import Outputs
 from profiler.bench.matrix import MICROBATCHES_PER_RANK
 from profiler.bench.results import Suite, save, spread
 
@@ -222,7 +223,8 @@ def call_cross_framework(args: list[str], out: Path) -> dict:
     env = dict(os.environ,
                PYTHONPATH=os.pathsep.join(filter(None, [str(package_root), os.environ.get("PYTHONPATH")])))
     folder = out / "external"
-    folder.mkdir(parents=True, exist_ok=True)
+    with Outputs() as made:  # a refused directory is one line ([Note: outputs written whole] in hints.outputs)
+        made.directory(folder)
     json_file = folder / "cross_framework.json"
     json_file.unlink(missing_ok=True)  # a file left by an earlier run is not this run's
     process = subprocess.Popen([sys.executable, "-m", "profiler.bench.external", *args, "--json", str(json_file)],
@@ -237,8 +239,9 @@ def call_cross_framework(args: list[str], out: Path) -> dict:
             process.kill()
         raise
     stdout_file = folder / "cross_framework.md"
-    stdout_file.write_text(stdout)
-    (folder / "cross_framework.stderr").write_text(stderr)
+    with Outputs() as outputs:  # the script's Markdown and its stderr, both or neither
+        outputs.write_text(stdout_file, stdout)
+        outputs.write_text(folder / "cross_framework.stderr", stderr)
     rows = read_cross_framework(json_file)
     result = {"returncode": process.returncode, "stdout_file": str(stdout_file.relative_to(out)),
               "json_file": str(json_file.relative_to(out)) if json_file.is_file() else None, "rows": rows}

@@ -248,15 +248,17 @@ def chart_scene(chart: LineChart | BarChart) -> Scene:
     return line_scene(chart) if isinstance(chart, LineChart) else bar_scene(chart)
 
 
-def save_chart(chart: LineChart | BarChart, stem: str | Path) -> list[Path]:
+def save_chart(chart: LineChart | BarChart, stem: str | Path, outputs: Outputs | None = None) -> list[Path]:
     """Write ``stem.svg`` and ``stem.png``, both or neither ([Note: outputs written whole] in hints.outputs);
-    the paths written."""
+    the paths written. With ``outputs`` they are staged there, to be committed with the caller's other outputs."""
+    if outputs is None:
+        with Outputs() as own:
+            return save_chart(chart, stem, own)
     scene = chart_scene(chart)
     stem = Path(stem)  # suffixes appended, not swapped: a stem ending "1.5x" keeps its ".5x"
     image = to_png(scene)
-    with Outputs() as outputs:
-        svg = outputs.write_text(stem.parent / f"{stem.name}.svg", to_svg(scene))
-        png = outputs.write(stem.parent / f"{stem.name}.png", lambda temporary: image.save(temporary, format="PNG"))
+    svg = outputs.write_text(stem.parent / f"{stem.name}.svg", to_svg(scene))
+    png = outputs.write(stem.parent / f"{stem.name}.png", lambda temporary: image.save(temporary, format="PNG"))
     return [svg, png]
 
 

@@ -1,0 +1,91 @@
+"""Issue 24's leftovers, in this process: every file ``rrfp bench`` writes goes through hints.outputs (a full disk is
+one line naming it, nothing half-written); ``trace merge --out`` takes only ``.pftrace``; a model knob beside a
+recorded table is refused, naming the flag; ``--chunks`` is named for a V placement's chunk count.
+
+A full disk is injected as in tests/inproc/test_outputs_cli.py: the chosen file's writer writes its bytes, then the
+disk says ENOSPC (the tests run as root, and a real small tmpfs is tests/helpers/disk.py's, for ``rrfp run``).
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import pathlib
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.cli import run_cli
+
+# The smallest bench that still draws plots: one workload, 4 ranks, one budget, one table, no tuning, no sweep.
+TINY_BENCH = ("--ranks", "4", "--workloads", "language", "--budgets", "1f1b", "--seeds", "1", "--iterations", "1",
+              "--tune-seconds", "0", "--unknown-sweep", "none", "--no-real")
+
+
+def _full_disk_at(monkeypatch, name: str, code: int = errno.ENOSPC) -> None:
+    """Writing a file whose name holds ``name`` (its temporary file's name holds it too) or making a directory
+    named ``name`` meets a full disk (or the error ``code``): a file's bytes are written first, as a full disk
+    lets them be."""
+    write_text, mkdir = pathlib.Path.write_text, pathlib.Path.mkdir
+
+    def full() -> OSError:
+        return OSError(code, os.strerror(code))
+
+    def writing(self, *args, **kwargs):
+        written = write_text(self, *args, **kwargs)
+        if name in self.name:
+            raise full()
+        return written
+
+    def making(self, *args, **kwargs):
+        if self.name == name:
+            raise full()
+        return mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "write_text", writing)
+    monkeypatch.setattr(pathlib.Path, "mkdir", making)
+
+
+class _CrossFramework:
+    """``python -m profiler.bench.external`` as bench starts it, without torch: it prints its Markdown, writes no
+    rows, exits 0."""
+
+    returncode = 0
+
+    def communicate(self):
+        return "## torch.distributed.pipelining vs rrfp run\n", ""
+
+
+def _fake_cross_framework(monkeypatch) -> None:
+    popen = subprocess.Popen  # the module is shared: only the script is faked (git, for the versions, still runs)
+    monkeypatch.setattr(subprocess, "Popen", lambda argv, *a, **k: _CrossFramework()
+                        if "profiler.bench.external" in argv else popen(argv, *a, **k))
+
+
+def _half_written(root: Path) -> list[str]:
+    """Temporary files (and directories being built) left under ``root``."""
+    return sorted(str(p.relative_to(root)) for p in root.rglob(".*") if p.name.endswith((".tmp", ".building")))
+
+
+@pytest.mark.parametrize("name, external", [("plots", "--no-external"), ("cross_framework.md", "--external"),
+                                            ("cross_framework.stderr", "--external")])
+def test_bench_meeting_a_full_disk_is_one_line_naming_it(tmp_path, monkeypatch, name, external):
+    _fake_cross_framework(monkeypatch)
+    _full_disk_at(monkeypatch, name)
+    done = run_cli(tmp_path, "bench", "--out", tmp_path / "b", *TINY_BENCH, external)
+    assert done.returncode == 1 and "Traceback" not in done.stderr and "internal error" not in done.stderr, done
+    lines = done.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: cannot write {tmp_path / 'b'}"), done.stderr
+    assert f"{name}: the disk is full (file system at " in lines[0]
+    assert _half_written(tmp_path) == []
+    assert not (tmp_path / "b" / "plots").exists()  # made for the plots, removed with them
+    # the Markdown and the stderr of the script are kept both or neither
+    assert not (tmp_path / "b" / "external" / "cross_framework.md").exists()
+
+
+def test_bench_refused_its_plots_folder_is_bad_input(tmp_path, monkeypatch):
+    _full_disk_at(monkeypatch, "plots", errno.EACCES)
+    done = run_cli(tmp_path, "bench", "--out", tmp_path / "b", *TINY_BENCH, "--no-external")
+    lines = done.stderr.splitlines()
+    assert done.returncode == 2 and lines == [f"error: {tmp_path / 'b' / 'plots'}: cannot write: Permission denied"]
