@@ -184,7 +184,7 @@ def merge_command(
     if not files:
         raise UserError("has no trace/rank*.pftrace files to merge", str(run))
     target = out_file or run / "trace.pftrace"
-    check_new_file(target, force, "--out")
+    check_new_file(target, force, "--out", (".pftrace",), "a Perfetto trace")
     out = Output(json_mode)
     merged = merge_traces(files, target)
     for warning in merged.warnings:

@@ -16,7 +16,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import run_cli
+from tests.helpers.cli import one_error_line, run_cli
+from tests.helpers.trace_builder import ONE_F_ONE_B, build_run
 
 # The smallest bench that still draws plots: one workload, 4 ranks, one budget, one table, no tuning, no sweep.
 TINY_BENCH = ("--ranks", "4", "--workloads", "language", "--budgets", "1f1b", "--seeds", "1", "--iterations", "1",
@@ -89,3 +90,13 @@ def test_bench_refused_its_plots_folder_is_bad_input(tmp_path, monkeypatch):
     done = run_cli(tmp_path, "bench", "--out", tmp_path / "b", *TINY_BENCH, "--no-external")
     lines = done.stderr.splitlines()
     assert done.returncode == 2 and lines == [f"error: {tmp_path / 'b' / 'plots'}: cannot write: Permission denied"]
+
+
+@pytest.mark.parametrize("name", ["merged.json", "merged.perfetto", "merged"])
+def test_merge_out_must_end_in_pftrace(tmp_path, name):
+    run = build_run(tmp_path / "run", **ONE_F_ONE_B)
+    line = one_error_line(run_cli(tmp_path, "trace", "merge", run, "--out", tmp_path / name))
+    assert line == f"error: --out {tmp_path / name}: writes a Perfetto trace; give a name ending in .pftrace"
+    assert not (tmp_path / name).exists()
+    done = run_cli(tmp_path, "trace", "merge", run, "--out", tmp_path / "MERGED.PFTRACE")  # as --png takes X.PNG
+    assert done.returncode == 0 and (tmp_path / "MERGED.PFTRACE").is_file(), done

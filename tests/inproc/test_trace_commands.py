@@ -144,7 +144,8 @@ OUTPUTS = {  # subcommand -> its arguments writing to `path`
     "merge --out": lambda run, path: ["merge", run, "--out", path],
 }
 MESSAGES = {"missing": "no such directory", "directory": "is a directory", "existing": "exists; pass --force"}
-SUFFIXES = {"export --durations": ".csv", "timeline --png": ".png", "timeline --svg": ".svg"}  # what each writes
+SUFFIXES = {"export --durations": ".csv", "timeline --png": ".png", "timeline --svg": ".svg",
+            "merge --out": ".pftrace"}  # what each writes
 
 
 @pytest.mark.parametrize("where", ["missing", "directory", "existing"])
