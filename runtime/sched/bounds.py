@@ -163,9 +163,16 @@ def bound_family(shape: PipelineShape) -> str:
     whole = sorted(shape.fused_stages) if shape.split_backward else list(range(shape.stages))
     if len(whole) == shape.stages:
         return "full-backward"
-    if whole:
-        return f"split except stage{'s' if len(whole) > 1 else ''} " + ",".join(map(str, whole))
-    return "split"
+    if not whole:
+        return "split"
+    runs: list[list[int]] = []
+    for stage in whole:
+        if runs and stage == runs[-1][-1] + 1:
+            runs[-1].append(stage)
+        else:
+            runs.append([stage])
+    named = ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in runs)
+    return f"split except stage{'s' if len(whole) > 1 else ''} {named}"
 
 
 def jackson_preemptive_bound(release: Sequence[float], processing: Sequence[float],

@@ -263,3 +263,5 @@ def test_the_full_backward_bound_is_tighter_where_the_gradient_waits_for_the_who
     assert split_bound(shape, table).value == pytest.approx(5.0)
     assert bound_family(shape) == "full-backward"
     assert bound_family(shape.with_split(True)) == "split"
+    assert bound_family(PipelineShape(6, 1, 2, True, fused_stages=frozenset({0, 1, 2, 4}))) == \
+        "split except stages 0..2,4"
