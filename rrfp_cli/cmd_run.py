@@ -1,4 +1,20 @@
-"""``rrfp run``: train a pipeline-parallel model across processes with the readiness-driven runtime."""
+"""``rrfp run``: train a pipeline-parallel model across processes with the readiness-driven runtime.
+
+[Note: a full disk under rrfp run]
+    A disk that refuses the run's outputs ends it with one line naming the
+    disk (:func:`hints.outputs.disk_message`: the file, the file system and
+    what is free on it), then what was kept, and exit 1. The ranks stop at
+    the first refused write (``metrics.jsonl``, a rank's trace: [Note: a
+    trace the disk refuses] in :mod:`profiler.trace.recorder`; their status
+    files are allocated when created, so a full disk is ENOSPC there, not a
+    SIGBUS later), but their reports are writes too and may be lost, so the
+    launcher decides: a refused ``metrics.parquet`` or ``trace.pftrace``
+    while keeping what finished, or else a small probe write into the run
+    directory (:func:`_disk_refusal`), names the disk; what the ranks
+    reported follows. Nothing finished is lost: the complete lines of
+    ``metrics.jsonl`` and the whole iterations of each rank trace stay when
+    there is no room to convert or merge them.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +23,7 @@ import os
 import statistics
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
@@ -14,6 +31,7 @@ import typer
 from rich.console import Console
 
 from hints.errors import Failure, Interrupted, UserError
+from hints.outputs import DiskError, disk_message, is_disk_error
 from rrfp_cli.options import (
     SPLIT_OVERHEAD_HELP,
     UNKNOWN_HELP,
@@ -171,13 +189,22 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
     try:
         results = launch(jobs, options, config.nproc or config.world_size, checked=True)
     except RunFailed as err:  # app.main: the cause, then what was kept; exit 1
-        raise Failure(f"run failed: {err}", _keep_what_finished(jobs, config, err.reports)) from None
+        kept = _keep_what_finished(jobs, config, err.reports)
+        refused = kept.refused or _disk_refusal(root)
+        if refused is not None:  # [Note: a full disk under rrfp run]
+            raise Failure(f"run failed: {refused}", kept.text) from None  # the ranks saw only its effects
+        raise Failure(f"run failed: {err}", kept.text) from None
     except Interrupted:
-        sys.stderr.write(_keep_what_finished(jobs, config))
+        sys.stderr.write(_keep_what_finished(jobs, config).text)
         raise
     if under_torchrun() and 0 not in results:
         return  # only rank 0 reports
-    _merge_traces(jobs, config)
+    try:
+        _merge_traces(jobs, config)
+    except DiskError as err:  # [Note: a full disk under rrfp run]: every iteration ran, the merge had no room
+        raise Failure(f"run finished, but {err}", "".join(
+            f"kept every iteration of {job.name} in {job.out_dir} (metrics.parquet, trace/rank<r>.pftrace: "
+            f"`rrfp trace merge {job.out_dir}` once there is room)\n" for job in jobs)) from None
     summaries = [_summarise(job, results[0][job.name]["metrics"]) for job in jobs]
     data: dict[str, Any] = {"out": str(root), "seconds": time.perf_counter() - began, "jobs": summaries}
     if compare:
@@ -281,33 +308,67 @@ def _merge_traces(jobs, config: RunConfig) -> None:
             merge_run_traces(Path(job.out_dir))
 
 
-def _keep_what_finished(jobs, config: RunConfig, reports: bool | None = None) -> str:
+@dataclass
+class Kept:
+    """What :func:`_keep_what_finished` kept: a line per job (``text``), and the first write the disk refused
+    (:func:`hints.outputs.disk_message`), if one was."""
+
+    text: str = ""
+    refused: str | None = None
+
+
+def _keep_what_finished(jobs, config: RunConfig, reports: bool | None = None) -> Kept:
     """After a failure or an interrupt: completed iterations' metrics to Parquet, rank traces merged.
 
-    Returns what was kept, a line per job, for the message. Under ``torchrun`` only the reporting rank does this.
+    Returns what was kept, a line per job, for the message. Under ``torchrun`` only the reporting rank does this. A disk
+    with no room for ``metrics.parquet`` or ``trace.pftrace`` keeps ``metrics.jsonl`` and the rank traces as
+    they are ([Note: a full disk under rrfp run]).
     """
     from runtime.run.launch import under_torchrun
-    from runtime.run.metrics import salvage_metrics
+    from runtime.run.metrics import logged_rows, salvage_metrics
 
     if reports is None:  # an interrupt: rank 0 reports ([Note: who reports under torchrun] for a failure)
         reports = not under_torchrun() or os.environ.get("RANK") == "0"
     if not reports:
-        return ""
-    lines = []
+        return Kept()
+    lines, refused = [], None
     for job in jobs:
         out_dir = Path(job.out_dir)
-        kept = salvage_metrics(out_dir)
+        try:
+            kept, files = salvage_metrics(out_dir), ["metrics.parquet"]
+        except DiskError as err:
+            refused = refused or str(err)
+            kept, files = len(logged_rows(out_dir)), ["metrics.jsonl"]
         if not kept and not (out_dir / "metrics.parquet").exists():
             continue
-        files = ["metrics.parquet"]
         try:
             _merge_traces([job], config)
             files += ["trace.pftrace"] if (out_dir / "trace.pftrace").exists() else []
+        except DiskError as err:
+            refused = refused or str(err)
+            files += ["trace/rank<r>.pftrace"]
         except (UserError, OSError) as err:
             lines.append(f"{job.name}: could not merge its rank traces: {err}")
         what = f"{kept} completed iteration{'s' if kept != 1 else ''}" if kept else "the whole job"
         lines.append(f"kept {what} of {job.name} in {out_dir} ({', '.join(files)})")
-    return "".join(line + "\n" for line in lines)
+    return Kept("".join(line + "\n" for line in lines), refused)
+
+
+def _disk_refusal(root: Path) -> str | None:
+    """Whether the run directory's file system refuses writes now (full, over quota, read-only): its
+    :func:`hints.outputs.disk_message`, else None. A failed run whose ranks could not say so (their reports
+    are writes too) is diagnosed by this probe: a small file, allocated for real, then removed."""
+    probe = root / f".rrfp-disk-probe-{os.getpid()}"
+    try:
+        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            os.posix_fallocate(fd, 0, 4096)
+        finally:
+            os.close(fd)
+            probe.unlink(missing_ok=True)
+    except OSError as err:
+        return disk_message(err, root) if is_disk_error(err) else None
+    return None
 
 
 def _job_name(config: RunConfig) -> str:

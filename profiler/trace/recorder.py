@@ -9,6 +9,17 @@ writer thread, which builds native Perfetto ``TracePacket``s with the
 readable trace of the finished iterations. The per-rank files concatenate into
 one trace (``rrfp trace merge``; ``rrfp run`` does it at the end).
 
+[Note: a trace the disk refuses]
+    Tracing never takes training down for a bug of its own: the writer says
+    so once and stops tracing. A disk that refuses the trace (full, over
+    quota, read-only: :func:`hints.outputs.is_disk_error`) is another matter:
+    every later output of the run would be refused too, so the rank stops at
+    its next iteration with :class:`hints.outputs.DiskError` naming the file
+    and the file system (raised in :meth:`TraceRecorder.begin_iteration`, so
+    the iterations before it are whole in ``metrics.jsonl``). Each iteration
+    goes to the file whole or not at all (a refused write is cut back to the
+    iteration before), and nothing is written after the first refusal.
+
 Besides the ``runtime.exec.recording.Recorder`` protocol, :meth:`TraceRecorder.optimizer_step`
 records what follows the executor's iteration on the rank (the optimizer step,
 then the barrier that closes the iteration) as a slice on the ``step`` track;
@@ -29,6 +40,7 @@ the worker calls it after the barrier, with host-clock times.
 
 from __future__ import annotations
 
+import os
 import queue
 import sys
 import threading
@@ -38,7 +50,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 from hints.errors import UserError
-from hints.outputs import write_whole
+from hints.outputs import is_disk_error, write_error, write_whole
 from hints.tasks import Task
 from profiler.trace.schema import (
     COUNTERS,
@@ -71,11 +83,16 @@ class TraceRecorder:
         self._auto: dict[int, tuple[str, str]] = {}  # iteration -> (rule, why) under --policy auto
         self._queue: queue.Queue = queue.Queue()
         self._writer = _RunWriter(self.path, setup, self.cuda)
+        self.refused: Exception | None = None  # [Note: a trace the disk refuses], set by the writer thread
+        self._stopped = False  # the writer met an error: it writes nothing more
         self._thread = threading.Thread(target=self._write_loop, name=f"rrfp-trace-{self.rank}", daemon=True)
         self._thread.start()
 
     # -- Recorder protocol (dispatcher thread) ----------------------------
     def begin_iteration(self, iteration: int, now_ns: int, order: tuple[Task, ...]) -> None:
+        if self.refused is not None:  # [Note: a trace the disk refuses]
+            refused, self.refused = self.refused, None
+            raise refused
         self.iteration = iteration
         if not self.config.traces(iteration):
             self.events = None
@@ -146,8 +163,13 @@ class TraceRecorder:
             self._queue.put([("step", iteration, start_ns, barrier_ns, end_ns)])
 
     def close(self) -> None:
+        """Write what is queued and close the file. A refusal of the disk not raised yet is raised here, unless
+        the rank is already on its way out with another exception ([Note: a trace the disk refuses])."""
         self._queue.put(_SENTINEL)
         self._thread.join(timeout=60)
+        if self.refused is not None and sys.exc_info()[1] is None:
+            refused, self.refused = self.refused, None
+            raise refused
 
     # -- internals --------------------------------------------------------
     def _resolve_cuda(self) -> None:
@@ -166,12 +188,28 @@ class TraceRecorder:
         while True:
             chunk = self._queue.get()
             if chunk is _SENTINEL:
-                self._writer.close()
+                try:
+                    self._writer.close()
+                except OSError as err:  # its buffer's last flush: refused only if an earlier write was
+                    if not self._stopped:
+                        self._stop(err)
                 return
+            if self._stopped:
+                continue  # nothing after the first error: the file ends with whole packets
             try:
                 self._writer.write_iteration(chunk, self.offset)
-            except Exception as err:  # tracing must never take training down
-                print(f"rrfp: rank {self.rank}: trace write failed: {err}", file=sys.stderr)
+            except Exception as err:  # [Note: a trace the disk refuses]
+                self._stop(err)
+
+    def _stop(self, err: Exception) -> None:
+        """The writer's first error: a refusal of the disk stops the rank at its next iteration; any other
+        error stops tracing, said once ([Note: a trace the disk refuses])."""
+        self._stopped = True
+        if is_disk_error(err):
+            self.refused = write_error(err, self.path)
+        else:
+            print(f"rrfp: rank {self.rank}: trace write failed, tracing stops here: {type(err).__name__}: {err}",
+                  file=sys.stderr)
 
 
 class PacketWriter:
@@ -338,6 +376,22 @@ class _RunWriter(PacketWriter):
         super().__init__(path, setup.rank)
         self.setup = setup
         self.cuda = cuda
+        self.whole = 0  # bytes of the file that hold whole iterations
+
+    def flush(self) -> None:
+        """One iteration's packets, whole or not at all: a write the disk refuses is cut back to the iteration
+        before ([Note: a trace the disk refuses]). Written to the descriptor, past the (always empty) buffer."""
+        data = self.builder.serialize()
+        fd = self.file.fileno()
+        try:
+            rest = memoryview(data)
+            while rest:
+                rest = rest[os.write(fd, rest):]
+        except OSError:
+            os.ftruncate(fd, self.whole)
+            os.lseek(fd, self.whole, os.SEEK_SET)
+            raise
+        self.whole += len(data)
 
     def write_iteration(self, events: list[tuple], offset: int) -> None:
         self.batch()

@@ -152,6 +152,7 @@ class StatusBoard:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             os.ftruncate(fd, self.SIZE)
+            _allocate(fd, self.SIZE, path)
             self.map = mmap.mmap(fd, self.SIZE)
         finally:
             os.close(fd)
@@ -215,6 +216,20 @@ class StatusBoard:
         pid, job, iteration, task = fields
         return {"state": cls.STATES[raw[0]], "pid": int(pid), "job": job or None,
                 "iteration": int(iteration) if iteration.isdigit() else None, "task": task or None}
+
+
+def _allocate(fd: int, size: int, path: Path) -> None:
+    """Give the status file its disk blocks now: ``ftruncate`` makes a sparse file, and a store into a map of
+    it on a full disk is a SIGBUS that kills the rank with no word of the disk. Allocated, a full disk is
+    ENOSPC here, raised as :class:`hints.outputs.DiskError` naming the file system. A file system that cannot
+    allocate ahead (``EOPNOTSUPP``, ``EINVAL``) keeps the sparse file, as before."""
+    from hints.outputs import is_disk_error, write_error
+
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if is_disk_error(err):
+            raise write_error(err, path) from None
 
 
 def _lock_for_life(path: Path) -> int:

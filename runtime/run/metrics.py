@@ -8,6 +8,10 @@
   into ``metrics.parquet`` at the end; :func:`salvage_metrics` does the same after a failure or an interrupt
   (the launcher, ``rrfp run``).
 
+Every file is written through :mod:`hints.outputs` ([Note: outputs written whole]): a full disk is a
+:class:`hints.outputs.DiskError` naming the file and the file system, and the lines of ``metrics.jsonl`` already
+written stay (a log that cannot become ``metrics.parquet`` is kept as it is).
+
 Per-rank lists in a row are indexed by global rank (:class:`runtime.comm.grid.ProcessGrid`).
 """
 
@@ -17,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from hints.outputs import write_whole
+from hints.outputs import write_error, write_text, write_whole
 
 
 def gather_summaries(world: int, result, group, clock_offset_ns: int = 0, reduced=None) -> list[dict[str, Any]]:
@@ -73,7 +77,7 @@ def metrics_row(iteration: int, gathered: list[dict], wall: float, unit: str,
 def write_job_inputs(out_dir: Path, config, workload) -> None:
     """Before the first iteration: ``config.json`` and, for the emulated workload, every iteration's sampled
     durations (known up front), so a run that fails keeps what it was."""
-    (out_dir / "config.json").write_text(json.dumps(config.to_json(), indent=1) + "\n")
+    write_text(out_dir / "config.json", json.dumps(config.to_json(), indent=1) + "\n")
     if workload.name == "emulated":
         import polars as pl
 
@@ -81,8 +85,8 @@ def write_job_inputs(out_dir: Path, config, workload) -> None:
 
         records = [(iteration, *row) for iteration in range(config.iters)
                    for row in durations_frame_rows(workload.durations(iteration))]
-        pl.DataFrame(records, schema=["iteration", "stage", "kind", "microbatch", "duration"],
-                     orient="row").write_parquet(out_dir / "durations.parquet")
+        frame = pl.DataFrame(records, schema=["iteration", "stage", "kind", "microbatch", "duration"], orient="row")
+        write_whole(out_dir / "durations.parquet", frame.write_parquet)
 
 
 METRICS_LOG = "metrics.jsonl"
@@ -94,17 +98,29 @@ class MetricsLog:
 
     def __init__(self, out_dir: Path, resume_at: int = 0) -> None:
         self.out_dir = out_dir
+        self.path = Path(out_dir) / METRICS_LOG
         kept = _rows_before(out_dir, resume_at) if resume_at else []  # a resumed run keeps the iterations before
-        self.handle = open(out_dir / METRICS_LOG, "w")
+        try:
+            self.handle = open(self.path, "w")
+        except OSError as err:
+            raise write_error(err, self.path) from None
         for row in kept:
             self.append(row)
 
     def append(self, row: dict[str, Any]) -> None:
-        self.handle.write(json.dumps(row) + "\n")
-        self.handle.flush()
+        """One iteration's row, on disk when this returns; a refused write (a full disk) raises
+        :class:`hints.outputs.DiskError` and leaves the lines before it whole."""
+        try:
+            self.handle.write(json.dumps(row) + "\n")
+            self.handle.flush()
+        except OSError as err:
+            raise write_error(err, self.path) from None
 
     def close(self) -> None:
-        self.handle.close()
+        try:
+            self.handle.close()
+        except OSError as err:  # the last flush: every row was flushed when appended, so this is that row's tail
+            raise write_error(err, self.path) from None
         salvage_metrics(self.out_dir)
 
 
@@ -122,22 +138,32 @@ def _rows_before(out_dir: Path, iteration: int) -> list[dict[str, Any]]:
 def salvage_metrics(out_dir: Path) -> int:
     """Turn ``metrics.jsonl`` into ``metrics.parquet`` (complete lines only); returns how many iterations.
 
-    Returns 0, writing nothing, when there is no log or no complete line.
+    Returns 0, writing nothing, when there is no log or no complete line. When ``metrics.parquet`` cannot be
+    written (:class:`hints.outputs.DiskError`), ``metrics.jsonl`` stays as it was.
     """
     path = Path(out_dir) / METRICS_LOG
-    try:
-        lines = path.read_text().splitlines()
-    except OSError:
+    if not path.exists():
         return 0
-    rows = []
-    for line in lines:
-        try:
-            rows.append(json.loads(line))
-        except json.JSONDecodeError:  # a line cut short by a kill: everything before it is whole
-            break
+    rows = logged_rows(out_dir)
     if rows:
         import polars as pl
 
         write_whole(Path(out_dir) / "metrics.parquet", pl.DataFrame(rows).write_parquet)
     path.unlink()
     return len(rows)
+
+
+def logged_rows(out_dir: Path) -> list[dict[str, Any]]:
+    """The complete lines of ``metrics.jsonl`` (none without one): every iteration logged before a line cut
+    short by a kill or a full disk."""
+    try:
+        lines = (Path(out_dir) / METRICS_LOG).read_text().splitlines()
+    except OSError:
+        return []
+    rows = []
+    for line in lines:
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError:  # a line cut short: everything before it is whole
+            break
+    return rows
