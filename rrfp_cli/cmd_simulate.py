@@ -13,6 +13,7 @@ from hints.files.load import hint_or_baseline, hint_shape, resolve_hint
 from hints.files.torch_names import TORCH_PREFIX
 from hints.orders import BUILTIN_HINTS
 from rrfp_cli.options import (
+    MODEL_KNOBS,
     BackwardRatio,
     Chunks,
     CommJitter,
@@ -38,6 +39,7 @@ from rrfp_cli.options import (
     Unknown,
     Workload,
     WorkloadChoice,
+    given_flags,
     lookahead_flag,
     p2p_value,
     placement_value,
@@ -47,6 +49,7 @@ from rrfp_cli.output import Column, Output, format_seconds, print_pairs, print_t
 
 
 def simulate(
+    ctx: typer.Context,
     stages: Ranks = None,
     chunks: Chunks = None,
     microbatches: Microbatches = None,
@@ -122,6 +125,10 @@ def simulate(
         raise UserError("a recorded table has its own durations; give --workload or --durations", "--workload")
     if cost_table is not None and durations is not None:
         raise UserError("a recorded table has its own durations; give --cost-table or --durations", "--cost-table")
+    # else silently ignored; --comm-latency applies to a table (it prices the messages of one without latencies)
+    knobs = given_flags(ctx, set(MODEL_KNOBS) - {"comm_latency"}) if durations is not None else []
+    if knobs:
+        raise UserError(f"a recorded table has its own durations; give {knobs[0]} or --durations", knobs[0])
     if split_overhead is not None and durations is not None:
         raise UserError("prices the split of a --workload model; a recorded table keeps what it recorded",
                         "--split-overhead")

@@ -37,6 +37,7 @@ import typer
 
 from hints.errors import UserError
 from rrfp_cli.options import (
+    MODEL_KNOBS,
     WORKLOAD_HELP,
     WORKLOAD_METAVAR,
     BackwardRatio,
@@ -54,6 +55,7 @@ from rrfp_cli.options import (
     StragglerSlowdown,
     Unknown,
     WorkloadChoice,
+    given_flags,
     placement_value,
     variability_model,
 )
@@ -74,6 +76,7 @@ _CARRIED = ("workload", "emulate", "forward_time", "backward_ratio", "jitter", "
 
 
 def tune_hint(
+    ctx: typer.Context,
     runs: Annotated[Optional[list[Path]], typer.Argument(help="Traced run directories to tune on.",
                                                          metavar="[RUN_DIR]...", show_default=False)] = None,
     durations: Annotated[Optional[list[Path]], typer.Option(
@@ -153,6 +156,9 @@ def tune_hint(
     if len(sources) != 1:
         raise UserError("give one source of scenarios: RUN_DIR..., --durations FILE..., or --workload NAME "
                         f"(got {', '.join(sources) or 'none'})", "rrfp tune-hint")
+    knobs = given_flags(ctx, MODEL_KNOBS) if workload is None else []
+    if knobs:  # else silently ignored: traces and tables are not drawn from the model
+        raise UserError("sets a --workload model's durations; traces and tables keep what they recorded", knobs[0])
     if split_overhead is not None and workload is None:
         raise UserError("prices the split of a --workload model; traces and tables keep what they recorded",
                         "--split-overhead")

@@ -246,6 +246,22 @@ def check_numbers(command) -> None:
         check_numbers(sub)
 
 
+# The knobs of a duration model (variability_model's); a recorded table or trace has durations of its own.
+MODEL_KNOBS = ("forward_time", "backward_ratio", "jitter", "straggler_prob", "straggler_slowdown", "comm_latency",
+               "comm_jitter")
+
+
+def given_flags(ctx: typer.Context, names) -> list[str]:
+    """The flags of the parameters ``names`` the user gave (on the command line or through an environment
+    variable), in the command's order: a default (0.0, 2.0) cannot say whether it was meant, so a command that
+    ignores an option in some case asks this before it refuses it."""
+    def given(name: str) -> bool:  # click's ParameterSource, by name: typer vendors click (typer._click)
+        source = ctx.get_parameter_source(name)
+        return source is not None and source.name not in ("DEFAULT", "DEFAULT_MAP")
+
+    return [_long_flag(param) for param in ctx.command.params if param.name in names and given(param.name)]
+
+
 def _long_flag(param) -> str:
     return next((opt for opt in param.opts if opt.startswith("--")), param.opts[0] if param.opts else param.name)
 

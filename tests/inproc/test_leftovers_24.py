@@ -100,3 +100,42 @@ def test_merge_out_must_end_in_pftrace(tmp_path, name):
     assert not (tmp_path / name).exists()
     done = run_cli(tmp_path, "trace", "merge", run, "--out", tmp_path / "MERGED.PFTRACE")  # as --png takes X.PNG
     assert done.returncode == 0 and (tmp_path / "MERGED.PFTRACE").is_file(), done
+
+
+# -- a model knob beside a recorded table ------------------------------------------------------------------------------
+
+KNOBS = [("--forward-time", "0.02"), ("--backward-ratio", "3"), ("--jitter", "0.5"), ("--straggler-prob", "0.1"),
+         ("--straggler-slowdown", "2"), ("--comm-jitter", "0.001")]
+
+
+def _table(tmp_path: Path) -> Path:
+    lines = ["stage,kind,microbatch,duration"] + [f"{k},{kind},0,0.1" for k in range(2) for kind in "FB"]
+    (tmp_path / "d.csv").write_text("\n".join(lines) + "\n")
+    return tmp_path / "d.csv"
+
+
+@pytest.mark.parametrize("flag, value", KNOBS + [("--jitter", "0")])  # given, even at the default's value
+def test_simulate_refuses_a_model_knob_beside_a_recorded_table(tmp_path, flag, value):
+    _table(tmp_path)
+    line = one_error_line(run_cli(tmp_path, "simulate", "-p", "2", "-m", "1", "--durations", "d.csv", flag, value))
+    assert line == f"error: {flag}: a recorded table has its own durations; give {flag} or --durations"
+
+
+def test_simulate_takes_a_recorded_table_with_what_applies_to_it(tmp_path):
+    _table(tmp_path)  # --comm-latency prices the messages of a table without a latency column; --seed is harmless
+    done = run_cli(tmp_path, "simulate", "-p", "2", "-m", "1", "--durations", "d.csv", "--comm-latency", "0.001",
+                   "--task-overhead", "0.0001", "--seed", "3")
+    assert done.returncode == 0, done
+    assert run_cli(tmp_path, "simulate", "-p", "2", "-m", "1", "--jitter", "0.5").returncode == 0  # a model's knob
+
+
+@pytest.mark.parametrize("source", ["--durations", "RUN_DIR"])
+@pytest.mark.parametrize("flag, value", [knob for knob in KNOBS if knob[0] != "--comm-jitter"]
+                         + [("--comm-latency", "0.001")])
+def test_tune_hint_refuses_a_model_knob_beside_traces_or_tables(tmp_path, source, flag, value):
+    given = (["--durations", _table(tmp_path), "-p", "2", "-m", "1"] if source == "--durations"
+             else [build_run(tmp_path / "r", **ONE_F_ONE_B)])
+    line = one_error_line(run_cli(tmp_path, "tune-hint", *given, flag, value, "--time-budget", "1s",
+                                  "--out", tmp_path / "o"))
+    assert line == f"error: {flag}: sets a --workload model's durations; traces and tables keep what they recorded"
+    assert not (tmp_path / "o").exists()
