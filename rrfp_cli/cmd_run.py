@@ -185,6 +185,8 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
     jobs = [Job(name, c, str(root / name if compare else root), recorder=recorder, resume=checkpoint)
             for name, c in named.items()]
     options = WorkerOptions(out_root=str(root), show_progress=not out.json_mode, timeout=config.timeout)
+    if options.show_progress:
+        _say_where(root)
     began = time.perf_counter()
     try:
         results = launch(jobs, options, config.nproc or config.world_size, checked=True)
@@ -219,6 +221,18 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
             data["best_fixed_job"] = sorted_job["job"]
             data["speedup_vs_best_fixed"] = sorted_job["median_wall_seconds"] / last
     out.result(data, lambda console: _render(console, data))
+
+
+def _say_where(root: Path) -> None:
+    """Without a terminal for the progress bar (CI logs, batch jobs), say the run directory before the ranks
+    start (their set-up takes seconds); rank 0 then prints a line per iteration (:mod:`runtime.run.progress`).
+    Under ``torchrun`` only rank 0 says it."""
+    from runtime.run.launch import under_torchrun
+
+    if Console(stderr=True).is_terminal or (under_torchrun() and os.environ.get("RANK") != "0"):
+        return
+    sys.stderr.write(f"rrfp run -> {root}\n")
+    sys.stderr.flush()
 
 
 def _orders_by_cost(config: RunConfig) -> bool:

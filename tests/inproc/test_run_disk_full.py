@@ -160,6 +160,7 @@ def test_a_run_whose_metrics_parquet_is_refused_names_the_disk_and_keeps_the_log
     result = run_cli(tmp_path, "run", "--workload", "emulated", "--iters", "10", "--no-trace", "--out", "r")
     assert result.returncode == 1
     assert result.stderr.splitlines() == [
+        "rrfp run -> r",  # no terminal: the run directory first (runtime/run/progress.py)
         "error: run failed: cannot write r/metrics.parquet: the disk is full (file system at /, 0 B free)",
         "kept 3 completed iterations of ready-1f1b@1f1b in r (metrics.jsonl)"]
     assert len(logged_rows(tmp_path / "r")) == 3
@@ -181,4 +182,5 @@ def test_a_run_on_a_real_full_disk_names_it_even_with_nothing_to_keep(tmp_path, 
         result = run_cli(tmp_path, "run", "--workload", "emulated", "--iters", "10", "--out", str(disk / "r"))
     assert result.returncode == 1, result.stderr
     assert result.stderr.splitlines() == [
+        f"rrfp run -> {disk / 'r'}",
         f"error: run failed: cannot write {disk / 'r'}: the disk is full (file system at {disk}, 0 B free)"]

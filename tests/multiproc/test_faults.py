@@ -40,7 +40,7 @@ def test_a_rank_killed_by_sigkill_is_the_root_cause_and_finished_iterations_are_
     finally:
         process.kill()
     assert process.returncode == 1, stderr
-    first = stderr.strip().splitlines()[0]
+    first = next(line for line in stderr.splitlines() if line.startswith("error:"))  # after the progress lines
     assert first.startswith("error: run failed: rank 2 (stage 2) was killed by SIGKILL"), stderr
     assert " iteration " in first and "of job ready-1f1b@1f1b" in first
     assert "Traceback" not in stderr
