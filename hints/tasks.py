@@ -62,7 +62,7 @@ from dataclasses import dataclass
 from enum import Enum
 from typing import Iterator, NamedTuple
 
-from hints.errors import HintError, UserError
+from hints.errors import HintError, UserError, input_name
 
 
 class Kind(str, Enum):
@@ -196,12 +196,9 @@ class PipelineShape:
                     or not 0 <= s < self.ranks * self.chunks), None)
         if bad is not None:
             raise UserError(f"{bad!r} is not a stage of {self.ranks * self.chunks}", "shape fused_stages")
-        if self.placement == V and self.chunks != 2:
-            odd = ", an odd number" if self.chunks % 2 else ""
-            raise UserError(
-                f"V placement puts two chunks on each rank (stages r and 2p-1-r), so it needs 2p = "
-                f"{2 * self.ranks} stages; got {self.chunks} chunk(s) per rank{odd} ({self.stages} stages)",
-                "shape placement")
+        if self.placement == V and self.chunks != 2:  # the caller's chunk count at fault, named as its input
+            raise UserError(f"V placement holds 2 chunks per rank (stages r and 2p-1-r); got {self.chunks}",
+                            input_name("chunks"))
 
     # -- placement ---------------------------------------------------------
     @property

@@ -377,7 +377,10 @@ def build_config(file_values: dict[str, Any], flag_values: dict[str, Any], where
     file gave (:class:`ConfigFile`), the file and its key: ``run.toml: stages: must be ...``."""
     merged = {**current_names(file_values), **flag_values}
     try:
-        return RunConfig(**merged)
+        config = RunConfig(**merged)
+        if isinstance(file_values, ConfigFile):  # the shape's own checks (a V placement's chunks) in its terms too
+            run_shape(config)
+        return config
     except TypeError as err:  # a TOML value of the wrong structure for a dataclass field
         raise UserError(str(err), where) from None
     except UserError as err:

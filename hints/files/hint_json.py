@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hints.costs import CostModel
-from hints.errors import HintError, UserError
+from hints.errors import HintError, UserError, render_inputs
 from hints.orders import MICROBATCH_ORDERS, HintOrder
 from hints.outputs import write_text
 from hints.tasks import LOOPING, PLACEMENTS, PipelineShape, Task
@@ -132,8 +132,8 @@ def _shape_from_json(data: Any, where: str, placement: str = LOOPING) -> Pipelin
         raise HintError("'fused_stages' must be a list of stage numbers", where)
     try:
         return PipelineShape(data["ranks"], data["chunks"], data["microbatches"], split, placement, frozenset(fused))
-    except UserError as err:
-        raise HintError(err.what, f"{where}: {err.where}") from None
+    except UserError as err:  # an input the shape names (`chunks`) is the file's key here, not a caller's input
+        raise HintError(render_inputs(err.what, str), f"{where}: {render_inputs(err.where or '', str)}") from None
 
 
 def _parse_task(text: Any, where: str) -> Task:

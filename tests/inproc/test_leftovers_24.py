@@ -139,3 +139,21 @@ def test_tune_hint_refuses_a_model_knob_beside_traces_or_tables(tmp_path, source
                                   "--out", tmp_path / "o"))
     assert line == f"error: {flag}: sets a --workload model's durations; traces and tables keep what they recorded"
     assert not (tmp_path / "o").exists()
+
+
+# -- the chunks of a V placement, named as the user gave them ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, toml, line", [
+    (["--chunks", "3", "--hint", "zbv"], None,
+     "error: --chunks: V placement holds 2 chunks per rank (stages r and 2p-1-r); got 3"),
+    (["--config", "job.toml"], 'chunks = 3\nhint = "zbv"\n',
+     "error: job.toml: chunks: V placement holds 2 chunks per rank (stages r and 2p-1-r); got 3"),
+    (["--config", "job.toml", "--chunks", "4"], 'placement = "v"\n',
+     "error: --chunks: V placement holds 2 chunks per rank (stages r and 2p-1-r); got 4"),
+])
+def test_v_placement_names_the_chunks_input(tmp_path, args, toml, line):
+    if toml is not None:
+        (tmp_path / "job.toml").write_text(toml)
+    assert one_error_line(run_cli(tmp_path, "run", *args)) == line
+    assert not (tmp_path / "runs").exists()

@@ -43,8 +43,10 @@ def test_config_file_lookahead_and_bad_value(tmp_path):
     (["--policy", "fixed", "--memory-budget", "abc"], "error: --memory-budget: 'abc' is not a budget"),
     (["--fail-at", "9F0"], "error: --fail-at: 9F0 is not a task of this run (2 ranks x 1 chunks, 8 microbatches)"),
     (["--hang-at", "0I1"], "error: --hang-at: 0I1 is not a task of this run"),  # 1f1b does not split B
-    (["--hint", "zbv", "--chunks", "3"], "error: shape placement: V placement puts two chunks on each rank"),
-    (["--placement", "v", "--chunks", "1"], "so it needs 2p = 4 stages; got 1 chunk(s) per rank, an odd number"),
+    (["--hint", "zbv", "--chunks", "3"], "error: --chunks: V placement holds 2 chunks per rank (stages r and 2p-1-r); "
+                                         "got 3"),
+    (["--placement", "v", "--chunks", "1"], "error: --chunks: V placement holds 2 chunks per rank (stages r and "
+                                            "2p-1-r); got 1"),
     (["--hint", "zb", "--placement", "v"], "zb places stages in a loop (stage k on rank k % p); it has no v order"),
     (["--placement", "w"], "error: --placement: 'w' is not one of looping, v"),
     (["--delay", "9B0=0.1"], "error: --delay: 9B0 is not a task of this run"),
