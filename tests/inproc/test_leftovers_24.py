@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.helpers.cli import one_error_line, run_cli
+from tests.helpers.cli import Result, one_error, one_error_line, run_cli
 from tests.helpers.trace_builder import ONE_F_ONE_B, build_run
 
 # The smallest bench that still draws plots: one workload, 4 ranks, one budget, one table, no tuning, no sweep.
@@ -157,3 +157,11 @@ def test_v_placement_names_the_chunks_input(tmp_path, args, toml, line):
         (tmp_path / "job.toml").write_text(toml)
     assert one_error_line(run_cli(tmp_path, "run", *args)) == line
     assert not (tmp_path / "runs").exists()
+
+
+def test_one_error_takes_nothing_before_the_error_line():
+    """Commands print only their error line on bad input (Output.warn keeps warnings for a result), so the helper
+    asserting it no longer lets a warning through before it."""
+    one_error(Result(2, "", "error: x.json: not a trace\n"), "not a trace")
+    with pytest.raises(AssertionError):
+        one_error(Result(2, "", "warning: left out iteration 3\nerror: x.json: not a trace\n"), "not a trace")
