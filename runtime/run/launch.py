@@ -53,7 +53,7 @@ from typing import Any
 from hints.errors import Interrupted, UserError
 from runtime.config import is_factory_path
 from runtime.run.diagnose import diagnose, ended_without_report, failure_reports
-from runtime.run.worker import Job, WorkerOptions, worker_main
+from runtime.run.worker import Job, WorkerOptions, ignore_signal, worker_main
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # What every rank imports, imported once by the fork server ([Note: ranks fork from a server that has imported
@@ -164,15 +164,18 @@ class _FirstSignal:
 
     def __exit__(self, *exc) -> None:
         if self.received is not None:
-            return  # [Note: one interrupt, one shutdown]: they stay ignored
+            _ignore_interrupts()  # [Note: one interrupt, one shutdown]: ignored through the interpreter's exit too
+            return
         for s, handler in self._saved.items():
             signal.signal(s, handler)
 
     def _handle(self, signum: int, frame) -> None:
         if self.received is None:
             self.received = signum
-            for s in self.SIGNALS:  # ignored in C from now on: no later one reaches Python code
-                signal.signal(s, signal.SIG_IGN)
+            # a handler that does nothing, not SIG_IGN yet: a signal already caught but not yet handled (SIGINT and
+            # SIGTERM together) would otherwise print "Signal 15 ignored due to race condition"
+            for s in self.SIGNALS:
+                signal.signal(s, ignore_signal)
             raise Interrupted(signum)
 
 

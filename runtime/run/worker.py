@@ -153,9 +153,14 @@ def _interrupted_once(signum: int, frame) -> None:
     one shutdown] in :mod:`runtime.run.launch`)."""
     from hints.errors import Interrupted
 
-    for other in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(other, signal.SIG_IGN)
+    for other in (signal.SIGINT, signal.SIGTERM):  # not SIG_IGN: one already caught would print a race warning
+        signal.signal(other, ignore_signal)
     raise Interrupted(signum)
+
+
+def ignore_signal(signum: int, frame) -> None:
+    """A signal handler that does nothing: a later interrupt while the first one's shutdown runs ([Note: one
+    interrupt, one shutdown] in :mod:`runtime.run.launch`)."""
 
 
 def _attempt_store(rank: int, world: int, timeout) -> dict[str, Any]:
