@@ -15,7 +15,8 @@ searches for 0.1 s on 2 scenarios unless the draw says otherwise, numbers stay s
 is not drawn: nothing bounds integer options yet, and such a simulation never ends), and every example has a
 time limit. Failures are collected, not shrunk: each command's test lists all it found, and with
 ``RRFP_FUZZ_REPORT=FILE`` every distinct failure (argv and output) is written to FILE at the end of the module.
-``RRFP_FUZZ_EXAMPLES`` sets the examples per command (default 15); ``RRFP_FUZZ_LOG=FILE`` appends every example
+Argument lists it found failing with more examples than that, whose fix lies in a command's body, are replayed
+by test_argument_lists_the_fuzz_found. ``RRFP_FUZZ_EXAMPLES`` sets the examples per command (default 15); ``RRFP_FUZZ_LOG=FILE`` appends every example
 (argv, exit code, last line of stderr) to FILE, to see what the fuzz reached.
 """
 
@@ -338,3 +339,23 @@ def test_every_option_of_every_command(tmp_path, inputs, no_processes, path, com
 
     explore()
     assert not failures, f"{len(failures)} of {EXAMPLES} argument lists failed:\n" + "\n".join(dict.fromkeys(failures))
+
+
+# Argument lists the fuzz found failing (with more examples than the suite runs), whose fix lies in a command's
+# body: replayed every run, judged as the fuzz judges, so they fail until fixed and then guard the fix.
+FOUND_BEFORE = [
+    ("tune-hint", "--check", "run", "--report", "run/trace.pftrace"),  # a binary --report: UnicodeDecodeError
+]
+
+
+@pytest.mark.parametrize("argv", FOUND_BEFORE, ids=[" ".join(a) for a in FOUND_BEFORE])
+def test_argument_lists_the_fuzz_found(tmp_path, inputs, no_processes, argv):
+    folder = tmp_path / "example"
+    shutil.copytree(inputs, folder)
+    before = _snapshot(folder)
+    code, stdout, stderr = _run_one(folder, list(argv))
+    changed = [name for name, stamp in _snapshot(folder).items() if before.get(name) != stamp]
+    problem = _problem(code, stdout, stderr, changed)
+    if problem is not None:
+        FOUND.setdefault(_signature(tuple(argv[:1]), problem, stderr), (list(argv), code, stderr))
+    assert problem is None, f"rrfp {' '.join(argv)}: {problem}\n{stderr}"
