@@ -11,16 +11,27 @@ not parse although its framing is intact is skipped and counted.
 [Note: reading fast]
     An intact file is parsed in one ``Trace.FromString`` call (protobuf's C
     parser); only when that fails (truncated or corrupt) is it walked packet
-    by packet. A slice is decoded once, at its end, from the begin event kept
-    on its track's stack; rows are appended as tuples, one per slice. The
-    cyclic garbage collector is paused meanwhile: the reader makes millions
-    of tuples and no reference cycles, and the collector's passes over the
-    growing heap cost 10-20% of the read. The reader holds no reference
-    cycle (its slice handlers are unbound functions in a module table), so
-    its rows and events are freed as soon as the frames are built, not by a
-    collector pass over them once collection resumes (another 10-15%). END
-    and COUNTER packets take a short path: the recorder never interns names
-    or clears incremental state on them.
+    by packet. The loop over the packets reads each one's type, track and
+    time and no more: a slice's begin event is kept on its track's stack, and
+    at its end the slice is queued for its track kind. The queued slices are
+    decoded in one batch per kind (annotations, rows appended as tuples, one
+    per slice) at the end, and before any packet that interns names or
+    clears a sequence's state: a slice is decoded with the names in force
+    when it ended, as if decoded then. The cyclic garbage collector is paused
+    meanwhile: the reader makes millions of tuples and no reference cycles,
+    and the collector's passes over the growing heap cost 10-20% of the read.
+    The reader holds no reference cycle (its slice handlers are unbound
+    functions in a module table), so its rows and events are freed as soon
+    as the frames are built, not by a collector pass over them once
+    collection resumes (another 10-15%). END and COUNTER packets take a short
+    path: the recorder never interns names or clears incremental state on
+    them.
+
+    Where the time goes (``benchmarks/trace_bench.py --reader-only``,
+    docs/benchmarks/traces.md): every field read from protobuf's Python
+    objects costs a wrapper object, so the loop's one pass over the packets
+    costs about twice the C parse and decoding the annotations of the slices
+    about three or four times more; the parse itself is a tenth of the read.
 
 Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 
@@ -226,6 +237,18 @@ def _whole(value: Any) -> int | None:
     return value if type(value) is int else None
 
 
+def _annotation_values(event, key_of) -> dict[str, Any]:
+    """An event's debug annotations by name (``key_of``: the interned names' ``get``); damaged text (read as
+    bytes) as if absent."""
+    values = {}
+    for annotation in event.debug_annotations:
+        which = annotation.WhichOneof("value")
+        value = getattr(annotation, which) if which else None
+        if type(value) is not bytes:
+            values[key_of(annotation.name_iid) or annotation.name or "#"] = value
+    return values
+
+
 class _Reader:
     """Packets -> rows. ``feed`` one file at a time, then ``finish`` (see [Note: reading fast])."""
 
@@ -248,6 +271,9 @@ class _Reader:
                                                                    "counters", "rendezvous")}
         self.sends: dict[int, tuple] = {}
         self.recvs: dict[int, tuple] = {}
+        # slices ended and not yet decoded, per track kind with a handler; and each open track's list of them
+        self.ended: dict[str, list[tuple]] = {kind: [] for kind in _SLICE_HANDLERS}
+        self.queues: dict[int, list[tuple] | None] = {}
 
     # -- framing -----------------------------------------------------------
     def feed(self, data: bytes, where: str) -> None:
@@ -296,32 +322,37 @@ class _Reader:
 
     # -- packets -------------------------------------------------------------
     def _consume(self, packets) -> None:
-        """The hot loop ([Note: reading fast]): every packet once, locals bound, slices decoded at their end."""
-        names, keys, tracks, stacks = self.names, self.keys, self.tracks, self.open
-        counters, decode, close = self.rows["counters"], decode_track_uuid, self._slice
+        """The hot loop ([Note: reading fast]): every packet once, locals bound; a slice is queued at its end."""
+        names, keys, tracks, stacks, queues = self.names, self.keys, self.tracks, self.open, self.queues
+        counters, decode = self.rows["counters"], decode_track_uuid
         for packet in packets:
             event = packet.track_event
             kind = event.type
-            if kind == 2 or kind == 4:  # a slice's end or a counter: never first, never interning (the recorder)
+            if kind == 2:  # TYPE_SLICE_END: never first, never interning (the recorder); stacks are rrfp tracks'
+                uuid = event.track_uuid
+                stack = stacks.get(uuid)
+                if stack:
+                    begun = stack.pop()
+                    queue = queues[uuid]
+                    if queue is not None:
+                        queue.append((tracks[uuid], begun, packet.timestamp))
+                continue
+            if kind == 4:  # TYPE_COUNTER: likewise
                 uuid = event.track_uuid
                 track = tracks.get(uuid, 0)
                 if track == 0:
                     track = tracks[uuid] = decode(uuid)
-                if track is None:
-                    continue
-                if kind == 2:  # TYPE_SLICE_END
-                    stack = stacks.get(uuid)
-                    if stack:
-                        close(track, stack.pop(), packet.timestamp)
-                else:  # TYPE_COUNTER
+                if track is not None:
                     counters.append((track[0], track[1], packet.timestamp,
                                      event.counter_value or event.double_counter_value))
                 continue
             sequence = packet.trusted_packet_sequence_id
             if packet.sequence_flags & 1:  # SEQ_INCREMENTAL_STATE_CLEARED
+                self._decode_queued()
                 names[sequence] = {}
                 keys[sequence] = {}
             if packet.HasField("interned_data"):
+                self._decode_queued()
                 self._intern(packet.interned_data, sequence)
             if not kind:
                 continue
@@ -331,13 +362,21 @@ class _Reader:
                 track = tracks[uuid] = decode(uuid)
             if track is None:
                 continue
-            if kind == 1:  # TYPE_SLICE_BEGIN: decoded at its end
+            if kind == 1:  # TYPE_SLICE_BEGIN: decoded once ended
                 stack = stacks.get(uuid)
                 if stack is None:
                     stack = stacks[uuid] = []
+                    queues[uuid] = self.ended.get(track[1])
                 stack.append((packet.timestamp, event, sequence))
             elif kind == 3 and self._name(event, sequence) == SCHEMA:  # TYPE_INSTANT: the metadata
                 self.meta[track[0]] = self._annotations(event, sequence)
+
+    def _decode_queued(self) -> None:
+        """Decode the ended slices ([Note: reading fast]): before the names they use can change, and at the end."""
+        for kind, ended in self.ended.items():
+            if ended:
+                _SLICE_HANDLERS[kind](self, ended)
+                ended.clear()
 
     def _intern(self, interned, sequence: int) -> None:
         names = self.names.setdefault(sequence, {})
@@ -352,23 +391,7 @@ class _Reader:
         return (self.names.get(sequence) or {}).get(iid, "") if iid else event.name
 
     def _annotations(self, event, sequence: int) -> dict[str, Any]:
-        key_of = (self.keys.get(sequence) or _NO_KEYS).get
-        values = {}
-        for annotation in event.debug_annotations:
-            which = annotation.WhichOneof("value")
-            value = getattr(annotation, which) if which else None
-            if type(value) is not bytes:  # damaged text reads as bytes: as if absent
-                values[key_of(annotation.name_iid) or annotation.name or "#"] = value
-        return values
-
-    def _slice(self, track: tuple[int, str, int], begun: tuple, end: int) -> None:
-        handler = _SLICE_HANDLERS.get(track[1])
-        if handler is None:
-            return
-        if end < begun[0]:
-            self.malformed += 1
-            return
-        handler(self, track, begun, end)
+        return _annotation_values(event, (self.keys.get(sequence) or _NO_KEYS).get)
 
     def _values(self, kind: str, event, sequence: int) -> dict[str, Any] | None:
         """The slice's annotations, or None (counted as malformed) when a required one is missing or mistyped."""
@@ -379,63 +402,81 @@ class _Reader:
                 return None
         return values
 
-    # -- one handler per slice track: (rank, kind, peer), (start, begin event, sequence), end ----------------
-    def _compute(self, track, begun, end) -> None:
-        start, event, sequence = begun
-        v = self._values("compute", event, sequence)
-        if v is not None:
-            name = self._name(event, sequence)
+    def _ended(self, kind: str, ended: list[tuple]) -> Iterator[tuple]:
+        """``(rank, peer, start, end, event, values, name of)`` of each well-formed slice of ``ended``; the others
+        are counted as malformed (ended before begun, or a required annotation missing or mistyped)."""
+        required, names, keys, malformed = _REQUIRED[kind], self.names, self.keys, 0
+        for track, (start, event, sequence), end in ended:
+            if end < start:
+                malformed += 1
+                continue
+            values = _annotation_values(event, (keys.get(sequence) or _NO_KEYS).get)
+            for key, typ in required:
+                if type(values.get(key)) is not typ:
+                    malformed += 1
+                    break
+            else:
+                yield track[0], track[2], start, end, event, values, names.get(sequence) or _NO_KEYS
+        self.malformed += malformed
+
+    # -- one handler per slice track, over the slices ended since the last call ----------------------------
+    def _compute(self, ended: list[tuple]) -> None:
+        rows = self.rows["compute"]
+        for rank, _, start, end, event, v, name_of in self._ended("compute", ended):
+            iid = event.name_iid
+            name = name_of.get(iid, "") if iid else event.name
             if name != f"{v['stage']}{v['kind']}{v['microbatch']}":  # a slice is named by its task's text
                 self.malformed += 1  # (a corrupt name would reach the analyses as "'' is not a task")
-                return
-            self.rows["compute"].append((
-                track[0], v["iteration"], name, v["stage"], v["kind"], v["microbatch"],
-                v["chunk"], start, end, _whole(v.get("units")), _whole(v.get("tokens")), _whole(v.get("images")),
-                _whole(v.get("wait_ns"))))
+                continue
+            get = v.get
+            rows.append((rank, v["iteration"], name, v["stage"], v["kind"], v["microbatch"], v["chunk"], start, end,
+                         _whole(get("units")), _whole(get("tokens")), _whole(get("images")), _whole(get("wait_ns"))))
 
-    def _decision(self, track, begun, end) -> None:
-        start, event, sequence = begun
-        v = self._values("decisions", event, sequence)
-        if v is not None:
-            self.rows["decisions"].append((
-                track[0], v["iteration"], start, end, self._name(event, sequence), v["hint_rank"],
-                _text(v.get("skipped")), _text(v.get("ready", "")) or "", _text(v.get("held_back")),
-                _text(v.get("deferred")), v["in_flight"], _whole(v.get("index")), _whole(v.get("leader_ns")),
-                _whole(v.get("decision_arrived_ns")), _whole(v.get("announce_ns"))))
+    def _decision(self, ended: list[tuple]) -> None:
+        rows = self.rows["decisions"]
+        for rank, _, start, end, event, v, name_of in self._ended("decisions", ended):
+            iid = event.name_iid
+            get = v.get
+            rows.append((rank, v["iteration"], start, end, name_of.get(iid, "") if iid else event.name,
+                         v["hint_rank"], _text(get("skipped")), _text(get("ready", "")) or "", _text(get("held_back")),
+                         _text(get("deferred")), v["in_flight"], _whole(get("index")), _whole(get("leader_ns")),
+                         _whole(get("decision_arrived_ns")), _whole(get("announce_ns"))))
 
-    def _iteration(self, track, begun, end) -> None:
-        start, event, sequence = begun
-        v = self._values("iterations", event, sequence)
-        if v is not None:
+    def _iteration(self, ended: list[tuple]) -> None:
+        rows = self.rows["iterations"]
+        for rank, _, start, end, _, v, _ in self._ended("iterations", ended):
             rule, auto = v.get("rule"), v.get("auto")  # --policy auto only ([Note: the auto policy])
-            self.rows["iterations"].append((track[0], v["iteration"], start, end, v["hint"],
-                                            rule if isinstance(rule, str) else None,
-                                            auto if isinstance(auto, str) else None))
+            rows.append((rank, v["iteration"], start, end, v["hint"], rule if isinstance(rule, str) else None,
+                         auto if isinstance(auto, str) else None))
 
-    def _step(self, track, begun, end) -> None:
-        start, event, sequence = begun
-        v = self._values("step", event, sequence)
-        if v is not None:
-            self.rows["step"].append((track[0], v["iteration"], start, min(max(v["barrier_ns"], start), end), end))
+    def _step(self, ended: list[tuple]) -> None:
+        rows = self.rows["step"]
+        for rank, _, start, end, _, v, _ in self._ended("step", ended):
+            rows.append((rank, v["iteration"], start, min(max(v["barrier_ns"], start), end), end))
 
-    def _rendezvous(self, track, begun, end) -> None:
-        start, event, sequence = begun
-        v = self._values("rendezvous", event, sequence)
-        if v is not None:
-            self.rows["rendezvous"].append((track[0], v["iteration"], start, end, v["messages"]))
+    def _rendezvous(self, ended: list[tuple]) -> None:
+        rows = self.rows["rendezvous"]
+        for rank, _, start, end, _, v, _ in self._ended("rendezvous", ended):
+            rows.append((rank, v["iteration"], start, end, v["messages"]))
 
-    def _send(self, track, begun, end) -> None:
-        start, event, sequence = begun
-        v = self._values("send", event, sequence)
-        if v is not None:
-            name = self._name(event, sequence)
+    def _send(self, ended: list[tuple]) -> None:
+        sends = self.sends
+        for rank, peer, start, end, event, v, name_of in self._ended("send", ended):
+            iid = event.name_iid
+            name = name_of.get(iid, "") if iid else event.name
             for flow in event.flow_ids:
-                self.sends[flow] = (track[0], track[2], v, name, start, end)
+                sends[flow] = (rank, peer, v, name, start, end)
 
-    def _recv(self, track, begun, end) -> None:
+    def _recv(self, ended: list[tuple]) -> None:
         """Kept raw: decoded only for a message whose send slice is missing (most have one)."""
-        for flow in begun[1].terminating_flow_ids:
-            self.recvs[flow] = (track, begun, end)
+        recvs, malformed = self.recvs, 0
+        for recv in ended:
+            if recv[2] < recv[1][0]:
+                malformed += 1
+                continue
+            for flow in recv[1][1].terminating_flow_ids:
+                recvs[flow] = recv
+        self.malformed += malformed
 
     def _lone_recv(self, recv: tuple) -> tuple | None:
         """A receive slice without its send, as the send's ``(src, dst, values, name, start, end)``; None if malformed."""
@@ -445,6 +486,7 @@ class _Reader:
 
     # -- frames --------------------------------------------------------------
     def finish(self) -> TraceFrames:
+        self._decode_queued()
         self._check_found()
         self._check_meta()
         unfinished = sum(len(stack) for stack in self.open.values())
