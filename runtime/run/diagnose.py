@@ -41,20 +41,24 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from runtime.run.health import STALL_EXIT_CODE, StatusBoard
+from runtime.run.health import STALL_EXIT_CODE, StatusBoard, kept_reports
 
 
 def failure_reports(out_root: Path, began: float, exclude_kinds: tuple[str, ...] = ()) -> list[dict]:
-    """The failure reports written since ``began``."""
-    reports = []
+    """The failure reports written since ``began``: their files, and those the disk refused, kept in the ranks'
+    status files ([Note: a report the disk refuses] in :mod:`runtime.run.health`)."""
+    reports, written = [], set()
     for path in sorted((out_root / "failures").glob("rank*-*.json")):
         try:
             report = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError):
             continue
-        if report.get("time", 0) >= began - 1 and report.get("kind") not in exclude_kinds:
+        if report.get("time", 0) >= began - 1:
+            written.add((report.get("rank"), report.get("kind")))
             reports.append(report)
-    return reports
+    reports += [r for r in kept_reports(out_root)
+                if r.get("time", 0) >= began - 1 and (r["rank"], r["kind"]) not in written]
+    return [r for r in reports if r.get("kind") not in exclude_kinds]
 
 
 @dataclass(frozen=True)

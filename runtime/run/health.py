@@ -9,6 +9,8 @@
   decisions) and exits with :data:`STALL_EXIT_CODE`, unless progress resumes first, which withdraws the
   report.
 * :func:`report_error`: a rank that raises (or is interrupted) writes ``failures/rank<r>-error.json``.
+  Reports are written whole or not at all (:mod:`hints.outputs`); one the disk refuses is kept in the
+  rank's status file instead ([Note: a report the disk refuses]).
 * :func:`step_allowed` and :class:`NonFiniteLoss`: [Note: non-finite losses].
 
 :mod:`runtime.run.diagnose` reads these files and names the root cause of a failed run.
@@ -144,7 +146,8 @@ class StatusBoard:
         process but the rank keeps the lock.
     """
 
-    SIZE = 256
+    SIZE = 4096  # one block: the live status in the first LIVE bytes, then a report the disk refused
+    LIVE = 256
     STATES = {ord("S"): "starting", ord("R"): "running", ord("I"): "idle", ord("F"): "finished"}
 
     def __init__(self, path: Path) -> None:
@@ -177,8 +180,19 @@ class StatusBoard:
         self.map[0] = ord("F")
 
     def _write(self, state: bytes, task: bytes) -> None:
-        data = (state + self.prefix + task)[: self.SIZE - 1] + b"\0"
+        data = (state + self.prefix + task)[: self.LIVE - 1] + b"\0"
         self.map[: len(data)] = data
+
+    def keep_report(self, report: dict[str, Any]) -> None:
+        """Keep ``report`` (its short fields) in this file's blocks, allocated when it was made: where a report
+        goes when the disk refuses the report's own file ([Note: a report the disk refuses])."""
+        data = _fit_report(report, self.SIZE - self.LIVE - 1)
+        self.map[self.LIVE: self.LIVE + len(data) + 1] = data + b"\0"
+
+    def withdraw_report(self, kind: str) -> None:
+        """Withdraw the report :meth:`keep_report` kept, if it is of ``kind``."""
+        if _parse_report(self.map[self.LIVE:]).get("kind") == kind:
+            self.map[self.LIVE] = 0
 
     def close(self) -> None:
         """Drop the lock, as the process's end does (tests; a rank keeps its board until it exits; a forked child
@@ -210,12 +224,50 @@ class StatusBoard:
             raw = Path(path).read_bytes()
         except OSError:
             return None
-        fields = raw[1:].split(b"\0", 1)[0].decode(errors="replace").split("\t")
+        fields = raw[1: cls.LIVE].split(b"\0", 1)[0].decode(errors="replace").split("\t")
         if not raw or raw[0] not in cls.STATES or len(fields) != 4 or not fields[0].isdigit():
             return None
         pid, job, iteration, task = fields
         return {"state": cls.STATES[raw[0]], "pid": int(pid), "job": job or None,
                 "iteration": int(iteration) if iteration.isdigit() else None, "task": task or None}
+
+
+    @classmethod
+    def kept_report(cls, path: Path) -> dict[str, Any] | None:
+        """The report kept in ``path`` by :meth:`keep_report` (None if there is none)."""
+        try:
+            raw = Path(path).read_bytes()
+        except OSError:
+            return None
+        return _parse_report(raw[cls.LIVE:]) or None
+
+
+def _parse_report(raw: bytes) -> dict[str, Any]:
+    """A report kept in a status file (:meth:`StatusBoard.keep_report`), from the bytes after the live status;
+    {} if there is none."""
+    try:
+        report = json.loads(raw.split(b"\0", 1)[0] or b"{}")
+    except ValueError:
+        return {}
+    return report if isinstance(report, dict) and "rank" in report and "kind" in report else {}
+
+
+def kept_reports(out_root: Path) -> list[dict[str, Any]]:
+    """The reports kept in the run's status files ([Note: a report the disk refuses])."""
+    found = (StatusBoard.kept_report(path) for path in sorted((Path(out_root) / "status").glob("rank*")))
+    return [report for report in found if report is not None]
+
+
+def _fit_report(report: dict[str, Any], size: int) -> bytes:
+    """``report``'s short fields as JSON of at most ``size`` bytes: the decisions and the traceback left out,
+    long texts cut."""
+    short = {key: value for key, value in report.items() if key not in ("recent_decisions", "traceback")}
+    for limit in (1500, 600, 200):
+        cut = {key: value[:limit] if isinstance(value, str) else value for key, value in short.items()}
+        data = json.dumps(cut).encode()
+        if len(data) <= size:
+            return data
+    return json.dumps({key: short[key] for key in ("rank", "kind", "time") if key in short}).encode()
 
 
 def _allocate(fd: int, size: int, path: Path) -> None:
@@ -245,9 +297,44 @@ def _lock_for_life(path: Path) -> int:
 
 
 def failure_path(ctx: RankContext, kind: str) -> Path:
-    folder = ctx.out_root / "failures"
-    folder.mkdir(parents=True, exist_ok=True)
-    return folder / f"rank{ctx.rank}-{kind}.json"
+    return ctx.out_root / "failures" / f"rank{ctx.rank}-{kind}.json"
+
+
+def write_report(ctx: RankContext, kind: str, report: dict[str, Any]) -> None:
+    """Write ``failures/rank<r>-<kind>.json`` whole, or keep ``report`` in the status file if that is refused.
+
+    [Note: a report the disk refuses]
+        A rank's failure report is how the launcher learns the cause ([Note: root cause] in
+        :mod:`runtime.run.diagnose`), and on a full disk the cause is often the disk, which then refuses the
+        report too. Written with ``Path.write_text`` it was left as an empty file, read as no report: the rank
+        was "exited with code 1 without a report", its cause (a DiskError naming the disk, or any other error)
+        lost. So the report is written whole or not at all (:func:`hints.outputs.write_text`), and one that is
+        refused (disk full, over quota, read-only, a folder that cannot be made) goes into the rank's status
+        file, whose blocks were allocated when it was made (:class:`StatusBoard`, :meth:`StatusBoard.keep_report`):
+        its short fields (kind, error, job, iteration, task) and why its file was refused
+        (``report_refused``), without the traceback and the last decisions. The diagnosis reads reports from
+        both places (:func:`runtime.run.diagnose.failure_reports`). A withdrawn stall report is withdrawn from
+        both.
+    """
+    from hints.outputs import write_error, write_text
+
+    path = failure_path(ctx, kind)
+    try:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)  # not Outputs.directory: ranks share the folder
+        except OSError as err:
+            raise write_error(err, path.parent) from None
+        write_text(path, json.dumps(report, indent=1))
+    except Exception as err:  # DiskError, UserError: the report's file is refused, not the rank's cause
+        if ctx.status is not None:
+            ctx.status.keep_report({**report, "report_refused": str(err)})
+
+
+def withdraw_stall(ctx: RankContext) -> None:
+    """Progress resumed after a stall report: withdraw it, wherever it was written."""
+    failure_path(ctx, "stall").unlink(missing_ok=True)
+    if ctx.status is not None:
+        ctx.status.withdraw_report("stall")
 
 
 def report_stall(ctx: RankContext, seconds: float) -> bool:
@@ -264,7 +351,7 @@ def report_stall(ctx: RankContext, seconds: float) -> bool:
         if pending is not None:
             report["following"] = {"decisions_received": arbiter.followed,
                                    "next": [str(arbiter.graph.tasks[tid]) for _, tid, _, _ in list(pending)[:4]]}
-    failure_path(ctx, "stall").write_text(json.dumps(report, indent=1))
+    write_report(ctx, "stall", report)
     return "task" in ctx.current
 
 
@@ -277,10 +364,7 @@ def report_error(ctx: RankContext, err: BaseException) -> None:
     report = {"rank": ctx.rank, "kind": kind,
               "time": time.time(), "error": f"{type(err).__name__}: {err}", **ctx.current,
               "recent_decisions": list(ctx.recent), "traceback": traceback.format_exc()}
-    try:
-        failure_path(ctx, "error").write_text(json.dumps(report, indent=1))
-    except OSError:
-        pass
+    write_report(ctx, "error", report)
 
 
 class NonFiniteLoss(RuntimeError):

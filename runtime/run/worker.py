@@ -44,7 +44,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from runtime.run.health import StatusBoard, Watchdog, failure_path, report_error, report_stall
+from runtime.run.health import StatusBoard, Watchdog, report_error, report_stall, withdraw_stall
 
 
 @dataclass(frozen=True)
@@ -106,8 +106,7 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     torch.set_num_threads(threads)
     ctx = RankContext(rank, world, local_rank, torch.device("cpu"), out_root,
                       status=StatusBoard(out_root / "status" / f"rank{rank}"))
-    watchdog = Watchdog(options.timeout, lambda seconds: report_stall(ctx, seconds),
-                        lambda: failure_path(ctx, "stall").unlink(missing_ok=True))
+    watchdog = Watchdog(options.timeout, lambda seconds: report_stall(ctx, seconds), lambda: withdraw_stall(ctx))
     try:
         ctx.device, backend = _device_and_backend(config, local_rank, world)
         group_timeout = timedelta(seconds=max(60.0, 2 * options.timeout))
