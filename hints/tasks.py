@@ -164,6 +164,18 @@ def default_chunks(placement: str) -> int:
     return 2 if placement == V else 1
 
 
+# [Note: shape limits]
+#     A shape is refused above these sizes, before anything is built for it: beyond them a mistyped
+#     number (``-m 100000000``) would fill the machine's memory for minutes instead of failing (a ready
+#     simulation of 8,388,608 tasks took 153 s and 4.7 GB on the 2-core VM; memory and time grow about
+#     linearly, so ``MAX_TASKS`` is about a quarter of that). They are four times every figure rrfp
+#     reports (256 ranks x 1024 microbatches is 524,288 tasks) and above any pipeline run today
+#     (thousands of ranks, chunks of a handful).
+MAX_RANKS = 8192
+MAX_CHUNKS = 64
+MAX_TASKS = 1 << 21  # 2,097,152
+
+
 @dataclass(frozen=True, slots=True)
 class PipelineShape:
     """``ranks`` x ``chunks`` model stages placed ``placement`` ([Note: placement]), and ``microbatches``.
@@ -185,6 +197,14 @@ class PipelineShape:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise UserError(f"must be a whole number >= 1, got {value!r}", f"shape {name}")
+        for name, most in (("ranks", MAX_RANKS), ("chunks", MAX_CHUNKS)):  # [Note: shape limits]
+            if getattr(self, name) > most:
+                raise UserError(f"at most {most:,}, got {getattr(self, name):,}", input_name(name))
+        tasks = self.ranks * self.chunks * self.microbatches * (3 if self.split_backward else 2)
+        if tasks > MAX_TASKS:
+            raise UserError(f"{self.microbatches:,} microbatches on {self.ranks * self.chunks:,} stages make "
+                            f"{tasks:,} tasks; rrfp takes at most {MAX_TASKS:,} ([Note: shape limits] in "
+                            f"hints/tasks.py)", input_name("microbatches"))
         check_placement(self.placement, "shape placement")
         fused = self.fused_stages
         if not isinstance(fused, frozenset):

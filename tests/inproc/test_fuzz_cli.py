@@ -108,7 +108,12 @@ BY_NAME = {  # text options with a grammar of their own (and the few numbers who
     "hang_at": (["1F1", "0F0@1"], ["x", "9F9", ""]),
     "out": (PATHS, PATHS),
 }
+# A shape's sizes may be drawn huge: [Note: shape limits] in hints/tasks.py refuses them before any work.
+HUGE = ["100000", "100000000", "1000000000000000000000000000000"]
 NUMBERS_BY_NAME = {  # number options whose valid values are not those of INTS and FLOATS
+    "stages": (INTS[0], INTS[1] + HUGE),  # -p/--ranks/--stages of every command but bench
+    "chunks": (INTS[0], INTS[1] + HUGE),
+    "microbatches": (INTS[0], INTS[1] + HUGE),
     "width": (["400", "1600"], ["399", "0", "-1", "x"]),
     "jobs": (["1"], ["0", "-1", "x"]),  # no more: each job is a process
     "seed": (["0", "1", "7"], ["-1", "x", "1.5"]),
