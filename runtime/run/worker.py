@@ -32,6 +32,7 @@ and ``metrics.parquet`` from those lines at the end, or by the launcher
 
 from __future__ import annotations
 
+import io
 import os
 import signal
 import sys
@@ -234,10 +235,38 @@ def _log_links(ctx: RankContext, backend: str, links) -> None:
     line = (f"rank {ctx.rank}{where} (local {ctx.local_rank}): device {ctx.device}; links to "
             f"{', '.join(f'rank {p}' for p in peers) or 'no rank'} over {_link_wire(backend)}; control collectives over "
             f"{control}\n")
-    logs = ctx.out_root / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    with open(logs / "run.log", "a") as handle:  # one short append per rank: lines do not interleave
-        handle.write(line)
+    append_line(ctx.out_root / "logs" / "run.log", line)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append ``line`` to a log every rank appends to, in one ``write`` (lines of ranks do not interleave).
+
+    [Note: logs on a full disk]
+        ``logs/run.log`` is shared by the ranks, so it cannot be rewritten whole (:mod:`hints.outputs`): each
+        rank appends its line. A refused append (a full disk, or part of the line written) is the
+        :class:`hints.outputs.DiskError` naming the disk that any other output of the run gives: the rank
+        stops there, as at the first refused write of its metrics or trace ([Note: a full disk under rrfp
+        run] in :mod:`rrfp_cli.cmd_run`), rather than running on to fail at the next one, and it is no raw
+        ``OSError``. A rank's own stdout and stderr (``logs/rank<r>.log``) are another matter: any module
+        may print there, anywhere, so a line the disk refuses is dropped (:class:`_RankLog`), not raised
+        out of whatever printed it.
+    """
+    import errno
+
+    from hints.outputs import write_error
+
+    data = line.encode()
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o666)
+        try:
+            written = os.write(fd, data)
+        finally:
+            os.close(fd)
+    except OSError as err:
+        raise write_error(err, path) from None
+    if written < len(data):  # room for part of the line only
+        raise write_error(OSError(errno.ENOSPC, os.strerror(errno.ENOSPC)), path)
 
 
 def _name_process(rank: int) -> None:
@@ -260,14 +289,47 @@ def _redirect_output(rank: int, out_root: Path) -> None:
     """Ranks other than 0 write stdout/stderr (Python and C level) to ``logs/rank<r>.log``."""
     if rank == 0:
         return
-    logs = out_root / "logs"
-    logs.mkdir(parents=True, exist_ok=True)
-    handle = open(logs / f"rank{rank}.log", "a", buffering=1)
+    from hints.outputs import write_error
+
+    path = out_root / "logs" / f"rank{rank}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # unbuffered beneath: a refused write leaves nothing behind to be written again at the next line
+        handle = _RankLog(open(path, "ab", buffering=0), encoding="utf-8", errors="backslashreplace",
+                          write_through=True)
+    except OSError as err:
+        raise write_error(err, path) from None
     sys.stdout.flush()
     sys.stderr.flush()
     os.dup2(handle.fileno(), 1)
     os.dup2(handle.fileno(), 2)
     sys.stdout = sys.stderr = handle
+
+
+class _RankLog(io.TextIOWrapper):
+    """A rank's ``logs/rank<r>.log`` as its stdout and stderr: what the disk refuses is dropped, not raised out of
+    whatever printed it ([Note: logs on a full disk])."""
+
+    def write(self, text: str) -> int:
+        try:
+            return super().write(text)
+        except OSError as err:
+            if not _refused_by_disk(err):
+                raise
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            super().flush()
+        except OSError as err:
+            if not _refused_by_disk(err):
+                raise
+
+
+def _refused_by_disk(err: OSError) -> bool:
+    from hints.outputs import is_disk_error
+
+    return is_disk_error(err)
 
 
 def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: Watchdog) -> dict[str, Any]:

@@ -8,15 +8,19 @@ from __future__ import annotations
 
 import errno
 import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from hints.outputs import DiskError
 from runtime.run.diagnose import diagnose, failure_reports
 from runtime.run.health import StatusBoard, report_error, report_stall
 from runtime.run.worker import RankContext
+from tests.helpers.cli import REPO, child_env
 from tests.helpers.disk import full_tmpfs
 
 
@@ -104,3 +108,56 @@ def test_a_stall_report_the_disk_refuses_is_kept_and_withdrawn_there(tmp_path, m
     assert kept["kind"] == "stall" and kept["seconds_without_progress"] == 12.5 and kept["task"] == "0F1"
     withdraw_stall(ctx)  # progress resumed
     assert failure_reports(tmp_path, began) == []
+
+
+# -- 2. logs/ on a full disk ([Note: logs on a full disk] in runtime/run/worker.py) ----------------------------
+
+
+def _links_rank(out_root: Path) -> RankContext:
+    from runtime.comm.grid import ProcessGrid
+    from runtime.config import RunConfig
+
+    ctx = RankContext(0, 2, 0, torch.device("cpu"), out_root)
+    ctx.grid = ProcessGrid.of(RunConfig(workload="emulated", ranks=2), 0)
+    return ctx
+
+
+def test_a_refused_run_log_line_is_a_disk_error_naming_the_log(tmp_path, monkeypatch):
+    from runtime.run.worker import _log_links
+
+    monkeypatch.setattr(os, "write", _enospc)
+    with pytest.raises(DiskError, match=rf"cannot write {tmp_path}/logs/run\.log: the disk is full \(file system at "):
+        _log_links(_links_rank(tmp_path), "gloo", {(0, 1)})
+
+
+def test_a_run_log_line_cut_short_by_the_disk_is_a_disk_error(tmp_path, monkeypatch):
+    from runtime.run.worker import _log_links
+
+    real_write = os.write
+    monkeypatch.setattr(os, "write", lambda fd, data: real_write(fd, data[:10]))  # room for 10 bytes
+    with pytest.raises(DiskError, match=r"logs/run\.log: the disk is full"):
+        _log_links(_links_rank(tmp_path), "gloo", {(0, 1)})
+
+
+def test_a_rank_printing_into_a_real_full_disk_goes_on(tmp_path):
+    with full_tmpfs(tmp_path / "disk", free_kib=4) as disk:
+        # a process of its own, as a rank: its stdout and stderr become its log file, which takes the last 4 KiB
+        code = ("import sys; from pathlib import Path; from runtime.run.worker import _redirect_output\n"
+                "_redirect_output(1, Path(sys.argv[1]))\n"
+                "for i in range(20000):\n    print('a line the disk refuses', i)\n"
+                "print('and a warning', file=sys.stderr); sys.stderr.flush()\n"
+                "Path(sys.argv[2]).write_text('went on')\n")
+        done = subprocess.run([sys.executable, "-c", code, str(disk), str(tmp_path / "went-on")], cwd=REPO,
+                              env=child_env(), timeout=60)
+        log = (disk / "logs" / "rank1.log").read_text()
+    assert done.returncode == 0 and (tmp_path / "went-on").read_text() == "went on", log[-2000:]
+    assert log.startswith("a line the disk refuses 0\n") and "Traceback" not in log
+
+
+def test_a_run_log_line_refused_by_a_real_full_disk_is_a_disk_error(tmp_path):
+    from runtime.run.worker import _log_links
+
+    with full_tmpfs(tmp_path / "disk", free_kib=0) as disk:
+        with pytest.raises(DiskError, match=rf"cannot write {disk}/logs/run\.log: the disk is full \(file system at "
+                                            rf"{disk}, 0 B free\)"):
+            _log_links(_links_rank(disk), "gloo", {(0, 1)})
