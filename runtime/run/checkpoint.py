@@ -50,6 +50,22 @@ iteration ``step``). It holds the files of ``torch.distributed.checkpoint``
     rank passes when the loss was NaN or infinite ([Note: non-finite losses]
     in :mod:`runtime.run.health`), so no checkpoint holds a step taken on one.
 
+[Note: a checkpoint the disk refuses]
+    A save the disk refuses (full, over quota, read-only) ends the run as any
+    refused output does ([Note: a full disk under rrfp run] in
+    :mod:`rrfp_cli.cmd_run`): a :class:`hints.outputs.DiskError` naming the
+    file and the disk, raised on every rank, since DCP hands every rank the
+    same per-rank failures. torch's serializer reports a refused ``write`` of
+    a tensor only as a position mismatch, so the streams DCP writes through
+    keep the ``OSError`` and raise it in its place
+    (:func:`_refusal_naming_writer`); the manifest is written whole
+    (:func:`hints.outputs.write_text`). Any other failed save is a
+    :class:`hints.errors.Failure` naming the rank (DCP's own exception is a
+    ``BaseException`` that passes every ``except Exception``). Either way rank
+    0 removes the partial directory (every rank's writes ended before the
+    save failed) and, as [Note: atomic checkpoints] has it, the last complete
+    checkpoint stays.
+
 :func:`check_resumable` runs before any rank starts: it refuses a directory
 without a checkpoint, or a checkpoint of another shape (stages, chunks,
 microbatches, tp, dp), workload or model (parameter names and sizes, read
@@ -302,19 +318,38 @@ class RankCheckpointer:
         return time.perf_counter() - began
 
     def save(self, step: int, config) -> Path:
-        """Collective: every rank calls it after the same iteration. Returns the checkpoint's path."""
+        """Collective: every rank calls it after the same iteration. Returns the checkpoint's path.
+
+        A save the disk refuses is a :class:`hints.outputs.DiskError` naming the file and the disk, on every rank;
+        any other failed save a :class:`hints.errors.Failure` naming the rank whose write failed. Either way the
+        partial directory is removed and the last complete checkpoint stays ([Note: a checkpoint the disk
+        refuses]).
+        """
         import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.api import CheckpointException
+
+        from hints.outputs import DiskError, write_text
 
         final = self.folder / step_name(step)
         partial = self.folder / f".tmp-{step_name(step)}"
         _, state = self._state()
         state["progress"]["step"] = step
         began = time.perf_counter()
-        with _object_collectives():
-            dcp.save(state, checkpoint_id=str(partial), process_group=self.group)
-        seconds = time.perf_counter() - began
+        try:
+            with _object_collectives():
+                dcp.save(state, storage_writer=_refusal_naming_writer(partial), process_group=self.group)
+            seconds = time.perf_counter() - began
+            if self.rank == 0:
+                write_text(partial / MANIFEST,
+                           json.dumps({**manifest_for(config, step), "save_seconds": seconds}, indent=1) + "\n")
+        except CheckpointException as err:
+            failed = _save_failed(err, step)  # before the partial files go: what is free is what the save found
+            self._discard(partial)
+            raise failed from None
+        except DiskError:
+            self._discard(partial)
+            raise
         if self.rank == 0:
-            (partial / MANIFEST).write_text(json.dumps({**manifest_for(config, step), "save_seconds": seconds}, indent=1) + "\n")
             _fsync_dir(partial)
             if final.exists():  # the same step written by an earlier attempt that resumed before it
                 shutil.rmtree(final)
@@ -324,6 +359,11 @@ class RankCheckpointer:
                 if older.name < final.name:
                     shutil.rmtree(older, ignore_errors=True)
         return final
+
+    def _discard(self, partial: Path) -> None:
+        """Rank 0, after a failed save: remove what it left (every rank's writes ended before the save failed)."""
+        if self.rank == 0:
+            shutil.rmtree(partial, ignore_errors=True)
 
     def load(self, path: Path) -> int:
         """Collective: restore model, optimizer and RNG states from ``path``; returns the step to resume at."""
@@ -347,6 +387,74 @@ class RankCheckpointer:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
         return int(seen["progress"]["step"])
+
+
+def _save_failed(err, step: int) -> Exception:
+    """The error a failed ``dcp.save`` is raised as, the same on every rank (DCP hands every rank the same
+    per-rank failures): a :class:`hints.outputs.DiskError` when a rank's write was refused by its disk, else a
+    :class:`hints.errors.Failure` naming the first rank whose write failed ([Note: a checkpoint the disk refuses])."""
+    from hints.errors import Failure
+    from hints.outputs import is_disk_error, write_error
+
+    failures = sorted(err.failures.items())
+    for _, (failure, _) in failures:
+        cause = failure
+        while cause is not None and not (isinstance(cause, OSError) and is_disk_error(cause)):
+            cause = cause.__cause__ or cause.__context__
+        if cause is not None:
+            return write_error(cause, cause.filename or "a checkpoint file")
+    rank, (failure, _) = failures[0] if failures else (-1, (err, None))
+    return Failure(f"checkpoint {step_name(step)} was not written: rank {rank}: {type(failure).__name__}: {failure}")
+
+
+def _refusal_naming_writer(path: Path):
+    """DCP's file system writer for ``path``, whose files report a refused write as the ``OSError`` it was.
+
+    torch's serializer, writing a tensor into a file object, reports a failed ``write`` only as a position
+    mismatch ("unexpected pos 704 vs 598"): the ``OSError`` (``ENOSPC``) is lost. Each stream here keeps the
+    first ``OSError`` its ``write`` raised and raises it, with the file's name, in place of what the serializer
+    made of it ([Note: a checkpoint the disk refuses])."""
+    from torch.distributed.checkpoint.filesystem import FileSystem, FileSystemWriter
+
+    class RefusalNamingFileSystem(FileSystem):
+        @contextmanager
+        def create_stream(self, path, mode):
+            try:
+                with super().create_stream(path, mode) as stream:
+                    watched = _WatchedStream(stream, path)
+                    try:
+                        yield watched
+                    except Exception:
+                        if watched.refused is not None:
+                            raise watched.refused from None
+                        raise
+            except OSError as err:
+                if err.filename is None:  # a flush or fsync at the end: the file is this one
+                    raise OSError(err.errno, err.strerror, str(path)) from None
+                raise
+
+    writer = FileSystemWriter(str(path))
+    writer.fs = RefusalNamingFileSystem()
+    return writer
+
+
+class _WatchedStream:
+    """A file object that keeps the first ``OSError`` its ``write`` raised (:func:`_refusal_naming_writer`)."""
+
+    def __init__(self, stream, path) -> None:
+        self._stream, self._path = stream, path
+        self.refused: OSError | None = None
+
+    def write(self, data) -> int:
+        try:
+            return self._stream.write(data)
+        except OSError as err:
+            if self.refused is None:
+                self.refused = OSError(err.errno, err.strerror, str(self._path))
+            raise
+
+    def __getattr__(self, name: str):
+        return getattr(self._stream, name)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -161,3 +161,129 @@ def test_a_run_log_line_refused_by_a_real_full_disk_is_a_disk_error(tmp_path):
         with pytest.raises(DiskError, match=rf"cannot write {disk}/logs/run\.log: the disk is full \(file system at "
                                             rf"{disk}, 0 B free\)"):
             _log_links(_links_rank(disk), "gloo", {(0, 1)})
+
+
+# -- 3. a checkpoint the disk refuses ([Note: a checkpoint the disk refuses] in runtime/run/checkpoint.py) -------------
+
+
+@pytest.fixture
+def one_rank_group():
+    """A process group of this process alone (gloo): what a checkpoint's collective save runs on."""
+    import torch.distributed as dist
+
+    from runtime.run.launch import free_port
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
+def _checkpointer(job_dir: Path, width: int = 32):
+    import random
+
+    from runtime.run.checkpoint import RankCheckpointer
+
+    model = torch.nn.Linear(width, 256)
+    optimizer = torch.optim.AdamW(model.parameters())
+    model(torch.randn(2, width)).sum().backward()
+    optimizer.step()
+    return RankCheckpointer(job_dir, 0, {0: model}, optimizer, {"noise": random.Random(0)})
+
+
+
+def _config():
+    from runtime.config import RunConfig
+
+    return RunConfig(workload="emulated", ranks=1)
+
+
+def test_a_checkpoint_the_disk_refuses_is_a_disk_error_and_the_last_one_stays(tmp_path, monkeypatch, one_rank_group):
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    from runtime.run.checkpoint import latest, read_manifest
+
+    checkpointer = _checkpointer(tmp_path)
+    checkpointer.save(2, _config())
+    real_stream = FileSystem.create_stream
+
+    def full_disk(self, path, mode):  # the rank's data file: its first bytes are refused
+        stream = real_stream(self, path, mode)
+        if not str(path).endswith(".distcp"):
+            return stream
+        import contextlib
+
+        @contextlib.contextmanager
+        def refusing():
+            with stream as opened:
+                class Refusing:
+                    def write(self, data):
+                        _enospc()
+
+                    def __getattr__(self, name):
+                        return getattr(opened, name)
+
+                yield Refusing()
+
+        return refusing()
+
+    monkeypatch.setattr(FileSystem, "create_stream", full_disk)
+    with pytest.raises(DiskError, match=rf"cannot write {tmp_path}/checkpoints/\.tmp-step-00000004/__0_0\.distcp: "
+                                        r"the disk is full \(file system at "):
+        checkpointer.save(4, _config())
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]  # no partial directory
+    assert latest(tmp_path).name == "step-00000002" and read_manifest(latest(tmp_path))["step"] == 2
+
+
+def test_a_checkpoint_manifest_the_disk_refuses_is_a_disk_error(tmp_path, monkeypatch, one_rank_group):
+    from runtime.run.checkpoint import latest
+
+    checkpointer = _checkpointer(tmp_path)
+    checkpointer.save(2, _config())
+    real_write_text = Path.write_text
+
+    def full_disk(path, text, *args, **kwargs):
+        if "rrfp-checkpoint.json" not in path.name:
+            return real_write_text(path, text, *args, **kwargs)
+        real_write_text(path, "")  # created, its bytes refused
+        _enospc()
+
+    monkeypatch.setattr(Path, "write_text", full_disk)
+    with pytest.raises(DiskError, match=r"\.tmp-step-00000004/rrfp-checkpoint\.json: the disk is full"):
+        checkpointer.save(4, _config())
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step-00000002"]
+    assert latest(tmp_path).name == "step-00000002"
+
+
+def test_a_checkpoint_on_a_real_full_disk_names_it_and_keeps_the_last_one(tmp_path, one_rank_group):
+    from runtime.run.checkpoint import latest
+
+    with full_tmpfs(tmp_path / "disk", free_kib=256, size_kib=256) as disk:
+        checkpointer = _checkpointer(disk)
+        checkpointer.save(2, _config())  # about 170 KiB: no room for a second one beside it
+        with pytest.raises(DiskError, match=rf"cannot write {disk}/checkpoints/\.tmp-step-00000004/__0_0\.distcp: "
+                                            rf"the disk is full \(file system at {disk}, 0 B free\)"):
+            checkpointer.save(4, _config())
+        assert [p.name for p in (disk / "checkpoints").iterdir()] == ["step-00000002"]
+        assert latest(disk).name == "step-00000002"
+
+
+def test_a_checkpoint_that_fails_otherwise_names_the_rank_and_leaves_no_partial(tmp_path, monkeypatch, one_rank_group):
+    from torch.distributed.checkpoint.filesystem import FileSystem
+
+    from hints.errors import Failure
+
+    checkpointer = _checkpointer(tmp_path)
+
+    def broken(self, path, mode):
+        raise ValueError("the storage said no")
+
+    monkeypatch.setattr(FileSystem, "create_stream", broken)
+    with pytest.raises(Failure, match=r"^checkpoint step-00000002 was not written: rank 0: ValueError: the storage "
+                                      r"said no$") as raised:
+        checkpointer.save(2, _config())
+    assert not isinstance(raised.value, DiskError)
+    assert list((tmp_path / "checkpoints").iterdir()) == []
