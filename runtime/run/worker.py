@@ -98,36 +98,18 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     local_rank = int(os.environ.get("LOCAL_RANK", rank))
     out_root = Path(options.out_root)
     _name_process(rank)
-    _redirect_output(rank, out_root)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
             signal.signal(signum, _interrupted_once)
-    config = jobs[0].config
     threads = options.threads or max(1, (os.cpu_count() or 1) // max(1, world))
     torch.set_num_threads(threads)
-    ctx = RankContext(rank, world, local_rank, torch.device("cpu"), out_root,
-                      status=StatusBoard(out_root / "status" / f"rank{rank}"))
+    ctx = RankContext(rank, world, local_rank, torch.device("cpu"), out_root)
     watchdog = Watchdog(options.timeout, lambda seconds: report_stall(ctx, seconds), lambda: withdraw_stall(ctx))
-    try:
-        ctx.device, backend = _device_and_backend(config, local_rank, world)
-        group_timeout = timedelta(seconds=max(60.0, 2 * options.timeout))
-        dist.init_process_group(backend, timeout=group_timeout, **_attempt_store(rank, world, group_timeout),
-                                **({"device_id": ctx.device} if backend == "nccl" else {}))
-        from runtime.comm.clock import clock_domain, measure_clock_offset
-        from runtime.comm.grid import ProcessGrid, make_groups
-        from runtime.comm.transport import Transport
-
-        if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
-            ctx.control_group = dist.new_group(backend="gloo")
-        measured = measure_clock_offset(rank, world, group=ctx.control_group)
-        ctx.clock_offset_ns, ctx.clock_error_ns = clock_domain(measured, ctx.control_group)
-        ctx.grid = ProcessGrid.of(config, rank)
-        links = ctx.grid.links([pair for job in jobs for pair in _job_links(job.config)])
-        _log_links(ctx, backend, links)
-        ctx.transport = Transport(rank, links, ctx.device, options.timeout, latency=None)
-        ctx.groups = make_groups(ctx.grid, timedelta(seconds=max(60.0, 2 * options.timeout)))
-        ctx.transport.start(timeout=options.timeout)
-        dist.barrier()
+    try:  # from here on a failure is reported, wherever it happens (a status file that cannot be made included)
+        _redirect_output(rank, out_root)
+        ctx.status = StatusBoard(out_root / "status" / f"rank{rank}")
+        ctx.device, backend = _device_and_backend(jobs[0].config, local_rank, world)
+        _while_signals_are_handled(lambda: _bootstrap(ctx, jobs, options, backend))
         watchdog.start()
         results = {}
         for job in jobs:
@@ -144,6 +126,69 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+
+
+def _bootstrap(ctx: RankContext, jobs: list[Job], options: WorkerOptions, backend: str) -> None:
+    """Everything a rank sets up with its peers before its first job: process group, clock offset, links,
+    transport, TP/DP groups, and a barrier that every rank has done so."""
+    import torch
+    import torch.distributed as dist
+
+    from runtime.comm.clock import clock_domain, measure_clock_offset
+    from runtime.comm.grid import ProcessGrid, make_groups
+    from runtime.comm.transport import Transport
+
+    rank, world, config = ctx.rank, ctx.world, jobs[0].config
+    if ctx.device.type == "cuda":  # the current device is per thread ([Note: bootstrap waits where signals land])
+        torch.cuda.set_device(ctx.device)
+    group_timeout = timedelta(seconds=max(60.0, 2 * options.timeout))
+    dist.init_process_group(backend, timeout=group_timeout, **_attempt_store(rank, world, group_timeout),
+                            **({"device_id": ctx.device} if backend == "nccl" else {}))
+    if backend == "nccl":  # clock ping-pong and per-iteration timings are CPU tensors
+        ctx.control_group = dist.new_group(backend="gloo")
+    measured = measure_clock_offset(rank, world, group=ctx.control_group)
+    ctx.clock_offset_ns, ctx.clock_error_ns = clock_domain(measured, ctx.control_group)
+    ctx.grid = ProcessGrid.of(config, rank)
+    links = ctx.grid.links([pair for job in jobs for pair in _job_links(job.config)])
+    _log_links(ctx, backend, links)
+    ctx.transport = Transport(rank, links, ctx.device, options.timeout, latency=None)
+    ctx.groups = make_groups(ctx.grid, group_timeout)
+    ctx.transport.start(timeout=options.timeout)
+    dist.barrier()
+
+
+def _while_signals_are_handled(call):
+    """``call()``, run in a thread of its own while this one waits for it, handling signals as they come.
+
+    [Note: bootstrap waits where signals land]
+        A rank that fails before the process group exists (its status file, its device, a bad address) left
+        the others waiting inside ``init_process_group`` for it: C++ waiting on the store, for up to the group
+        timeout (60 s or more), with the GIL released and no return to Python. A signal's Python handler runs
+        only when the main thread returns to Python, so the elastic agent's SIGTERM, sent as soon as it saw
+        the failure, was not handled: torch's process context then waits 30 s before its SIGKILL, and the run
+        took about 35 s to end, the stopped ranks reported as "died without a report". So the whole bootstrap
+        (:func:`_bootstrap`: every step that waits for peers) runs in a daemon thread while the main thread
+        waits on it in short joins, where its handler runs at once: the SIGTERM is an
+        :class:`hints.errors.Interrupted` (an ``interrupt`` report, which the diagnosis leaves out), the rank
+        exits within a moment of the agent's signal, and the run ends about a second after the first failure,
+        naming it. torchrun's agent sends the same SIGTERM. The thread, still waiting, ends with the process.
+        CUDA's current device is per thread, so the bootstrap thread sets it again.
+    """
+    outcome: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            outcome["value"] = call()
+        except BaseException as err:  # raised again in the waiting thread
+            outcome["error"] = err
+
+    thread = threading.Thread(target=run, name="rrfp-bootstrap", daemon=True)
+    thread.start()
+    while thread.is_alive():
+        thread.join(0.1)  # a signal's handler runs between (and during) these waits
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome.get("value")
 
 
 def _interrupted_once(signum: int, frame) -> None:
