@@ -287,3 +287,48 @@ def test_a_checkpoint_that_fails_otherwise_names_the_rank_and_leaves_no_partial(
         checkpointer.save(2, _config())
     assert not isinstance(raised.value, DiskError)
     assert list((tmp_path / "checkpoints").iterdir()) == []
+
+
+# -- 4. a rank's bootstrap waits where signals land ([Note: bootstrap waits where signals land] in worker.py) -------
+
+
+def test_a_signal_ends_a_bootstrap_wait_that_blocks_in_cpp_at_once():
+    import signal
+    import threading
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from runtime.run.launch import free_port
+    from runtime.run.worker import _while_signals_are_handled
+
+    # a store wait for a peer that never comes: C++, GIL released, as init_process_group waits for a dead rank
+    store = dist.TCPStore("127.0.0.1", free_port(), 1, is_master=True, timeout=timedelta(seconds=4),
+                          wait_for_workers=False)
+
+    class Stopped(Exception):
+        pass
+
+    def stop(signum, frame):
+        raise Stopped
+
+    previous = signal.signal(signal.SIGUSR1, stop)
+    try:
+        threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()  # the agent's SIGTERM, in effect
+        began = time.monotonic()
+        with pytest.raises(Stopped):
+            _while_signals_are_handled(lambda: store.get("a peer's address"))
+        assert time.monotonic() - began < 2.0  # called directly, the handler would run after the store's 4 s
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+def test_a_bootstrap_error_is_raised_in_the_waiting_thread():
+    from runtime.run.worker import _while_signals_are_handled
+
+    def fails():
+        raise ValueError("no such address")
+
+    assert _while_signals_are_handled(lambda: 7) == 7
+    with pytest.raises(ValueError, match="no such address"):
+        _while_signals_are_handled(fails)
