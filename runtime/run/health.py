@@ -231,7 +231,6 @@ class StatusBoard:
         return {"state": cls.STATES[raw[0]], "pid": int(pid), "job": job or None,
                 "iteration": int(iteration) if iteration.isdigit() else None, "task": task or None}
 
-
     @classmethod
     def kept_report(cls, path: Path) -> dict[str, Any] | None:
         """The report kept in ``path`` by :meth:`keep_report` (None if there is none)."""

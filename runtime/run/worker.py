@@ -124,7 +124,7 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         report_error(ctx, err)
         raise
     finally:
-        if dist.is_initialized():
+        if dist.is_initialized() and not _bootstrap_running():  # not under a thread still using the group
             dist.destroy_process_group()
 
 
@@ -157,6 +157,14 @@ def _bootstrap(ctx: RankContext, jobs: list[Job], options: WorkerOptions, backen
     dist.barrier()
 
 
+BOOTSTRAP_THREAD = "rrfp-bootstrap"
+
+
+def _bootstrap_running() -> bool:
+    """Whether a bootstrap an interrupt left behind is still running ([Note: bootstrap waits where signals land])."""
+    return any(thread.name == BOOTSTRAP_THREAD and thread.is_alive() for thread in threading.enumerate())
+
+
 def _while_signals_are_handled(call):
     """``call()``, run in a thread of its own while this one waits for it, handling signals as they come.
 
@@ -171,8 +179,9 @@ def _while_signals_are_handled(call):
         waits on it in short joins, where its handler runs at once: the SIGTERM is an
         :class:`hints.errors.Interrupted` (an ``interrupt`` report, which the diagnosis leaves out), the rank
         exits within a moment of the agent's signal, and the run ends about a second after the first failure,
-        naming it. torchrun's agent sends the same SIGTERM. The thread, still waiting, ends with the process.
-        CUDA's current device is per thread, so the bootstrap thread sets it again.
+        naming it. torchrun's agent sends the same SIGTERM. The thread, still waiting, ends with the process;
+        the process group it may have made meanwhile is not destroyed under it. CUDA's current device is per
+        thread, so the bootstrap thread sets it again.
     """
     outcome: dict[str, Any] = {}
 
@@ -182,7 +191,7 @@ def _while_signals_are_handled(call):
         except BaseException as err:  # raised again in the waiting thread
             outcome["error"] = err
 
-    thread = threading.Thread(target=run, name="rrfp-bootstrap", daemon=True)
+    thread = threading.Thread(target=run, name=BOOTSTRAP_THREAD, daemon=True)
     thread.start()
     while thread.is_alive():
         thread.join(0.1)  # a signal's handler runs between (and during) these waits
