@@ -24,6 +24,7 @@ five lines).
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import shutil
@@ -102,11 +103,16 @@ def tune_hint(
         "checks it) with DIR/torch_schedule.md (how to run it in torch and torchtitan).")] = TargetChoice.rrfp,
     objective: Annotated[str, typer.Option("--objective", help="mean, p90 (any pNN) or cvar:0.9 of the makespan.",
                                            rich_help_panel=TUNE)] = "mean",
-    time_budget: Annotated[str, typer.Option(
-        "--time-budget", help="Search effort, e.g. 60s, 5m (converted to a number of simulations at a nominal "
-        "rate, so results do not depend on the machine's speed).", rich_help_panel=TUNE)] = "60s",
-    jobs: Annotated[int, typer.Option("--jobs", help="Worker processes (results are deterministic for a seed and "
-                                      "this count).", rich_help_panel=TUNE)] = 1,
+    time_budget: Annotated[Optional[str], typer.Option(
+        "--time-budget", help="Wall-clock time of the whole command, e.g. 60s, 5m: the search stops when it is "
+        "spent and the best found is written. [default: 60s, none with --evaluations alone]",
+        show_default=False, rich_help_panel=TUNE)] = None,
+    evaluations: Annotated[Optional[int], typer.Option(
+        "--evaluations", help="Stop after this many scenario simulations (one candidate on one scenario): the "
+        "same result on any machine for a seed and --jobs count. report.json gives the count that reproduces a "
+        "timed run. With --time-budget, whichever ends first.", show_default=False, rich_help_panel=TUNE)] = None,
+    jobs: Annotated[int, typer.Option("--jobs", help="Worker processes (a search with --evaluations is the same "
+                                      "for a seed and this count).", rich_help_panel=TUNE)] = 1,
     holdout: Annotated[float, typer.Option("--holdout", help="Share of the recorded iterations (the last ones) "
                                            "held out to judge the result.", rich_help_panel=TUNE)] = 0.3,
     scenarios: Annotated[int, typer.Option("--scenarios", help="Tuning scenarios (bootstrapped or sampled); as "
@@ -132,6 +138,9 @@ def tune_hint(
     json_mode: JsonFlag = False,
 ) -> None:
     """Tune a hint for the next run: search on scenarios from traces, tables or a model; judge on held-out ones."""
+    from runtime.tune.decide import Stopwatch
+
+    clock = Stopwatch()  # --time-budget counts from here: the scenarios, the search, the verdict and the report
     output = Output(json_mode)
     if check is not None or report_file is not None:
         if check is None or report_file is None:
@@ -169,7 +178,12 @@ def tune_hint(
         raise UserError("give --out DIR (a new directory for hint.json, job.toml and the report)", "--out")
     out_dir = _new_directory(out)
     goal = Objective.parse(objective)
-    seconds = parse_duration(time_budget)
+    if time_budget is not None:
+        seconds = parse_duration(time_budget)
+    else:  # --evaluations alone is a work budget only; neither: the default time budget
+        seconds = None if evaluations is not None else DEFAULT_SECONDS
+    if evaluations is not None and evaluations < 1:
+        raise UserError(f"must be at least 1, got {evaluations}", "--evaluations")
     if jobs < 1:
         raise UserError(f"must be at least 1, got {jobs}", "--jobs")
     if not 0.0 < holdout < 1.0:
@@ -193,19 +207,29 @@ def tune_hint(
     if isinstance(budget, str) and budget != "auto":
         MemoryBudget.parse(budget).per_rank(shape)
 
-    from runtime.tune.decide import render_markdown, report, tune, work_budget
+    from runtime.tune.decide import render_markdown, report, tune
 
-    work = work_budget(seconds, jobs, shape.total_tasks * 3 // 2)
-    with output.status_progress("tuning", work) as update:
+    # The bar counts seconds of the time budget, or simulations of --evaluations alone.
+    total = math.ceil(seconds) if seconds is not None else evaluations
+    with output.status_progress("tuning", total) as update:
+        found = [""]  # the best so far and where it was found, shown until a better one
+
         def progress(spent: int, best: float, note: str) -> None:
-            update(spent, f"best {goal} {best * 1e3:.2f} ms ({note})")
+            if note and math.isfinite(best):
+                found[0] = f"best {goal} {best * 1e3:.2f} ms ({note}), "
+            done = min(total, int(clock.wall())) if seconds is not None else spent
+            update(done, f"{found[0]}{spent:,} simulations")
 
         # Ctrl-C inside the search keeps the best found (stopped == "interrupted"); anywhere else it ends the
         # command with nothing written (app.main: "interrupted (SIGINT)", exit 130).
         outcome = tune(source["set"], policy.value, budget, goal, seconds, jobs, seed,
-                       source["overhead"], source["cost_model"], source["traced"], progress, static=for_torch)
+                       source["overhead"], source["cost_model"], source["traced"], progress, static=for_torch,
+                       evaluations=evaluations, clock=clock)
     interrupted = outcome.search.stopped == "interrupted"
-    commands = {"this tuning": "rrfp tune-hint " + " ".join(_quoted(sys.argv[2:] if len(sys.argv) > 2 else [])),
+    args = sys.argv[2:] if len(sys.argv) > 2 else []
+    commands = {"this tuning": "rrfp tune-hint " + " ".join(_quoted(args)),
+                "the same search on any machine": "rrfp tune-hint " + " ".join(
+                    _quoted(_with_evaluations(args, outcome.search.simulations))),
                 "run the tuned job": f"rrfp run --config {out_dir}/job.toml",
                 "check that run": f"rrfp tune-hint --check RUN_DIR --report {out_dir}/report.json"}
     data = report(outcome, {"source": source["set"].source, "inputs": source["inputs"], "commands": commands,
@@ -227,6 +251,24 @@ def tune_hint(
 
 
 # -- inputs ------------------------------------------------------------------------
+
+
+def _with_evaluations(args: list[str], evaluations: int) -> list[str]:
+    """``args`` with ``--evaluations N`` in place of the budgets they gave ([Note: two budgets] in
+    :mod:`runtime.tune.search`): the search they ran, the same on any machine (same seed and ``--jobs``)."""
+    kept: list[str] = []
+    skip = False
+    for arg in args:
+        if skip:
+            skip = False
+        elif arg in ("--time-budget", "--evaluations"):
+            skip = True
+        elif not arg.startswith(("--time-budget=", "--evaluations=")):
+            kept.append(arg)
+    return [*kept, "--evaluations", str(evaluations)]
+
+
+DEFAULT_SECONDS = 60.0  # the time budget when neither --time-budget nor --evaluations is given
 
 
 def parse_duration(text: str) -> float:

@@ -16,7 +16,9 @@ what a user's own schedule held (``tune-hint --target torch``).
 from __future__ import annotations
 
 import math
+import os
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import Callable
 
@@ -30,7 +32,25 @@ from runtime.tune.scenarios import ScenarioSet
 from runtime.tune.search import Scored, Search, SearchConfig, SearchResult, as_static, portfolio
 
 AUTO_BUDGETS = ("1f1b", "1.25x", "1.5x", "2x", "3x", "4x")
-NOMINAL_TASKS_PER_SECOND = 250_000  # per job: turns --time-budget into a deterministic work budget
+
+
+class Stopwatch:
+    """Wall and CPU time since a command started: the clock a time budget runs on ([Note: two budgets] in
+    :mod:`runtime.tune.search`), and the effort report.json records. CPU time is this process's and its
+    children's (the search's workers, once joined), user and system."""
+
+    def __init__(self) -> None:
+        self.started = time.monotonic()
+        self._cpu = os.times()
+
+    def wall(self) -> float:
+        return time.monotonic() - self.started
+
+    def cpu(self) -> tuple[float, float]:
+        """(this process, its children) CPU seconds since the start."""
+        now, then = os.times(), self._cpu
+        return (now.user + now.system - then.user - then.system,
+                now.children_user + now.children_system - then.children_user - then.children_system)
 
 
 @dataclass
@@ -75,23 +95,35 @@ class TuneOutcome:
     pareto: list[dict]  # auto only: per budget, slots and objective
     evaluator: Evaluator
     objective: Objective
+    jobs: int = 1
+    time_budget: float | None = None  # the budgets given ([Note: two budgets] in runtime.tune.search)
+    evaluations: int | None = None
+    clock: Stopwatch = field(default_factory=Stopwatch)
 
 
-def work_budget(seconds: float, jobs: int, tasks_per_simulation: int) -> int:
-    """Scenario simulations that ``seconds`` buy at the nominal rate: deterministic, unlike a clock."""
-    return max(1, math.floor(seconds * jobs * NOMINAL_TASKS_PER_SECOND / max(1, tasks_per_simulation)))
-
-
-def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objective: Objective, time_budget: float,
-         jobs: int = 1, seed: int = 0, overhead: float = 0.0, cost_model=None, traced: Candidate | None = None,
-         progress: Callable[[int, float, str], None] | None = None, static: bool = False) -> TuneOutcome:
+def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objective: Objective,
+         time_budget: float | None = None, jobs: int = 1, seed: int = 0, overhead: float = 0.0, cost_model=None,
+         traced: Candidate | None = None, progress: Callable[[int, float, str], None] | None = None,
+         static: bool = False, evaluations: int | None = None, clock: Stopwatch | None = None) -> TuneOutcome:
     """Search, decide, and (with ``budget == "auto"``) explore memory. See the module docstring.
+
+    The search ends when ``time_budget`` seconds of wall clock (from ``clock``'s start, this call's when
+    None; the verdict and report inside it) or ``evaluations`` scenario simulations are spent, whichever
+    comes first ([Note: two budgets] in :mod:`runtime.tune.search`); give at least one. For a seed and a
+    ``jobs`` count, ``evaluations`` alone makes the result the same on every machine.
 
     ``traced`` is the hint and rule of the run the scenarios come from (family ``traced``): scored like
     every candidate, and the reference of the predicted gain ``rrfp tune-hint --check`` verifies.
     ``static``: every candidate is one index order run in fixed order ([Note: one order every step] in
     :mod:`runtime.tune.search`), for a runtime that runs the same order every step (torch).
     """
+    clock = clock or Stopwatch()
+    if time_budget is None and evaluations is None:
+        raise UserError("give a time budget, a number of evaluations, or both", "`time_budget`")
+    if time_budget is not None and not (math.isfinite(time_budget) and time_budget > 0):
+        raise UserError(f"must be a number of seconds above 0, got {time_budget!r}", "`time_budget`")
+    if evaluations is not None and evaluations < 1:
+        raise UserError(f"must be at least 1, got {evaluations!r}", "`evaluations`")
     shape = scenarios.shape
     rules = ("greedy", "lookahead") if policy == "ready" else ("fixed",)
     if static and rules != ("fixed",):
@@ -107,9 +139,18 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
                                                                       evaluator.slots, str(evaluator.budget))
     if static:
         candidates = as_static(candidates, shape, mean)
-    tasks = shape.total_tasks * 3 // 2  # a split backward has half again as many tasks
-    config = SearchConfig(objective, rules, work_budget(time_budget, jobs, tasks), seed, jobs)
-    result = Search(evaluator, config, progress).run(candidates)
+    # What follows the search in the same clock budget: each family's best, the references and the best fixed
+    # order on every held-out scenario (in the pool), and with auto the memory sweep and a new evaluator (here).
+    held_out = len(scenarios.holdout) * (len({c.family for c in candidates} | {"local search"}) + 2)
+    after = held_out + (len(AUTO_BUDGETS) * len(scenarios.tuning) + held_out) * jobs if explore else held_out
+    # Besides simulations: five paired bootstraps of 2,000 resamples of the held-out scenarios, the report's text
+    # and its files (measured on the development machine: about 3 ms per held-out scenario, and 50 ms).
+    config = SearchConfig(objective, rules, evaluations, seed, jobs, seconds=time_budget, started=clock.started,
+                          reserve=after, reserve_s=0.05 + 0.003 * len(scenarios.holdout))
+    with Search(evaluator, config, progress) as search:
+        result = search.run(candidates)
+        if result.interrupt is None and not explore:
+            search.hold_out(holdout_candidates(result, shape))
     if not result.scored and result.interrupt is not None:
         raise result.interrupt  # stopped before any candidate was scored: nothing to keep (exit 130 / 143)
     if result.scored and math.isinf(result.best.value) and result.stopped != "interrupted":
@@ -124,7 +165,31 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
     elif explore:
         chosen_budget = "1f1b"
     verdict = decide(evaluator, result, objective, seed)
-    return TuneOutcome(result, verdict, chosen_budget, pareto, evaluator, objective)
+    return TuneOutcome(result, verdict, chosen_budget, pareto, evaluator, objective, jobs, time_budget, evaluations,
+                       clock)
+
+
+def holdout_candidates(result: SearchResult, shape) -> list[Candidate]:
+    """Every candidate the verdict and the report simulate on the held-out scenarios: the best of each family
+    (the best built-in and the traced hint among them), the baseline, and the best fixed order within budget."""
+    picked: dict[int, Candidate] = {}
+    families: set[str] = set()
+    for scored in result.scored:
+        if scored.candidate.family not in families:
+            families.add(scored.candidate.family)
+            picked[id(scored.candidate)] = scored.candidate
+    baseline = _baseline(result, shape)
+    for extra in (baseline, result.best_fixed):
+        if extra is not None:
+            picked[id(extra.candidate)] = extra.candidate
+    return list(picked.values())
+
+
+def _baseline(result: SearchResult, shape) -> Scored | None:
+    """Fixed 1F1B (the shape's baseline order in fixed order) as the search scored it."""
+    return next((s for s in result.scored if s.candidate.family == "baseline"
+                 or (s.candidate.rule == "fixed" and s.candidate.name == baseline_hint_name(shape.chunks,
+                                                                                           shape.placement))), None)
 
 
 def _mean_expectation(scenarios: ScenarioSet):
@@ -149,10 +214,7 @@ def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, see
     """[Note: never worse]: keep the tuned hint only if its held-out gain over the best built-in is sure."""
     best = result.best
     builtin = result.best_of("built-in") or best
-    baseline = next((s for s in result.scored if s.candidate.family == "baseline"
-                     or (s.candidate.rule == "fixed"
-                         and s.candidate.name == baseline_hint_name(evaluator.shape.chunks, evaluator.shape.placement))),
-                    None)
+    baseline = _baseline(result, evaluator.shape)
     held = {"tuned": evaluator.makespans(best.candidate, "holdout"),
             "best built-in": evaluator.makespans(builtin.candidate, "holdout")}
     if baseline is not None:
@@ -233,8 +295,7 @@ def report(outcome: TuneOutcome, context: dict) -> dict:
         "memory_budget_slots": evaluator.slots,
         "scenarios": {"tuning": len(evaluator.sets["tuning"]), "holdout": len(evaluator.sets["holdout"]),
                       "source": context.get("source")},
-        "search": {"simulations": search.simulations, "stopped": search.stopped,
-                   "candidates_scored": len(search.scored), "trace": search.trace},
+        "search": _search_effort(outcome),
         "verdict": {"kept_tuned": verdict.tuned_kept, "reason": verdict.reason, "gain_over_best_builtin": verdict.gain,
                     "hint": chosen.candidate.name, "rule": chosen.candidate.rule, "family": chosen.candidate.family},
         "best_fixed_order": _best_fixed(search, evaluator),
@@ -247,6 +308,23 @@ def report(outcome: TuneOutcome, context: dict) -> dict:
         "pareto": outcome.pareto,
         **context,
     }
+
+
+def _search_effort(outcome: TuneOutcome) -> dict:
+    """How the search was bounded and what it cost ([Note: two budgets] in runtime.tune.search): the budgets
+    given, which one stopped it, the simulations that reproduce it (``--evaluations``), wall and CPU time so far
+    (the report is the command's last work), and the throughput per worker."""
+    search, jobs = outcome.search, outcome.jobs
+    process, children = outcome.clock.cpu()
+    rate = search.simulations / search.seconds if search.seconds > 0 else None
+    return {"simulations": search.simulations, "stopped": search.stopped,
+            "budgets": {"time_budget_s": outcome.time_budget, "evaluations": outcome.evaluations},
+            "reproduce_with_evaluations": search.simulations, "jobs": jobs,
+            "wall_s": outcome.clock.wall(), "search_wall_s": search.seconds,
+            "cpu_s": process + children, "cpu_s_main": process, "cpu_s_workers": children,
+            "simulations_per_second": rate,
+            "simulations_per_second_per_worker": rate / jobs if rate is not None else None,
+            "candidates_scored": len(search.scored), "trace": search.trace}
 
 
 def _best_fixed(search: SearchResult, evaluator: Evaluator) -> dict | None:
@@ -320,10 +398,9 @@ def _row(label: str, candidate: Candidate, tuning: list[float], holdout: list[fl
     peaks = evaluator.peak_in_flight(candidate, "holdout")
     bubble = []
     for index in range(min(4, len(evaluator.sets["holdout"]))):
-        try:
-            bubble.append(evaluator.simulate(candidate, "holdout", index).bubble_fraction)
-        except Exception:
-            pass
+        figures = evaluator.outcome(candidate, "holdout", index)
+        if figures.bubble_fraction is not None:
+            bubble.append(figures.bubble_fraction)
     row = {"row": label, "hint": candidate.name, "family": candidate.family, "rule": candidate.rule,
            "tuning": {**summary(tuning), "objective": objective(tuning)},
            "holdout": {**summary(holdout), "objective": objective(holdout)},
@@ -415,6 +492,14 @@ def render_markdown(data: dict) -> str:
     search = data["search"]
     lines += ["", "## Search", "", f"{search['simulations']:,} scenario simulations, {search['candidates_scored']} "
               f"candidates scored in full; stopped: {search['stopped']}."]
+    if "budgets" in search:  # wall and CPU time are in report.json only: with --evaluations this text is the same
+        given = search["budgets"]  # on every machine, every time
+        budgets = [f"{given['time_budget_s']:g} s" if given["time_budget_s"] else "",
+                   f"{given['evaluations']:,} evaluations" if given["evaluations"] else ""]
+        lines += [f"Budget: {' or '.join(filter(None, budgets))} ({search['jobs']} "
+                  f"{'worker' if search['jobs'] == 1 else 'workers'}). The same search on any machine: "
+                  f"--evaluations {search['reproduce_with_evaluations']} with the same seed and --jobs (below); "
+                  "report.json has its wall and CPU time and simulations per second per worker."]
     commands = data.get("commands", {})
     if commands:
         lines += ["", "## Reproduce and check", ""]
@@ -432,5 +517,5 @@ def chosen_hint(outcome: TuneOutcome) -> HintOrder:
     return resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement)
 
 
-__all__ = ["AUTO_BUDGETS", "HeldBudget", "TuneOutcome", "Verdict", "chosen_hint", "decide", "render_markdown", "report",
-           "tune", "work_budget"]
+__all__ = ["AUTO_BUDGETS", "HeldBudget", "Stopwatch", "TuneOutcome", "Verdict", "chosen_hint", "decide",
+           "holdout_candidates", "render_markdown", "report", "tune"]

@@ -47,7 +47,7 @@ import math
 import random
 import statistics
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 from hints.deps import TaskGraph
 from hints.errors import UserError
@@ -142,6 +142,14 @@ def paired_bootstrap(baseline: Sequence[float], candidate: Sequence[float], resa
     return Interval(statistics.fmean(gains), quantile(means, tail), quantile(means, 1.0 - tail))
 
 
+class Outcome(NamedTuple):
+    """What the verdict and the report read of one simulation (a deadlock: inf, and no peaks or bubble)."""
+
+    makespan: float
+    peak_in_flight: tuple[int, ...] | None
+    bubble_fraction: float | None
+
+
 @dataclass
 class Candidate:
     """One hint under one rule: what the search proposes and scores.
@@ -170,8 +178,11 @@ class Evaluator:
     built once: the two task graphs (full and split backward), per scenario
     and graph the durations, latencies and expectations as per-task lists,
     and the per-scenario hints of built-ins that depend on the scenario. A
-    process pool forked after this (:meth:`pool_map`) ships only candidates.
-    ``simulations`` counts every simulated scenario, for the report.
+    process pool forked after this ships only candidates. ``simulations``
+    counts every simulated scenario. A candidate's figures on a held-out
+    scenario are kept (:meth:`outcome`): the verdict and every report row
+    read the same few candidates' makespans, peaks and bubbles, and simulate
+    each scenario once.
     """
 
     def __init__(self, scenarios: ScenarioSet, budget: MemoryBudget, overhead: float = 0.0) -> None:
@@ -184,6 +195,7 @@ class Evaluator:
         self._graphs: dict[PipelineShape, TaskGraph] = {}  # by shape: which stages split is part of it
         self._arrays: dict[tuple[str, int, PipelineShape], tuple] = {}
         self._builtins: dict[tuple[str, str, int], HintOrder] = {}
+        self._held: dict[tuple[int, int], tuple[Candidate, Outcome]] = {}  # (id(candidate), index): held-out figures
         self.simulations = 0
 
     def graph(self, shape: PipelineShape) -> TaskGraph:
@@ -235,29 +247,41 @@ class Evaluator:
         return simulate(hint, (compute, transfer), candidate.rule, self.slots, record=record,
                         graph=self.graph(hint.shape), overhead=self.overhead, estimates=estimates)
 
+    def outcome(self, candidate: Candidate, which: str, index: int) -> Outcome:
+        """``candidate``'s figures on scenario ``index`` of ``which``; kept for the held-out scenarios."""
+        key = (id(candidate), index)
+        if which == "holdout":
+            kept = self._held.get(key)
+            if kept is not None and kept[0] is candidate:  # the candidate itself is kept too: its id stays its own
+                return kept[1]
+        try:
+            result = self.simulate(candidate, which, index)
+            figures = Outcome(result.makespan, tuple(result.peak_in_flight), result.bubble_fraction)
+        except ScheduleDeadlock:
+            figures = Outcome(math.inf, None, None)
+        if which == "holdout":
+            self._held[key] = (candidate, figures)
+        return figures
+
+    def keep_holdout(self, candidate: Candidate, index: int, figures: Outcome) -> None:
+        """Keep figures a worker process computed for a held-out scenario (:meth:`outcome` returns them)."""
+        self._held[(id(candidate), index)] = (candidate, figures)
+
     def makespans(self, candidate: Candidate, which: str = "tuning", indices: Sequence[int] | None = None
                   ) -> list[float]:
         """Makespans of ``candidate`` on scenarios ``indices`` of ``which`` (default all); inf if it deadlocks."""
         if indices is None:
             indices = range(len(self.sets[which]))
-        out = []
-        for index in indices:
-            try:
-                out.append(self.simulate(candidate, which, index).makespan)
-            except ScheduleDeadlock:
-                out.append(math.inf)
-        return out
+        return [self.outcome(candidate, which, index).makespan for index in indices]
 
     def peak_in_flight(self, candidate: Candidate, which: str = "tuning") -> list[int]:
         """Per rank, the most microbatch-chunks in flight over the scenarios of ``which``."""
         peaks = [0] * self.shape.ranks
         for index in range(len(self.sets[which])):
-            try:
-                result = self.simulate(candidate, which, index)
-            except ScheduleDeadlock:
-                continue
-            peaks = [max(a, b) for a, b in zip(peaks, result.peak_in_flight)]
+            figures = self.outcome(candidate, which, index)
+            if figures.peak_in_flight is not None:
+                peaks = [max(a, b) for a, b in zip(peaks, figures.peak_in_flight)]
         return peaks
 
 
-__all__ = ["Candidate", "Evaluator", "Interval", "Objective", "paired_bootstrap", "quantile", "summary"]
+__all__ = ["Candidate", "Evaluator", "Interval", "Objective", "Outcome", "paired_bootstrap", "quantile", "summary"]

@@ -1,8 +1,10 @@
 """The hint search behind ``rrfp tune-hint``: a portfolio, racing, and local search on the arbiter's own choices.
 
-The search is deterministic for a seed and a ``jobs`` count: its effort is a
-number of scenario simulations (``SearchConfig.work``), not a time, and
-every random choice comes from one seeded generator in the parent process.
+Every random choice comes from one seeded generator in the parent process,
+so for a seed and a ``jobs`` count the search is a fixed sequence of jobs;
+a wall-clock budget, a work budget (scenario simulations), or both end it
+([Note: two budgets]), and a search cut by the clock is reproduced by the
+work budget it had spent.
 Candidates are scored by :class:`runtime.tune.evaluator.Evaluator` on the tuning
 scenarios only; the held-out ones are for the verdict
 (:mod:`runtime.tune.evaluator`, [Note: never worse]).
@@ -25,8 +27,9 @@ scenarios only; the held-out ones are for the verdict
    exchanging two tasks that never compete for a rank does not change what
    the arbiter does. Each move is raced too.
 
-Stops when the work budget is spent or on ``KeyboardInterrupt`` (Ctrl-C: the
-best found so far is kept, ``stopped`` says so).
+Stops when a budget is spent ([Note: two budgets]), when there is nothing
+left to try, or on ``KeyboardInterrupt`` (Ctrl-C, SIGTERM): the best found so
+far is kept either way, and ``stopped`` says which.
 
 [Note: one order every step]
     ``rrfp tune-hint --target torch`` tunes for a runtime that runs one CSV in
@@ -47,8 +50,10 @@ import math
 import multiprocessing
 import random
 import signal
+import time
 from dataclasses import dataclass, field
-from typing import Callable, Sequence
+from multiprocessing.connection import wait
+from typing import Any, Callable, Sequence
 
 from hints.errors import HintError
 from hints.orders import (
@@ -73,11 +78,21 @@ from runtime.tune.evaluator import Candidate, Evaluator, Objective
 
 @dataclass(frozen=True)
 class SearchConfig:
+    """What a search runs and when it stops ([Note: two budgets]): ``evaluations`` (scenario simulations) and
+    ``seconds`` (wall clock from ``started``, a ``time.monotonic()``; None: when :meth:`Search.run` starts),
+    whichever ends first; None is no limit, but one of them must be given. ``reserve``: the simulations that
+    follow the search inside the same clock budget (the verdict's and the report's, on held-out scenarios),
+    run ``jobs`` at a time."""
+
     objective: Objective
     rules: tuple[str, ...]  # the rules candidates run under (greedy/lookahead, or fixed)
-    work: int  # scenario simulations to spend
+    evaluations: int | None = None  # scenario simulations to spend at most
     seed: int = 0
     jobs: int = 1
+    seconds: float | None = None
+    started: float | None = None
+    reserve: int = 0
+    reserve_s: float = 0.0  # and seconds kept back for what follows that is not a simulation
     race_first: int = 6  # scenarios a newcomer is scored on before the rest
     local_starts: int = 3
     history: int = 30  # late acceptance: compare with the value this many steps ago
@@ -93,10 +108,11 @@ class Scored:
 @dataclass
 class SearchResult:
     scored: list[Scored]  # every fully scored candidate, best first
-    simulations: int
-    stopped: str  # "work budget" or "interrupted"
+    simulations: int  # scenario simulations counted against the budgets ([Note: two budgets])
+    stopped: str  # "time budget", "evaluations", "search complete" (nothing left to try) or "interrupted"
     trace: list[tuple[int, float]] = field(default_factory=list)  # (simulations, best value so far)
     interrupt: KeyboardInterrupt | None = None  # what stopped it (Ctrl-C or SIGTERM), to re-raise once saved
+    seconds: float = 0.0  # wall time from the clock's start to the search's end
 
     @property
     def best(self) -> Scored:
@@ -250,21 +266,173 @@ def apply_move(hint: HintOrder, move: tuple[str, int, Task, Task], name: str) ->
 
 
 # -- running the search -------------------------------------------------------------
+#
+# [Note: two budgets]
+#     A search is stopped by a wall-clock budget (``SearchConfig.seconds``, ``rrfp tune-hint --time-budget``),
+#     by a work budget (``SearchConfig.evaluations``, ``--evaluations``: scenario simulations, one candidate on
+#     one scenario), or by both, whichever ends first. Work is done in *jobs*, one candidate on a list of
+#     scenarios, in an order fixed by the seed and the ``jobs`` count; both budgets stop the search at a job
+#     boundary, with the same rule:
+#
+#     * a job starts only if the work budget has room for all its simulations, and its results count only
+#       when the whole job is done; the first job that does not fit ends the search;
+#     * when the clock runs out, the jobs done so far (a prefix, in order) are kept and counted; a job in
+#       flight is abandoned (a worker of the pool is terminated, the parent stops between two scenarios), so
+#       the search ends within about one simulation of its deadline.
+#
+#     So a search cut by the clock after ``S`` simulations ends in exactly the state a search with
+#     ``evaluations = S`` ends in: ``rrfp tune-hint ... --evaluations S`` (same seed, same ``--jobs``)
+#     reproduces it, and report.json says so. What comes after the search (the held-out verdict and the
+#     report's rows) runs inside the clock budget too: the search's own deadline keeps back the time those
+#     simulations take at the rate measured so far (``reserve``), so the command as a whole keeps to the
+#     budget. The references every verdict compares with (fixed 1F1B, the traced hint) are scored on every
+#     tuning scenario first, whatever the budgets: a budget smaller than that overruns by their cost.
 
 _EVALUATOR: Evaluator | None = None  # the forked workers' copy (set in the parent before forking)
+_QUIET = (signal.SIGINT, signal.SIGTERM)
 
 
-def _worker_init() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
-
-
-def _score(job: tuple[Candidate, str, tuple[int, ...]]) -> list[float]:
+def _score(job: tuple[Candidate, str, tuple[int, ...]]) -> tuple[list[float], float]:
     candidate, which, indices = job
-    return _EVALUATOR.makespans(candidate, which, indices)
+    began = time.perf_counter()
+    makespans = _EVALUATOR.makespans(candidate, which, indices)
+    return makespans, time.perf_counter() - began
+
+
+def _held_out(job: tuple[Candidate, tuple[int, ...]]) -> list:
+    candidate, indices = job
+    return [_EVALUATOR.outcome(candidate, "holdout", index) for index in indices]
+
+
+def _worker(connection, parent_end) -> None:
+    """A worker's life: run each ``(function, job)`` it receives and send back ``(True, result)`` or
+    ``(False, error)``, until None or the parent's end closes ([Note: workers that stop quietly])."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C at a terminal reaches the group: the parent's to handle
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # stopped in the middle of a job: end without a word
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _QUIET)  # blocked by the parent around the fork
+    parent_end.close()  # so the parent's death is an end of file here
+    while True:
+        try:
+            message = connection.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        function, job = message
+        try:
+            reply = (True, function(job))
+        except Exception as err:  # the parent raises it
+            reply = (False, err)
+        try:
+            connection.send(reply)
+        except Exception:  # an error that does not pickle
+            connection.send((False, RuntimeError(f"{type(reply[1]).__name__}: {reply[1]}")))
+
+
+class _Workers:
+    """``count`` forked worker processes, one pipe each.
+
+    [Note: workers that stop quietly]
+        ``multiprocessing.Pool`` cannot stop a job in flight cleanly: ``terminate()`` SIGTERMs workers that
+        inherited the CLI's SIGTERM handler (a ``ForkPoolWorker ... Interrupted: SIGTERM`` traceback from
+        each, on every normal exit), and a worker killed while the pool's task queue is full leaves the pool's
+        task thread blocked on the pipe, so ``terminate()`` can hang. Here each worker has its own pipe and no
+        lock shared with the others; it ignores SIGINT (Ctrl-C is the parent's), dies of SIGTERM without a
+        word, and reads one job at a time. Stopping a busy worker (a budget ended in the middle of its job)
+        is SIGTERM and a join; a fresh worker takes its place. Closing sends each idle worker None. The
+        parent blocks SIGINT and SIGTERM around each fork, so a signal never meets a worker before its
+        handlers are set (they arrive afterwards, in the parent).
+    """
+
+    def __init__(self, count: int) -> None:
+        self._context = multiprocessing.get_context("fork")
+        self._workers = [self._start() for _ in range(count)]
+
+    def _start(self):
+        parent_end, child_end = self._context.Pipe()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, _QUIET)
+        try:
+            process = self._context.Process(target=_worker, args=(child_end, parent_end), daemon=True)
+            process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+        child_end.close()
+        return process, parent_end
+
+    def run(self, function: Callable, jobs: Sequence, time_left: Callable[[], float]) -> tuple[list, bool]:
+        """``function`` on a prefix of ``jobs``, results in order; True when the clock (``time_left``) cut it:
+        the workers still in the middle of a job are then stopped."""
+        pending = list(enumerate(jobs))[::-1]
+        idle = list(range(len(self._workers)))
+        busy: dict[int, int] = {}  # worker -> job
+        results: dict[int, Any] = {}
+        done: list = []
+        while len(done) < len(jobs):
+            while idle and pending:
+                worker = idle.pop()
+                job = pending.pop()
+                self._workers[worker][1].send((function, job[1]))
+                busy[worker] = job[0]
+            if len(done) in results:
+                done.append(results.pop(len(done)))
+                continue
+            left = time_left()
+            if left <= 0:
+                self._replace(busy)
+                return done, True
+            connections = {self._workers[w][1]: w for w in busy}
+            for connection in wait(list(connections), None if math.isinf(left) else left):
+                worker = connections[connection]
+                try:
+                    ok, value = connection.recv()
+                except (EOFError, OSError):
+                    raise RuntimeError(f"a tune-hint worker (pid {self._workers[worker][0].pid}) died, "
+                                       f"exit code {self._workers[worker][0].exitcode}") from None
+                if not ok:
+                    raise value
+                results[busy.pop(worker)] = value
+                idle.append(worker)
+        return done, False
+
+    def _replace(self, busy: dict[int, int]) -> None:
+        """Stop the workers in the middle of a job and start fresh ones in their place."""
+        for worker in busy:
+            process, connection = self._workers[worker]
+            process.terminate()
+            process.join()
+            connection.close()
+            self._workers[worker] = self._start()
+        busy.clear()
+
+    def close(self, stop: bool = False) -> None:
+        """Idle workers end on None; with ``stop`` (an interrupt or an error: some may be busy), SIGTERM."""
+        for process, connection in self._workers:
+            if stop:
+                process.terminate()
+            else:
+                try:
+                    connection.send(None)
+                except OSError:
+                    process.terminate()
+        for process, connection in self._workers:
+            process.join()
+            connection.close()
+        self._workers = []
+
+
+class _Stop(Exception):
+    """A budget ended the search ([Note: two budgets]); ``reason`` is what report.json says stopped it."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 class Search:
-    """One search run: owns the evaluator, the optional process pool and the work accounting."""
+    """One search run: owns the evaluator, the optional process pool and the work and time accounting.
+
+    A context manager: the pool lives until the ``with`` block ends, so the held-out figures the verdict
+    reads can be computed in it too (:meth:`hold_out`)."""
 
     def __init__(self, evaluator: Evaluator, config: SearchConfig,
                  progress: Callable[[int, float, str], None] | None = None) -> None:
@@ -274,40 +442,137 @@ class Search:
         self.spent = 0
         self.best_value = math.inf
         self.trace: list[tuple[int, float]] = []
-        self._pool = None
+        self.scored: list[Scored] = []  # every candidate scored on all tuning scenarios so far
+        self.started = time.monotonic() if config.started is None else config.started
+        self.seconds = 0.0  # the search's own wall time, once it ended
+        self._sim_seconds = 0.0  # wall time of the simulations timed so far, where they ran, and how many
+        self._sims_timed = 0
+        self._pool: _Workers | None = None
+
+    def __enter__(self) -> "Search":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._close_pool(terminate=exc[0] is not None)
+
+    # -- the workers -----------------------------------------------------------------
+    def _open_pool(self) -> None:
+        global _EVALUATOR
+        self.evaluator.prepare()
+        _EVALUATOR = self.evaluator
+        self._pool = _Workers(self.config.jobs)
+
+    def _close_pool(self, terminate: bool) -> None:
+        """Close the workers: idle ones end; with ``terminate`` (an interrupt, an error) each is stopped."""
+        global _EVALUATOR
+        pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.close(stop=terminate)
+        _EVALUATOR = None
+
+    # -- the budgets ---------------------------------------------------------------
+    def time_left(self) -> float:
+        """Seconds the search may still run: the clock budget less the reserve at the rate measured so far."""
+        if self.config.seconds is None:
+            return math.inf
+        per_simulation = self._sim_seconds / self._sims_timed if self._sims_timed else 0.0
+        after = self.config.reserve * per_simulation / max(1, self.config.jobs) + self.config.reserve_s
+        return self.started + self.config.seconds - after - time.monotonic()
+
+    def _fitting(self, jobs: list) -> tuple[list, bool]:
+        """The jobs the work budget has room for, a prefix; whether it cut any."""
+        if self.config.evaluations is None:
+            return jobs, False
+        room = self.config.evaluations - self.spent
+        for k, (_, _, indices) in enumerate(jobs):
+            if len(indices) > room:
+                return jobs[:k], True
+            room -= len(indices)
+        return jobs, False
+
+    def _timed(self, seconds: float, simulations: int) -> None:
+        self._sim_seconds += seconds
+        self._sims_timed += simulations
 
     # -- scoring ---------------------------------------------------------------
-    def _map(self, jobs: list[tuple[Candidate, str, tuple[int, ...]]]) -> list[list[float]]:
-        self.spent += sum(len(indices) for _, _, indices in jobs)
+    def _map(self, jobs: list[tuple[Candidate, str, tuple[int, ...]]], required: bool = False
+             ) -> tuple[list[list[float]], str | None]:
+        """Makespans of a prefix of ``jobs``, in order, and what stopped it before the end (None: nothing).
+        ``required`` jobs run whatever the budgets ([Note: two budgets])."""
+        stop = None
+        if not required:
+            jobs, cut = self._fitting(jobs)
+            stop = "evaluations" if cut else None
+        done: list[list[float]] = []
         if self._pool is None:
-            return [self.evaluator.makespans(c, w, i) for c, w, i in jobs]
-        return self._pool.map(_score, jobs, chunksize=1)
+            for candidate, which, indices in jobs:
+                makespans = []
+                for index in indices:
+                    if not required and self.time_left() <= 0:
+                        return done, "time budget"
+                    began = time.perf_counter()
+                    makespans += self.evaluator.makespans(candidate, which, (index,))
+                    self._timed(time.perf_counter() - began, 1)
+                done.append(makespans)
+                self.spent += len(indices)
+            return done, stop
+        results, cut = self._pool.run(_score, jobs, (lambda: math.inf) if required else self.time_left)
+        for (_, _, indices), (makespans, seconds) in zip(jobs, results):
+            self._timed(seconds, len(indices))
+            done.append(makespans)
+            self.spent += len(indices)
+        return done, "time budget" if cut else stop
+
+    def _tick(self, note: str = "") -> None:
+        self.progress(self.spent, self.best_value, note)
 
     def score_all(self, candidates: Sequence[Candidate]) -> list[Scored]:
-        """Race ``candidates``: a few scenarios each, then every scenario for the best quarter."""
+        """Race ``candidates``: a few scenarios each, then every scenario for the best quarter. The references
+        every verdict and report compares with are scored on every scenario first, whatever the budgets."""
         n = len(self.evaluator.sets["tuning"])
         first = tuple(range(min(self.config.race_first, n)))
         rest = tuple(range(len(first), n))
         objective = self.config.objective
-        early = self._map([(c, "tuning", first) for c in candidates])
-        ranked = sorted(range(len(candidates)), key=lambda k: (objective(early[k]), k))
-        keep = ranked[:max(4, math.ceil(len(ranked) / 4))] if rest else ranked
-        # The references every verdict and report compares with are always scored in full.
-        best_builtin = next((k for k in ranked if candidates[k].family == "built-in"), None)
-        best_sorted = next((k for k in ranked if candidates[k].family == "sorted 1F1B"), None)
         shape = self.evaluator.shape
         baseline = baseline_hint_name(shape.chunks, shape.placement)
+        references = [k for k, c in enumerate(candidates)
+                      if c.family in ("baseline", "traced") or (c.rule == "fixed" and c.name == baseline)]
+        full, _ = self._map([(candidates[k], "tuning", first + rest) for k in references], required=True)
+        scored = {k: self._scored(candidates[k], makespans) for k, makespans in zip(references, full)}
+        self._keep(list(scored.values()), "references")
+        others = [k for k in range(len(candidates)) if k not in scored]
+        early = {k: s.makespans[:len(first)] for k, s in scored.items()}
+        done, stop = self._map([(candidates[k], "tuning", first) for k in others])
+        early.update(zip(others, done))
+        if stop:
+            raise _Stop(stop)
+        ranked = sorted(range(len(candidates)), key=lambda k: (objective(early[k]), k))
+        keep = ranked[:max(4, math.ceil(len(ranked) / 4))] if rest else ranked
+        # The references, the best built-in and the best sorted 1F1B are always scored in full.
+        best_builtin = next((k for k in ranked if candidates[k].family == "built-in"), None)
+        best_sorted = next((k for k in ranked if candidates[k].family == "sorted 1F1B"), None)
         for k in ranked:
-            reference = candidates[k].family in ("baseline", "traced") or (
-                candidates[k].rule == "fixed" and candidates[k].name == baseline)
-            if k not in keep and (k in (best_builtin, best_sorted) or reference):
+            if k not in keep and (k in (best_builtin, best_sorted) or k in scored):
                 keep.append(k)
-        late = self._map([(candidates[k], "tuning", rest) for k in keep]) if rest else [[] for _ in keep]
-        scored = [Scored(candidates[k], early[k] + more, self._value(candidates[k], early[k] + more))
-                  for k, more in zip(keep, late)]
-        scored.sort(key=lambda s: s.value)
-        self._improved(scored[0].value, "portfolio")
-        return scored
+        late = [k for k in keep if k not in scored]
+        done, stop = self._map([(candidates[k], "tuning", rest) for k in late]) if rest else ([[]] * len(late), None)
+        scored.update((k, self._scored(candidates[k], early[k] + more)) for k, more in zip(late, done))
+        # In the racing order (it breaks ties between equal values), the references among them
+        self.scored = [scored[k] for k in keep if k in scored]
+        self._keep([], "portfolio")
+        if stop:
+            raise _Stop(stop)
+        return list(self.scored)
+
+    def _scored(self, candidate: Candidate, makespans: list[float]) -> Scored:
+        return Scored(candidate, makespans, self._value(candidate, makespans))
+
+    def _keep(self, scored: list[Scored], note: str) -> None:
+        """``scored`` joins the candidates scored in full (kept sorted: best first)."""
+        self.scored += scored
+        self.scored.sort(key=lambda s: s.value)
+        if self.scored:
+            self._improved(self.scored[0].value, note)
 
     def _value(self, candidate: Candidate, makespans: list[float]) -> float:
         """The objective, or inf for a fixed order over the budget ([Note: fixed candidates and the budget])."""
@@ -323,11 +588,27 @@ class Search:
 
     @property
     def exhausted(self) -> bool:
-        return self.spent >= self.config.work
+        return self.config.evaluations is not None and self.spent >= self.config.evaluations
 
     # -- local search -------------------------------------------------------------
+    def _ready_pairs(self, candidate: Candidate, n: int) -> list[tuple[int, Task, Task]]:
+        """:func:`ready_pairs` on the first three tuning scenarios, as one job of the budgets."""
+        count = min(3, n)
+        if self.config.evaluations is not None and self.spent + count > self.config.evaluations:
+            raise _Stop("evaluations")
+        pairs: list[tuple[int, Task, Task]] = []
+        for index in range(count):
+            if self.time_left() <= 0:
+                raise _Stop("time budget")
+            began = time.perf_counter()
+            pairs += ready_pairs(self.evaluator, candidate, (index,))
+            self._timed(time.perf_counter() - began, 1)
+        self.spent += count
+        return sorted(set(pairs))
+
     def local_search(self, start: Scored) -> list[Scored]:
-        """Late-acceptance hill climbing from ``start``; every fully scored improvement is returned."""
+        """Late-acceptance hill climbing from ``start``; every fully scored improvement is also kept in
+        :attr:`scored` as it is found, so a budget that ends it loses none."""
         evaluator, objective, config = self.evaluator, self.config.objective, self.config
         n = len(evaluator.sets["tuning"])
         first = tuple(range(min(config.race_first, n)))
@@ -335,10 +616,11 @@ class Search:
         current = best = start
         found: list[Scored] = []
         history = [start.value] * config.history
-        self.spent += min(3, n)
-        pairs = ready_pairs(evaluator, start.candidate, range(min(3, n)))
+        pairs = self._ready_pairs(start.candidate, n)
         step = idle = 0
         while pairs and not self.exhausted and idle < 200:  # 200 proposals in a row all invalid: give up
+            if self.time_left() <= 0:
+                raise _Stop("time budget")
             batch = []
             for _ in range(max(1, config.jobs)):
                 rank, a, b = pairs[self.rng.randrange(len(pairs))]
@@ -353,56 +635,74 @@ class Search:
             idle = 0 if batch else idle + 1
             if not batch:
                 continue
-            early = self._map([(c, "tuning", first) for c in batch])
+            early, stop = self._map([(c, "tuning", first) for c in batch])
+            if stop:
+                raise _Stop(stop)
             bound = objective(current.makespans[:len(first)]) * 1.02  # racing: clearly worse on the first ones
             promising = [k for k in range(len(batch)) if objective(early[k]) <= bound]
             if not promising:
+                self._tick()
                 continue
-            late = self._map([(batch[k], "tuning", rest) for k in promising]) if rest else [[] for _ in promising]
+            late, stop = self._map([(batch[k], "tuning", rest) for k in promising]) if rest else \
+                ([[] for _ in promising], None)
+            if stop:  # part of the batch scored: the step is abandoned whole, as a work budget would
+                raise _Stop(stop)
             trial = min((Scored(batch[k], early[k] + more, self._value(batch[k], early[k] + more))
                          for k, more in zip(promising, late)), key=lambda s: s.value)
             slot = step % config.history
             if trial.value <= current.value or trial.value <= history[slot]:
-                if trial.value < current.value:
-                    pairs = ready_pairs(evaluator, trial.candidate, range(min(3, n))) or pairs
-                    self.spent += min(3, n)
+                better = trial.value < current.value
                 current = trial
                 if trial.value < best.value:
                     best = trial
                     found.append(trial)
-                    self._improved(trial.value, "local search")
+                    self._keep([trial], "local search")  # kept before the next job: a budget may end there
+                if better:
+                    pairs = self._ready_pairs(trial.candidate, n) or pairs
             history[slot] = current.value
+            self._tick()
         return found
 
     # -- the whole search ------------------------------------------------------------
     def run(self, candidates: Sequence[Candidate]) -> SearchResult:
-        global _EVALUATOR
-        stopped, interrupt = "work budget", None
-        scored: list[Scored] = []
+        stopped, interrupt = "search complete", None
         try:
             if self.config.jobs > 1:
-                self.evaluator.prepare()
-                _EVALUATOR = self.evaluator
-                self._pool = multiprocessing.get_context("fork").Pool(self.config.jobs, initializer=_worker_init)
-            scored = self.score_all(candidates)
-            starts = [s for s in scored if s.candidate.hint is not None][:self.config.local_starts]
-            while not self.exhausted and starts:
+                self._open_pool()
+            self.score_all(candidates)
+            starts = [s for s in self.scored if s.candidate.hint is not None][:self.config.local_starts]
+            while starts:
                 for start in starts:
                     if self.exhausted:
-                        break
-                    scored += self.local_search(start)
-                    scored.sort(key=lambda s: s.value)
-                starts = [s for s in scored if s.candidate.family == "local search"][:1]
+                        raise _Stop("evaluations")
+                    self.local_search(start)
+                starts = [s for s in self.scored if s.candidate.family == "local search"][:1]
+            if self.exhausted:
+                stopped = "evaluations"
+        except _Stop as stop:
+            stopped = stop.reason
         except KeyboardInterrupt as err:
             stopped, interrupt = "interrupted", err
+            self._close_pool(terminate=True)
         finally:
-            if self._pool is not None:
-                self._pool.terminate()
-                self._pool.join()
-                self._pool = None
-            _EVALUATOR = None
-        scored.sort(key=lambda s: s.value)
-        return SearchResult(scored, self.spent, stopped, self.trace, interrupt)
+            self.seconds = time.monotonic() - self.started
+        return SearchResult(sorted(self.scored, key=lambda s: s.value), self.spent, stopped, self.trace, interrupt,
+                            self.seconds)
+
+    def hold_out(self, candidates: Sequence[Candidate]) -> None:
+        """Simulate ``candidates`` on every held-out scenario in the pool (with ``jobs`` > 1; without, the
+        evaluator does it when asked), so the verdict and the report read them from the evaluator."""
+        n = len(self.evaluator.sets["holdout"])
+        if self.config.jobs <= 1 or not candidates or not n:
+            return
+        if self._pool is None:
+            self._open_pool()
+        split = max(1, math.ceil(n / self.config.jobs))
+        jobs = [(c, tuple(range(i, min(n, i + split)))) for c in candidates for i in range(0, n, split)]
+        results, _ = self._pool.run(_held_out, jobs, lambda: math.inf)
+        for (candidate, indices), figures in zip(jobs, results):
+            for index, outcome in zip(indices, figures):
+                self.evaluator.keep_holdout(candidate, index, outcome)
 
 
 __all__ = ["Scored", "Search", "SearchConfig", "SearchResult", "apply_move", "as_static", "portfolio", "ready_pairs"]

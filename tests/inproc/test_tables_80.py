@@ -29,7 +29,7 @@ def test_simulate_and_hints_tables(tmp_path, args):
 
 
 def test_tune_report_tables(tmp_path):
-    out = narrow(tmp_path, "tune-hint", "--workload", "multimodal", "-p", "2", "-m", "4", "--time-budget", "1s",
+    out = narrow(tmp_path, "tune-hint", "--workload", "multimodal", "-p", "2", "-m", "4", "--evaluations", "2000",
                  "--scenarios", "4", "--out", "tuned", between=lambda: shutil.rmtree(tmp_path / "tuned"))
     assert "held-out" in out and "vs best" in out and "times in ms" in out
     assert "rrfp tune-hint --workload multimodal" in out

@@ -2,7 +2,8 @@
 slow rank or a heavy first stage it finds better than every built-in, on held-out scenarios it is never slower
 than fixed 1F1B, and --memory-budget auto gives a Pareto table. Pure (no processes), but each runs the whole
 search, thousands of simulations: seconds, not milliseconds, which is why they are not in tests/unit (whose
-test_tune.py has the search's pieces)."""
+test_tune.py has the search's pieces). Each gives its search a work budget (``evaluations``), never seconds, so
+its result is the same on every machine."""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_uniform_durations_leave_nothing_to_tune():
     # No variability at all: the textbook orders are as good as it gets and tune-hint keeps a built-in.
     shape = PipelineShape(4, 1, 8)
     scenarios = from_model(VariabilityModel(), shape, 6, 6, seed=0)
-    outcome = tune(scenarios, "ready", "1f1b", Objective.parse("mean"), time_budget=2.0)
+    outcome = tune(scenarios, "ready", "1f1b", Objective.parse("mean"), evaluations=5208)
     assert not outcome.verdict.tuned_kept
     assert outcome.verdict.chosen.candidate.family in ("built-in", "baseline")
     best_builtin = min(_builtin_values(outcome).values())
@@ -46,7 +47,7 @@ def test_uniform_durations_leave_nothing_to_tune():
 def test_a_slow_rank_is_tuned_around_better_than_every_builtin():
     shape = PipelineShape(4, 1, 8)
     outcome = tune(_slow_rank_scenarios(shape, slow_rank=0, factor=2.0, count=14), "ready", "1f1b",
-                   Objective.parse("mean"), time_budget=4.0, seed=0)
+                   Objective.parse("mean"), evaluations=10416, seed=0)
     best = outcome.search.best
     assert best.candidate.family not in ("built-in", "baseline")
     assert best.value < min(_builtin_values(outcome).values()) * 0.99  # measured: 3.6% better
@@ -56,7 +57,7 @@ def test_heavy_first_stage_multimodal_is_tuned_better_than_every_builtin():
     shape = PipelineShape(4, 1, 8)
     model = VariabilityModel(workload="multimodal", vision_stages=1, images_mean=3.0, jitter=0.05)
     outcome = tune(from_model(model, shape, 16, 16, seed=0), "ready", "1f1b", Objective.parse("mean"),
-                   time_budget=4.0, seed=0)
+                   evaluations=10416, seed=0)
     assert outcome.search.best.candidate.family not in ("built-in", "baseline")
     assert outcome.search.best.value < min(_builtin_values(outcome).values()) * 0.99  # measured: 5.4% better
 
@@ -65,7 +66,7 @@ def test_never_slower_than_fixed_1f1b_on_held_out_scenarios_at_the_1f1b_budget()
     shape = PipelineShape(4, 1, 8)
     for workload in ("language", "multimodal"):
         outcome = tune(from_model(VariabilityModel(workload=workload, jitter=0.1), shape, 8, 8, seed=3), "ready",
-                       "1f1b", Objective.parse("mean"), time_budget=2.0)
+                       "1f1b", Objective.parse("mean"), evaluations=5208)
         held = outcome.verdict.holdout
         assert Objective.parse("mean")(held["chosen"]) <= Objective.parse("mean")(held["fixed 1F1B"]) + 1e-12
 
@@ -73,7 +74,7 @@ def test_never_slower_than_fixed_1f1b_on_held_out_scenarios_at_the_1f1b_budget()
 def test_memory_auto_gives_a_pareto_table():
     shape = PipelineShape(4, 1, 8)
     scenarios = from_model(VariabilityModel(workload="language", jitter=0.1), shape, 6, 6, seed=0)
-    outcome = tune(scenarios, "ready", "auto", Objective.parse("mean"), time_budget=1.0)
+    outcome = tune(scenarios, "ready", "auto", Objective.parse("mean"), evaluations=2604)
     budgets = [row["budget"] for row in outcome.pareto]
     assert budgets[0] == "1f1b" and len(budgets) >= 4
     chosen = [row for row in outcome.pareto if row["chosen"]]
@@ -96,4 +97,4 @@ def test_an_interrupt_before_anything_is_scored_ends_the_tuning_as_an_interrupt(
     monkeypatch.setattr(Search, "score_all", interrupted)
     scenarios = from_model(VariabilityModel(), PipelineShape(2, 1, 4), 2, 2, seed=0)
     with pytest.raises(KeyboardInterrupt):
-        tune(scenarios, "ready", budget, Objective.parse("mean"), time_budget=1.0)
+        tune(scenarios, "ready", budget, Objective.parse("mean"), evaluations=100)

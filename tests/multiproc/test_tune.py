@@ -22,7 +22,7 @@ def test_same_seed_same_result_and_jobs_are_deterministic():
     scenarios = from_model(VariabilityModel(workload="multimodal", jitter=0.1), shape, 8, 8, seed=1)
 
     def run(jobs):
-        outcome = tune(scenarios, "ready", "1f1b", Objective.parse("p90"), time_budget=2.0, jobs=jobs, seed=5)
+        outcome = tune(scenarios, "ready", "1f1b", Objective.parse("p90"), evaluations=5208, jobs=jobs, seed=5)
         best = outcome.search.best
         return best.candidate.name, best.value, (best.candidate.hint.orders if best.candidate.hint else None), \
             outcome.search.simulations

@@ -1,0 +1,128 @@
+"""tune-hint's two budgets ([Note: two budgets] in runtime/tune/search.py): ``--time-budget`` is wall-clock time
+whatever the machine's speed, ``--evaluations`` a work budget that gives the same search on every machine and
+reproduces a timed one, both together whichever ends first; report.json records which stopped the search, its
+wall and CPU time and its simulations per second per worker. Worker processes (``--jobs 2``) and signals:
+tests/cli/test_tune_workers.py."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+
+import pytest
+
+from hints.tasks import PipelineShape
+from runtime.durations.variability import VariabilityModel
+from runtime.tune.decide import tune
+from runtime.tune.evaluator import Evaluator, Objective
+from runtime.tune.scenarios import from_model
+from tests.helpers.cli import one_error_line, run_cli
+
+MEAN = Objective.parse("mean")
+MODEL = ("--workload", "multimodal", "-p", "4", "-m", "8", "--jitter", "0.1", "--scenarios", "6")
+
+
+def _scenarios():
+    return from_model(VariabilityModel(workload="multimodal", jitter=0.1), PipelineShape(4, 1, 8), 6, 6, seed=1)
+
+
+def _slower(monkeypatch, seconds: float) -> None:
+    """Every simulation takes ``seconds`` longer: a machine far slower than the one a budget was calibrated on
+    (asleep, so a busy machine running the test does not change what it shows)."""
+    simulate = Evaluator.simulate
+
+    def slow(self, *args, **kwargs):
+        time.sleep(seconds)
+        return simulate(self, *args, **kwargs)
+
+    monkeypatch.setattr(Evaluator, "simulate", slow)
+
+
+def _search(outcome) -> list:
+    """What a search found, in order: every fully scored candidate with its value, and the best-so-far trace."""
+    return [(s.candidate.name, s.candidate.rule, s.value) for s in outcome.search.scored], outcome.search.trace
+
+
+def test_a_time_budget_is_wall_clock_time_on_a_slow_machine(monkeypatch):
+    # 2 ms more per simulation: the budget's old nominal work (3,906 simulations for 1.5 s) took over 8 s here.
+    _slower(monkeypatch, 0.002)
+    began = time.monotonic()
+    outcome = tune(_scenarios(), "ready", "1f1b", MEAN, time_budget=1.5, seed=0)
+    wall = time.monotonic() - began
+    assert outcome.search.stopped == "time budget"
+    assert 1.5 * 0.75 <= wall <= 1.5 + 1.0, wall  # the verdict and the report's simulations inside it
+    assert outcome.verdict.chosen in outcome.search.scored  # the best found so far, judged on held-out scenarios
+
+
+def test_a_search_cut_by_the_clock_is_reproduced_by_its_evaluations():
+    scenarios = _scenarios()
+    timed = tune(scenarios, "ready", "1f1b", MEAN, time_budget=1.0, seed=3)
+    assert timed.search.stopped == "time budget" and timed.search.simulations > 0
+    again = tune(scenarios, "ready", "1f1b", MEAN, evaluations=timed.search.simulations, seed=3)
+    assert again.search.stopped == "evaluations" and again.search.simulations == timed.search.simulations
+    assert _search(again) == _search(timed)
+    assert again.verdict.chosen.candidate.name == timed.verdict.chosen.candidate.name
+
+
+def test_both_budgets_stop_the_search_whichever_ends_first():
+    scenarios = _scenarios()
+    began = time.monotonic()
+    by_work = tune(scenarios, "ready", "1f1b", MEAN, time_budget=600.0, evaluations=400)
+    assert by_work.search.stopped == "evaluations" and by_work.search.simulations <= 400
+    assert time.monotonic() - began < 60
+    by_clock = tune(scenarios, "ready", "1f1b", MEAN, time_budget=0.5, evaluations=10**9)
+    assert by_clock.search.stopped == "time budget" and by_clock.search.simulations < 10**9
+
+
+def test_the_references_are_scored_whatever_the_budget():
+    # One evaluation cannot score anything in full but fixed 1F1B, which every verdict compares with: it is
+    # scored on every tuning scenario anyway, and it is what is written out.
+    outcome = tune(_scenarios(), "ready", "1f1b", MEAN, evaluations=1)
+    assert outcome.search.stopped == "evaluations" and outcome.search.simulations == 6
+    assert [s.candidate.family for s in outcome.search.scored] == ["baseline"]
+    assert outcome.verdict.chosen.candidate.family == "baseline"
+
+
+def test_report_records_the_budgets_the_effort_and_the_command_that_reproduces_it(tmp_path):
+    done = run_cli(tmp_path, "tune-hint", *MODEL, "--time-budget", "1s", "--out", "timed", "--json")
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    search = data["search"]
+    assert search["stopped"] == "time budget" and search["budgets"] == {"time_budget_s": 1.0, "evaluations": None}
+    assert 0.75 <= search["wall_s"] <= 2.0 and search["search_wall_s"] <= search["wall_s"]
+    assert search["cpu_s"] > 0 and search["cpu_s"] == pytest.approx(search["cpu_s_main"] + search["cpu_s_workers"])
+    assert search["jobs"] == 1 and search["simulations"] == search["reproduce_with_evaluations"] > 0
+    assert search["simulations_per_second_per_worker"] == pytest.approx(search["simulations"] /
+                                                                        search["search_wall_s"])
+    report = (tmp_path / "timed" / "report.md").read_text()
+    assert f"--evaluations {search['simulations']} with the same seed and --jobs" in report
+    command = data["commands"]["the same search on any machine"]
+    assert "--time-budget" not in command and command.endswith(f"--evaluations {search['simulations']}")
+    args = shlex.split(command)[1:]
+    args[args.index("--out") + 1] = "again"
+    again = json.loads(run_cli(tmp_path, *args).stdout)
+    assert again["search"]["stopped"] == "evaluations"
+    assert again["search"]["budgets"] == {"time_budget_s": None, "evaluations": search["simulations"]}
+    for key in ("simulations", "trace", "candidates_scored"):
+        assert again["search"][key] == search[key], key
+    assert again["verdict"] == data["verdict"] and again["rows"] == data["rows"]
+
+
+def test_evaluations_must_be_a_positive_count(tmp_path):
+    for value in ("0", "-3"):
+        line = one_error_line(run_cli(tmp_path, "tune-hint", *MODEL, "--evaluations", value, "--out", "x"))
+        assert line.startswith("error: --evaluations: must be at least 1"), line
+    assert not (tmp_path / "x").exists()
+
+
+def test_an_error_in_a_worker_is_one_line_and_every_worker_ends_quietly(tmp_path, monkeypatch, capfd):
+    def broken(self, *args, **kwargs):
+        raise ValueError("a simulation went wrong")
+
+    monkeypatch.setattr(Evaluator, "makespans", broken)  # the forked workers inherit it
+    done = run_cli(tmp_path, "tune-hint", *MODEL, "--jobs", "2", "--evaluations", "500", "--out", "x")
+    assert done.returncode == 1 and done.stderr.strip().splitlines() == [
+        "internal error: ValueError: a simulation went wrong (rerun with RRFP_DEBUG=1 for a traceback)"], done.stderr
+    assert "Traceback" not in capfd.readouterr().err  # what the workers wrote to the process's own stderr
+    assert not (tmp_path / "x").exists()
