@@ -516,10 +516,23 @@ class Search:
                 done.append(makespans)
                 self.spent += len(indices)
             return done, stop
-        results, cut = self._pool.run(_score, jobs, (lambda: math.inf) if required else self.time_left)
-        for (_, _, indices), (makespans, seconds) in zip(jobs, results):
+        # Fewer jobs than workers (a local search step's few candidates on the rest of the scenarios) leave
+        # workers idle: each job is then run in parts, and still counts only once all its parts are done.
+        parts = max(1, math.ceil(2 * self.config.jobs / max(1, len(jobs))))
+        pieces = []  # (job, part of its scenarios), in job order
+        for k, (candidate, which, indices) in enumerate(jobs):
+            size = max(1, math.ceil(len(indices) / parts))
+            pieces += [(k, (candidate, which, indices[i:i + size])) for i in range(0, len(indices), size)]
+        results, cut = self._pool.run(_score, [piece for _, piece in pieces],
+                                      (lambda: math.inf) if required else self.time_left)
+        makespans_of: dict[int, list[float]] = {}
+        for (k, (_, _, indices)), (makespans, seconds) in zip(pieces, results):
             self._timed(seconds, len(indices))
-            done.append(makespans)
+            makespans_of.setdefault(k, []).extend(makespans)
+        for k, (_, _, indices) in enumerate(jobs):
+            if len(makespans_of.get(k, ())) < len(indices):
+                break  # cut by the clock in the middle of this job: it and the rest are abandoned
+            done.append(makespans_of[k])
             self.spent += len(indices)
         return done, "time budget" if cut else stop
 

@@ -31,6 +31,20 @@ def test_same_seed_same_result_and_jobs_are_deterministic():
     assert run(2) == run(2)
 
 
+def test_a_search_with_workers_cut_by_the_clock_is_reproduced_by_its_evaluations():
+    # [Note: two budgets]: with --jobs 2 a job in flight when the clock runs out is abandoned (and a job may run in
+    # parts on both workers); what was kept is exactly what --evaluations S keeps.
+    scenarios = from_model(VariabilityModel(workload="multimodal", jitter=0.1), PipelineShape(4, 1, 8), 8, 8, seed=1)
+    timed = tune(scenarios, "ready", "1f1b", Objective.parse("mean"), time_budget=1.5, jobs=2, seed=2)
+    assert timed.search.stopped == "time budget"
+    again = tune(scenarios, "ready", "1f1b", Objective.parse("mean"), evaluations=timed.search.simulations, jobs=2,
+                 seed=2)
+    assert again.search.stopped == "evaluations"
+    found = [[(s.candidate.name, s.candidate.rule, s.value) for s in o.search.scored] + o.search.trace
+             for o in (timed, again)]
+    assert found[0] == found[1]
+
+
 @pytest.fixture(scope="module")
 def traced_run(tmp_path_factory):
     root = tmp_path_factory.mktemp("tune")
