@@ -299,6 +299,11 @@ def _score(job: tuple[Candidate, str, tuple[int, ...]]) -> tuple[list[float], fl
     return makespans, time.perf_counter() - began
 
 
+def _pairs(job: tuple[Candidate, tuple[int, ...]]) -> list:
+    candidate, indices = job
+    return ready_pairs(_EVALUATOR, candidate, indices)
+
+
 def _held_out(job: tuple[Candidate, tuple[int, ...]]) -> list:
     candidate, indices = job
     return [_EVALUATOR.outcome(candidate, "holdout", index) for index in indices]
@@ -610,7 +615,12 @@ class Search:
         if self.config.evaluations is not None and self.spent + count > self.config.evaluations:
             raise _Stop("evaluations")
         pairs: list[tuple[int, Task, Task]] = []
-        for index in range(count):
+        if self._pool is not None:  # one scenario per worker, while the parent waits
+            found, cut = self._pool.run(_pairs, [(candidate, (index,)) for index in range(count)], self.time_left)
+            if cut:
+                raise _Stop("time budget")
+            pairs = [pair for part in found for pair in part]
+        for index in range(count if self._pool is None else 0):
             if self.time_left() <= 0:
                 raise _Stop("time budget")
             began = time.perf_counter()
