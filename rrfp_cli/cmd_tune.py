@@ -207,6 +207,8 @@ def tune_hint(
     if isinstance(budget, str) and budget != "auto":
         MemoryBudget.parse(budget).per_rank(shape)
 
+    if for_torch:  # schedule.csv is checked by torch's own lowering: import torch (seconds) inside the time budget
+        _import_torch_lowering()  # now, so that the search takes what it leaves, not after the search
     from runtime.tune.decide import render_markdown, report, tune
 
     # The bar counts seconds of the time budget, or simulations of --evaluations alone.
@@ -454,6 +456,18 @@ def _write(target: Path, outcome, data: dict, source: dict, for_torch: bool = Fa
             raise write_error(err, target) from None
         raise
     return {name: str(target / name) for name in names}
+
+
+def _import_torch_lowering() -> None:
+    """Import what the CSV's check imports (hints.files.torch_csv), if it is there."""
+    import warnings
+
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            from torch.distributed.pipelining import schedules  # noqa: F401
+    except ImportError:
+        pass
 
 
 def _write_torch(hint, staging: Path, target: Path) -> dict[str, Any]:
