@@ -603,6 +603,8 @@ def _check(run: Path, report_path: Path, output: Output) -> None:
         data = json.loads(report_path.read_text())
     except FileNotFoundError:
         raise UserError("no such file", str(report_path)) from None
+    except UnicodeDecodeError:  # a binary file (a trace given as the report)
+        raise UserError("not a tune-hint report: not text (report.json is JSON)", str(report_path)) from None
     except (OSError, json.JSONDecodeError) as err:
         raise UserError(f"not a tune-hint report: {err}", str(report_path)) from None
     if not isinstance(data, dict) or data.get("format") != "rrfp-tune-report/1":
