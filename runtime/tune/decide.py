@@ -396,19 +396,33 @@ def _quantile(values: list[float], level: float) -> float:
 def _row(label: str, candidate: Candidate, tuning: list[float], holdout: list[float], objective: Objective,
          reference: dict[str, list[float]], evaluator: Evaluator) -> dict:
     peaks = evaluator.peak_in_flight(candidate, "holdout")
-    bubble = []
+    bubble, over_bound, over_universal, family = [], [], [], None
     for index in range(min(4, len(evaluator.sets["holdout"]))):
         figures = evaluator.outcome(candidate, "holdout", index)
         if figures.bubble_fraction is not None:
             bubble.append(figures.bubble_fraction)
+        own, universal, family = evaluator.bounds(candidate, "holdout", index)
+        if math.isfinite(figures.makespan) and own > 0:
+            over_bound.append(figures.makespan / own)
+            over_universal.append(figures.makespan / universal)
     row = {"row": label, "hint": candidate.name, "family": candidate.family, "rule": candidate.rule,
            "tuning": {**summary(tuning), "objective": objective(tuning)},
            "holdout": {**summary(holdout), "objective": objective(holdout)},
            "bubble_fraction": statistics.fmean(bubble) if bubble else None,
+           # [Note: bound per hint family]: over the bound of the row's family, and the universal one
+           "makespan_over_bound": statistics.fmean(over_bound) if over_bound else None, "bound_family": family,
+           "makespan_over_universal_bound": statistics.fmean(over_universal) if over_universal else None,
            "peak_in_flight": max(peaks), "peak_in_flight_per_rank": peaks}
     for name, values in reference.items():
         row[f"speedup_vs_{name.replace(' ', '_')}"] = objective(values) / objective(holdout) if holdout else None
     return row
+
+
+def _over_bound(row: dict) -> str:
+    own, universal = row.get("makespan_over_bound"), row.get("makespan_over_universal_bound")
+    if own is None:
+        return "-"
+    return f"{own:.2f} ({row.get('bound_family')}; {universal:.2f})"
 
 
 def render_markdown(data: dict) -> str:
@@ -458,7 +472,8 @@ def render_markdown(data: dict) -> str:
                          f"{g['p90']:+.1%}; with the simulator's measured error {low:+.1%} .. {high:+.1%}).")
     lines += ["", "## Candidates (best of each family)", "",
               "| row | hint | rule | tuning mean | held-out mean | held-out p90 | held-out CVaR90 | bubble | peak in flight "
-              "| vs fixed 1F1B | vs best built-in | vs best fixed |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| vs fixed 1F1B | vs best built-in | vs best fixed | /bound |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for row in data["rows"]:
         h = row["holdout"]
 
@@ -472,10 +487,12 @@ def render_markdown(data: dict) -> str:
         lines.append(f"| {row['row']} | {row['hint']} | {RULES[row['rule']].label} | {row['tuning']['mean'] * 1e3:.2f} ms "
                      f"| {h['mean'] * 1e3:.2f} ms | {h['p90'] * 1e3:.2f} ms | {h['cvar90'] * 1e3:.2f} ms | {bubble} "
                      f"| {row['peak_in_flight']}{over} | {ratio('speedup_vs_fixed_1F1B')} | {ratio('speedup_vs_best_built-in')} "
-                     f"| {ratio('speedup_vs_best_fixed_order')} |")
+                     f"| {ratio('speedup_vs_best_fixed_order')} | {_over_bound(row)} |")
     lines += ["", "Vs best fixed: over the fastest fixed order within the budget the search scored (sorted 1F1B, the "
               "built-ins and tuned fixed orders whose peak fits; docs/tuning.md), what readiness and search add "
-              "beyond ordering by known cost at this memory."]
+              "beyond ordering by known cost at this memory. /bound: the held-out makespan over the lower bound of "
+              "the row's hint family (full-backward or split graph; docs/simulator.md), mean of the first four "
+              "held-out scenarios, and in brackets over the universal (free-split) bound, valid across families."]
     if data.get("pareto"):
         lines += ["", "## Memory (--memory-budget auto)", "", "| budget | max slots per rank | objective | chosen |",
                   "|---|---|---|---|"]

@@ -194,6 +194,7 @@ class Evaluator:
         self.sets = {"tuning": scenarios.tuning, "holdout": scenarios.holdout}
         self._graphs: dict[PipelineShape, TaskGraph] = {}  # by shape: which stages split is part of it
         self._arrays: dict[tuple[str, int, PipelineShape], tuple] = {}
+        self._bounds: dict[tuple[str, int, PipelineShape], tuple[float, float, str]] = {}  # (which, index, shape)
         self._builtins: dict[tuple[str, str, int], HintOrder] = {}
         self._held: dict[tuple[int, int], tuple[Candidate, Outcome]] = {}  # (id(candidate), index): held-out figures
         self.simulations = 0
@@ -273,6 +274,19 @@ class Evaluator:
         if indices is None:
             indices = range(len(self.sets[which]))
         return [self.outcome(candidate, which, index).makespan for index in indices]
+
+    def bounds(self, candidate: Candidate, which: str, index: int) -> tuple[float, float, str]:
+        """Scenario ``index`` of ``which``'s lower bound for ``candidate``'s hint family, the universal one, and
+        the family's name ([Note: bound per hint family] in runtime.sched.bounds)."""
+        from runtime.sched.bounds import bound_family, hint_bound, split_bound
+
+        shape = self.hint_for(candidate, which, index).shape
+        table = self.sets[which][index].table
+        key = (which, index, shape)
+        if key not in self._bounds:
+            self._bounds[key] = (hint_bound(shape, table, self.graph(shape)).value, split_bound(shape, table).value,
+                                 bound_family(shape))
+        return self._bounds[key]
 
     def peak_in_flight(self, candidate: Candidate, which: str = "tuning") -> list[int]:
         """Per rank, the most microbatch-chunks in flight over the scenarios of ``which``."""

@@ -33,6 +33,10 @@ def test_tune_hint_on_a_workload_model(tmp_path):
     assert data["memory_budget"] == "2x"
     chosen = data["rows"][0]
     assert chosen["row"] == "written out" and chosen["holdout"]["mean"] > 0
+    for row in data["rows"]:  # [Note: bound per hint family]: each row over its family's bound and the universal one
+        assert 1.0 <= row["makespan_over_bound"] <= row["makespan_over_universal_bound"] + 1e-12
+        assert row["bound_family"] in ("full-backward", "split") or row["bound_family"].startswith("split except")
+    assert "| /bound |" in (tmp_path / "m" / "report.md").read_text()
 
 
 def test_tune_hint_on_a_v_workload_model_searches_v_orders_only(tmp_path):
