@@ -60,7 +60,7 @@ import re
 from contextlib import contextmanager
 from dataclasses import dataclass
 from enum import Enum
-from typing import Iterator, NamedTuple
+from typing import Iterator, NamedTuple, Sequence
 
 from hints.errors import HintError, UserError, input_name
 
@@ -157,6 +157,18 @@ def _ranges(stages) -> str:
         else:
             runs.append([s, s])
     return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+
+
+def ranges(values: Sequence[int]) -> str:
+    """Whole numbers in ascending order, runs written as ranges: ``[1, 2, 3, 7]`` as ``1..3, 7`` (stages,
+    iterations)."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][-1] + 1:
+            runs[-1].append(value)
+        else:
+            runs.append([value])
+    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)
 
 
 def default_chunks(placement: str) -> int:

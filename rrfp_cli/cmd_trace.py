@@ -413,7 +413,7 @@ def compare_command(
 
 
 def _ranges(values: list[int]) -> str:
-    from profiler.analysis.windows import ranges
+    from hints.tasks import ranges
 
     return ranges(values)
 

@@ -10,9 +10,10 @@ import statistics
 
 import polars as pl
 
+from hints.tasks import ranges
 from profiler.analysis.bubbles import BUBBLE_COLUMNS, bubble_totals, bubbles
 from profiler.analysis.conformance import conformance
-from profiler.analysis.windows import iteration_windows, pipeline_shape, ranges, traced_iterations
+from profiler.analysis.windows import iteration_windows, pipeline_shape, traced_iterations
 from profiler.trace.reader import TraceFrames
 
 

@@ -26,7 +26,7 @@ import polars as pl
 
 from hints.deps import prerequisites
 from hints.errors import UserError
-from hints.tasks import LOOPING, PipelineShape, Task
+from hints.tasks import LOOPING, PipelineShape, Task, ranges
 from profiler.trace.reader import TraceFrames
 
 
@@ -81,17 +81,6 @@ def cut_short_note(cut: dict[int, int], total: int) -> str:
     held = ", ".join(f"{i} ({n} of {total} tasks)" for i, n in cut.items())
     return (f"left out iteration{'s' if len(cut) > 1 else ''} {held}: the run ended before "
             f"{'they' if len(cut) > 1 else 'it'} finished")
-
-
-def ranges(values: Sequence[int]) -> str:
-    """``[1, 2, 3, 7]`` as ``1..3, 7``."""
-    runs: list[list[int]] = []
-    for value in values:
-        if runs and value == runs[-1][-1] + 1:
-            runs[-1].append(value)
-        else:
-            runs.append([value])
-    return ", ".join(str(run[0]) if len(run) == 1 else f"{run[0]}..{run[-1]}" for run in runs)
 
 
 def chosen_iterations(iterations: Sequence[int], window: tuple[int, int | None] | None) -> list[int]:

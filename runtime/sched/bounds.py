@@ -57,7 +57,7 @@ from typing import Sequence
 
 from hints.deps import TaskGraph
 from hints.paths import longest_paths
-from hints.tasks import PipelineShape
+from hints.tasks import PipelineShape, ranges
 from runtime.durations.variability import Durations
 
 
@@ -165,14 +165,7 @@ def bound_family(shape: PipelineShape) -> str:
         return "full-backward"
     if not whole:
         return "split"
-    runs: list[list[int]] = []
-    for stage in whole:
-        if runs and stage == runs[-1][-1] + 1:
-            runs[-1].append(stage)
-        else:
-            runs.append([stage])
-    named = ",".join(str(r[0]) if len(r) == 1 else f"{r[0]}..{r[-1]}" for r in runs)
-    return f"split except stage{'s' if len(whole) > 1 else ''} {named}"
+    return f"split except stage{'s' if len(whole) > 1 else ''} {ranges(whole).replace(' ', '')}"
 
 
 def jackson_preemptive_bound(release: Sequence[float], processing: Sequence[float],
