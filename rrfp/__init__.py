@@ -5,6 +5,8 @@
   ([Note: the model protocol] in :mod:`runtime.workloads.user`).
 * :class:`ReadyPipeline`: one rank's share of the pipeline inside a script
   you launch yourself (:mod:`runtime.run.pipeline`).
+* :func:`load_into_unsplit`: an ``rrfp run`` checkpoint into the unsplit
+  model, on one process (:mod:`runtime.run.checkpoint`).
 
 Names are imported on first use, so ``import rrfp`` stays cheap.
 """
@@ -16,6 +18,7 @@ _EXPORTS = {
     "ModelContext": "runtime.workloads.user",
     "PipelineModel": "runtime.workloads.user",
     "ReadyPipeline": "runtime.run.pipeline",
+    "load_into_unsplit": "runtime.run.checkpoint",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -81,6 +81,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -192,6 +193,62 @@ def _check_parameters(config, path: Path, flag: str) -> None:
 
 def stage_key(stage: int) -> str:
     return f"stage{stage}"
+
+
+def load_into_unsplit(checkpoint: str | Path, stages) -> int:
+    """Load a checkpoint's model into the unsplit model, on one process; returns the step it was taken after.
+
+    [Note: loading a checkpoint into the unsplit model] ``checkpoint`` is a
+    ``checkpoints/step-<N>`` directory, or a run (job) directory, whose latest
+    checkpoint is read. ``stages`` holds one whole (unsharded) module per
+    model stage, indexed by model stage (a list, or a dict stage -> module):
+    what the factory builds when given every stage, or the built-in
+    workload's ``build_stage(k)``. Key ``model.stage<k>.<name>`` goes to
+    ``stages[k]``'s ``<name>`` ([Note: checkpoint keys]); a key of a TP run
+    already holds the whole tensor, and the ``(pieces, rows / pieces, ...)``
+    view of a ``pieces > 1`` layout (``qkv``) is reshaped back into the
+    parameter's shape, its rows in the unsplit order (q, then k, then v). No
+    process group is needed (DCP reads with ``no_dist``); optimizer state,
+    RNG states and the data position are not read. A directory that is not a
+    checkpoint, or whose parameters do not match ``stages`` (missing, extra or
+    resized), is a ``UserError`` naming the key.
+    """
+    import torch
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    given = Path(checkpoint)
+    path = given if (given / MANIFEST).is_file() else latest(given)
+    if path is None:
+        raise UserError("neither an rrfp checkpoint (no rrfp-checkpoint.json) nor a run directory holding one",
+                        str(given))
+    step = int(read_manifest(path)["step"])
+    modules = dict(stages) if isinstance(stages, dict) else dict(enumerate(stages))
+    metadata = FileSystemReader(str(path)).read_metadata().state_dict_metadata
+    saved = {key[len("model."):]: meta for key, meta in metadata.items()
+             if key.startswith("model.") and isinstance(meta, TensorStorageMetadata)}
+    targets = {f"{stage_key(stage)}.{name}": tensor for stage, module in sorted(modules.items())
+               for name, tensor in module.state_dict().items()}
+    missing, extra = sorted(targets.keys() - saved.keys()), sorted(saved.keys() - targets.keys())
+    if missing or extra:
+        what = (f"model.{missing[0]} is not in it ({len(missing)} parameters missing)" if missing
+                else f"it holds model.{extra[0]}, which the model lacks ({len(extra)} such)")
+        raise UserError(f"not a checkpoint of this model: {what}", str(path))
+    for key, target in targets.items():
+        size = tuple(saved[key].size)
+        pieces_view = len(size) == target.dim() + 1 and torch.Size(size).numel() == target.numel()
+        if size != tuple(target.shape) and not pieces_view:
+            raise UserError(f"not a checkpoint of this model: model.{key} is {list(size)} there, "
+                            f"{list(target.shape)} here", str(path))
+    state = {f"model.{key}": torch.empty(saved[key].size, dtype=saved[key].properties.dtype) for key in targets}
+    with warnings.catch_warnings():  # DCP warns that it assumes one process: it is told so
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+        dcp.load(state, storage_reader=FileSystemReader(str(path)), no_dist=True)
+    with torch.no_grad():
+        for key, target in targets.items():
+            target.copy_(state[f"model.{key}"].reshape(target.shape))  # a (pieces, rows, ...) view is row-major
+    return step
 
 
 def _layouts(module, tp: int) -> dict[str, tuple[int, int]]:
