@@ -272,8 +272,10 @@ class FactoryWorkload(BatchWorkload):
         items = list(itertools.islice(self._data, self.shape.microbatches))
         self._consumed += len(items)
         if len(items) < self.shape.microbatches:
-            raise RuntimeError(f"the data iterator ran out at iteration {iteration} (it gave {len(items)} of "
-                               f"{self.shape.microbatches} microbatches)")
+            m = self.shape.microbatches
+            raise RuntimeError(f"the data stream of {self.name} ran out at iteration {iteration} (it gave "
+                               f"{len(items)} of {m} microbatches): `data` must yield iterations x microbatches = "
+                               f"{self.config.iters} x {m} = {self.config.iters * m} items")
         return items
 
 
