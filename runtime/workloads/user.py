@@ -274,7 +274,7 @@ class FactoryWorkload(BatchWorkload):
         if len(items) < self.shape.microbatches:
             m = self.shape.microbatches
             raise RuntimeError(f"the data stream of {self.name} ran out at iteration {iteration} (it gave "
-                               f"{len(items)} of {m} microbatches): `data` must yield iterations x microbatches = "
+                               f"{len(items)} of {m} microbatches): PipelineModel.data must yield iterations x microbatches = "
                                f"{self.config.iters} x {m} = {self.config.iters * m} items")
         return items
 

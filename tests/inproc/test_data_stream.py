@@ -25,4 +25,4 @@ def test_a_data_stream_that_runs_out_names_the_factory_and_the_items_it_must_yie
     with pytest.raises(RuntimeError) as err:
         workload.batch(1, 0)
     assert str(err.value) == (f"the data stream of {FIVE_BATCHES} ran out at iteration 1 (it gave 2 of 3 "
-                              "microbatches): `data` must yield iterations x microbatches = 3 x 3 = 9 items")
+                              "microbatches): PipelineModel.data must yield iterations x microbatches = 3 x 3 = 9 items")
