@@ -12,7 +12,7 @@ schedule::
     dist.init_process_group("gloo")                     # one process per pipeline rank
     model = my_factory(ctx)                            # or build this rank's stage modules yourself
     pipe = rrfp.ReadyPipeline({stage: module, ...}, loss_fn, microbatches=8, hint="1f1b")
-    optimizer = torch.optim.AdamW(pipe.parameters())
+    optimizer = torch.optim.AdamW(pipe.parameters(), lr=1e-3, weight_decay=0.0)  # rrfp run's (torch's decay: 0.01)
     for step in range(steps):
         loss = pipe.step(batches)                       # list of rrfp.Batch, the same on every rank
         optimizer.step(); optimizer.zero_grad()         # loss: on the last stage's rank, else None
