@@ -22,6 +22,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.helpers.disk import umask_027  # noqa: F401 (a fixture, for every test)
+
 # The test process itself trains the single-process references and runs commands with torch, on two OpenMP
 # threads; by default they spin at every barrier, and when the machine's two cores are busy with anything else
 # (ranks of another test, another job on a shared CI runner) each spin waits for the other thread's next time

@@ -1,9 +1,11 @@
-"""A real full disk for tests: a small tmpfs, filled to a given free space (root only: skipped elsewhere)."""
+"""Disks for tests: a real full disk (a small tmpfs filled to a given free space; root only, skipped elsewhere),
+and the umask and file modes ([Note: outputs written whole] in hints/outputs.py)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import stat
 import subprocess
 from contextlib import contextmanager
 from pathlib import Path
@@ -32,3 +34,16 @@ def full_tmpfs(where: Path, free_kib: int, size_kib: int = 1024) -> Iterator[Pat
         yield where
     finally:
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
+
+
+def file_mode(path: Path) -> int:
+    """The permission bits of ``path``."""
+    return stat.S_IMODE(os.stat(path).st_mode)
+
+
+@pytest.fixture
+def umask_027():
+    """The process's umask set to 027 for the test (files 0640, directories 0750), then put back."""
+    old = os.umask(0o027)
+    yield 0o027
+    os.umask(old)

@@ -17,13 +17,13 @@ import errno
 import json
 import os
 import pathlib
-import stat
 from pathlib import Path
 
 import pytest
 
 import hints.outputs
 from tests.helpers.cli import one_error_line, run_cli
+from tests.helpers.disk import file_mode
 from tests.helpers.trace_builder import ONE_F_ONE_B, build_run
 
 HINT = ("1f1b", "-p", "2", "-m", "4")
@@ -174,15 +174,6 @@ def test_a_rank_file_cut_before_its_first_packet_is_merged_with_the_others(tmp_p
     assert json.loads(done.stdout)["warnings"] == [f"{rank1}: truncated at byte 0; 0 complete packets kept"]
 
 
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-@pytest.fixture
-def umask_027():
-    old = os.umask(0o027)
-    yield
-    os.umask(old)
 
 
 def test_outputs_take_the_umask(tmp_path, umask_027):
@@ -194,8 +185,8 @@ def test_outputs_take_the_umask(tmp_path, umask_027):
     assert run_cli(tmp_path, "hints", "export", *HINT, "--out", "h.json", "--torch-csv", "h.csv").returncode == 0
     files = [run / "trace.pftrace", *map(tmp_path.joinpath, ["t.svg", "t.png", "d.parquet", "h.json", "h.csv"]),
              *(tmp_path / "pq").iterdir(), *(tmp_path / "chrome").iterdir()]
-    assert {str(f): oct(_mode(f)) for f in files} == {str(f): "0o640" for f in files}
-    assert (_mode(tmp_path / "pq"), _mode(tmp_path / "chrome")) == (0o750, 0o750)
+    assert {str(f): oct(file_mode(f)) for f in files} == {str(f): "0o640" for f in files}
+    assert (file_mode(tmp_path / "pq"), file_mode(tmp_path / "chrome")) == (0o750, 0o750)
 
 
 @pytest.mark.parametrize("args, line", [

@@ -7,32 +7,19 @@ from __future__ import annotations
 import errno
 import json
 import os
-import stat
 from pathlib import Path
 
-import pytest
-
 from tests.helpers.cli import run_cli
+from tests.helpers.disk import file_mode
 from tests.helpers.trace_builder import ONE_F_ONE_B, build_run
-
-
-def _mode(path: Path) -> int:
-    return stat.S_IMODE(path.stat().st_mode)
-
-
-@pytest.fixture
-def umask_027():
-    old = os.umask(0o027)
-    yield
-    os.umask(old)
 
 
 def test_tune_hint_directory_takes_the_umask(tmp_path, umask_027):
     done = run_cli(tmp_path, "tune-hint", "--workload", "uniform", "-p", "2", "-m", "4", "--time-budget", "1s",
                    "--scenarios", "4", "--out", "tuned")
     assert done.returncode == 0, done.stderr
-    assert _mode(tmp_path / "tuned") == 0o750  # mkdtemp made it 0700
-    assert {p.name: _mode(p) for p in (tmp_path / "tuned").iterdir()} == {
+    assert file_mode(tmp_path / "tuned") == 0o750  # mkdtemp made it 0700
+    assert {p.name: file_mode(p) for p in (tmp_path / "tuned").iterdir()} == {
         name: 0o640 for name in ("hint.json", "job.toml", "report.json", "report.md")}
 
 

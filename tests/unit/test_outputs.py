@@ -1,26 +1,16 @@
 """hints.outputs: files written whole, a command's outputs all or none, the umask's permissions, a full disk named."""
 
 import errno
-import os
-import stat
 
 import pytest
 
 from hints.errors import UserError
 from hints.outputs import DiskError, Outputs, current_umask, new_directory_beside, write_text, write_whole
+from tests.helpers.disk import file_mode
 
 pytestmark = pytest.mark.unit
 
 
-def _mode(path) -> int:
-    return stat.S_IMODE(os.stat(path).st_mode)
-
-
-@pytest.fixture
-def umask_027():
-    old = os.umask(0o027)
-    yield 0o027
-    os.umask(old)
 
 
 def test_current_umask_reads_without_changing(umask_027):
@@ -31,9 +21,9 @@ def test_current_umask_reads_without_changing(umask_027):
 def test_files_and_directories_take_the_umask(tmp_path, umask_027):
     write_text(tmp_path / "a.json", "{}")
     write_whole(tmp_path / "b.parquet", lambda temporary: temporary.write_bytes(b"x"))
-    assert _mode(tmp_path / "a.json") == 0o640  # mkstemp would give 0600
-    assert _mode(tmp_path / "b.parquet") == 0o640
-    assert _mode(new_directory_beside(tmp_path / "run")) == 0o750  # mkdtemp would give 0700
+    assert file_mode(tmp_path / "a.json") == 0o640  # mkstemp would give 0600
+    assert file_mode(tmp_path / "b.parquet") == 0o640
+    assert file_mode(new_directory_beside(tmp_path / "run")) == 0o750  # mkdtemp would give 0700
 
 
 def test_outputs_are_all_or_none(tmp_path):
