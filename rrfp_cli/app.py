@@ -107,7 +107,11 @@ def _exiting_on_interrupt(callback):
 
 def _exit_interrupted(err: KeyboardInterrupt) -> None:
     signal_name, code = (err.signal_name, err.exit_code) if isinstance(err, Interrupted) else ("SIGINT", 130)
-    sys.stderr.write(f"interrupted ({signal_name})\n")
+    # Under torchrun every rank is an `rrfp run` on the same terminal: local rank 0 says it for the node, as for
+    # errors ([Note: who reports under torchrun] in runtime.run.launch). A rank torchrun stops while it starts
+    # (local rank 0 ended first, e.g. on a wrong world size) would otherwise print a stray line.
+    if os.environ.get("LOCAL_RANK", "0") == "0":
+        sys.stderr.write(f"interrupted ({signal_name})\n")
     sys.stdout.flush()
     sys.stderr.flush()
     if threading.active_count() > 1:  # threads blocked in C (a transport's receives) would abort at exit

@@ -100,3 +100,20 @@ def test_ctrl_c_or_sigterm_keeps_the_best_found_and_writes_it(tmp_path, signum, 
     report = json.loads((tmp_path / "cut" / "report.json").read_text())
     assert report["search"]["stopped"] == "interrupted"
     assert (tmp_path / "cut" / "job.toml").exists() and (tmp_path / "cut" / "hint.json").exists()
+
+
+@pytest.mark.parametrize("local_rank, said", [(None, "interrupted (SIGTERM)\n"), ("0", "interrupted (SIGTERM)\n"),
+                                              ("1", "")])
+def test_under_torchrun_only_local_rank_0_says_it_was_interrupted(local_rank, said):
+    """torchrun's ranks share a terminal: a rank it stops while starting (local rank 0 ended first, as on a wrong
+    world size) must not print a stray 'interrupted' line; local rank 0 speaks for the node."""
+    import subprocess
+    import sys
+
+    env = {k: v for k, v in os.environ.items() if k != "LOCAL_RANK"}
+    if local_rank is not None:
+        env["LOCAL_RANK"] = local_rank
+    code = ("from hints.errors import Interrupted\nfrom rrfp_cli.app import _exit_interrupted\n"
+            "_exit_interrupted(Interrupted(15))")
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 143 and done.stderr == said, done
