@@ -229,6 +229,38 @@ def write_text(path: str | Path, text: str) -> Path:
     return write_whole(path, lambda temporary: temporary.write_text(text))
 
 
+def allocate(fd: int, size: int, path: str | Path) -> None:
+    """Give the open file ``fd`` (``path``) its first ``size`` bytes of disk now, so a full disk is refused here,
+    as a :class:`DiskError` naming the file system, and not at a later write (or, for a memory-mapped file, as a
+    SIGBUS). A file system that cannot allocate ahead (``EOPNOTSUPP``, ``EINVAL``) leaves the file as it is."""
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except OSError as err:
+        if is_disk_error(err):
+            raise write_error(err, path) from None
+
+
+def check_room(target: str | Path, named: str | Path | None = None) -> None:
+    """Whether a file can be written beside ``target`` now: one is created there as its writer would create it,
+    given a block of the disk (:func:`allocate`), and removed. A refusal is :func:`write_error`'s error naming
+    ``named`` (default ``target``): a path that takes no file (bad input), or a full or read-only file system
+    (:class:`DiskError`)."""
+    target = Path(target)
+    named = target if named is None else named
+    if target.is_dir():  # what Outputs.stage refuses
+        raise UserError("cannot write: Is a directory", str(named))
+    temporary = _temporary_beside(target)
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o666)
+    except OSError as err:
+        raise write_error(err, named) from None
+    try:
+        allocate(fd, 4096, named)
+    finally:
+        os.close(fd)
+        temporary.unlink(missing_ok=True)
+
+
 def new_directory_beside(target: str | Path) -> Path:
     """A new, empty directory beside ``target`` to build it in before renaming it into place; created as
     ``mkdir`` creates directories (0777 less the umask), where ``tempfile.mkdtemp`` makes them 0700."""

@@ -31,7 +31,7 @@ import typer
 from rich.console import Console
 
 from hints.errors import Failure, Interrupted, UserError
-from hints.outputs import DiskError, disk_message, is_disk_error
+from hints.outputs import DiskError, check_room
 from rrfp_cli.options import (
     SPLIT_OVERHEAD_HELP,
     UNKNOWN_HELP,
@@ -371,17 +371,14 @@ def _keep_what_finished(jobs, config: RunConfig, reports: bool | None = None) ->
 def _disk_refusal(root: Path) -> str | None:
     """Whether the run directory's file system refuses writes now (full, over quota, read-only): its
     :func:`hints.outputs.disk_message`, else None. A failed run whose ranks could not say so (their reports
-    are writes too) is diagnosed by this probe: a small file, allocated for real, then removed."""
-    probe = root / f".rrfp-disk-probe-{os.getpid()}"
+    are writes too) is diagnosed by this probe: a small file, allocated for real, then removed
+    (:func:`hints.outputs.check_room`)."""
     try:
-        fd = os.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        try:
-            os.posix_fallocate(fd, 0, 4096)
-        finally:
-            os.close(fd)
-            probe.unlink(missing_ok=True)
-    except OSError as err:
-        return disk_message(err, root) if is_disk_error(err) else None
+        check_room(root / ".rrfp-disk-probe", named=root)
+    except DiskError as err:
+        return str(err)
+    except UserError:  # the directory itself refuses files: not the disk
+        return None
     return None
 
 

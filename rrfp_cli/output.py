@@ -165,18 +165,15 @@ def _check_parent(path: Path, where: str) -> None:
 
 
 def check_writable(path: Path, where: str) -> None:
-    """Create (and remove) an empty file beside ``path``, as its writer will ([Note: outputs written whole] in
-    hints.outputs): a place that refuses files says so now, in one line naming ``where``: a permission
+    """Create (and remove) a file beside ``path``, as its writer will, with a block of the disk
+    (:func:`hints.outputs.check_room`): a place that refuses files says so now, in one line naming ``where``: a permission
     is bad input (exit 2), a read-only or full file system a DiskError (exit 1)."""
-    from hints.outputs import Outputs
+    from hints.outputs import check_room
 
-    probe = Outputs()
     try:
-        probe.stage(path)
+        check_room(path)
     except UserError as err:
         raise UserError(err.what, where) from None
-    finally:
-        probe.discard()
 
 
 # -- tables ------------------------------------------------------------------------

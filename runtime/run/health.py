@@ -29,6 +29,8 @@ import weakref
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hints.outputs import allocate, write_error, write_text
+
 if TYPE_CHECKING:
     from runtime.run.worker import RankContext
 
@@ -155,7 +157,7 @@ class StatusBoard:
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o644)
         try:
             os.ftruncate(fd, self.SIZE)
-            _allocate(fd, self.SIZE, path)
+            allocate(fd, self.SIZE, path)  # a full disk: ENOSPC here, not a SIGBUS at a store into the map
             self.map = mmap.mmap(fd, self.SIZE)
         finally:
             os.close(fd)
@@ -269,20 +271,6 @@ def _fit_report(report: dict[str, Any], size: int) -> bytes:
     return json.dumps({key: short[key] for key in ("rank", "kind", "time") if key in short}).encode()
 
 
-def _allocate(fd: int, size: int, path: Path) -> None:
-    """Give the status file its disk blocks now: ``ftruncate`` makes a sparse file, and a store into a map of
-    it on a full disk is a SIGBUS that kills the rank with no word of the disk. Allocated, a full disk is
-    ENOSPC here, raised as :class:`hints.outputs.DiskError` naming the file system. A file system that cannot
-    allocate ahead (``EOPNOTSUPP``, ``EINVAL``) keeps the sparse file, as before."""
-    from hints.outputs import is_disk_error, write_error
-
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as err:
-        if is_disk_error(err):
-            raise write_error(err, path) from None
-
-
 def _lock_for_life(path: Path) -> int:
     """A descriptor of ``path`` holding an exclusive ``flock`` ([Note: a rank's life is a lock on its status file]);
     -1 if another live process holds it (a rank of another run: this rank's end then goes unseen, nothing worse)."""
@@ -315,8 +303,6 @@ def write_report(ctx: RankContext, kind: str, report: dict[str, Any]) -> None:
         both places (:func:`runtime.run.diagnose.failure_reports`). A withdrawn stall report is withdrawn from
         both.
     """
-    from hints.outputs import write_error, write_text
-
     path = failure_path(ctx, kind)
     try:
         try:

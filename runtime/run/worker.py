@@ -32,6 +32,7 @@ and ``metrics.parquet`` from those lines at the end, or by the launcher
 
 from __future__ import annotations
 
+import errno
 import io
 import os
 import signal
@@ -45,6 +46,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from hints.outputs import is_disk_error, write_error
 from runtime.run.health import StatusBoard, Watchdog, report_error, report_stall, withdraw_stall
 
 
@@ -305,10 +307,6 @@ def append_line(path: Path, line: str) -> None:
         may print there, anywhere, so a line the disk refuses is dropped (:class:`_RankLog`), not raised
         out of whatever printed it.
     """
-    import errno
-
-    from hints.outputs import write_error
-
     data = line.encode()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -343,8 +341,6 @@ def _redirect_output(rank: int, out_root: Path) -> None:
     """Ranks other than 0 write stdout/stderr (Python and C level) to ``logs/rank<r>.log``."""
     if rank == 0:
         return
-    from hints.outputs import write_error
-
     path = out_root / "logs" / f"rank{rank}.log"
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -368,7 +364,7 @@ class _RankLog(io.TextIOWrapper):
         try:
             return super().write(text)
         except OSError as err:
-            if not _refused_by_disk(err):
+            if not is_disk_error(err):
                 raise
             return len(text)
 
@@ -376,14 +372,8 @@ class _RankLog(io.TextIOWrapper):
         try:
             super().flush()
         except OSError as err:
-            if not _refused_by_disk(err):
+            if not is_disk_error(err):
                 raise
-
-
-def _refused_by_disk(err: OSError) -> bool:
-    from hints.outputs import is_disk_error
-
-    return is_disk_error(err)
 
 
 def _run_job(ctx: RankContext, job: Job, options: WorkerOptions, watchdog: Watchdog) -> dict[str, Any]:

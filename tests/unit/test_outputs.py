@@ -1,6 +1,7 @@
 """hints.outputs: files written whole, a command's outputs all or none, the umask's permissions, a full disk named."""
 
 import errno
+import os
 
 import pytest
 
@@ -72,3 +73,20 @@ def test_a_failed_write_keeps_what_was_there(tmp_path):
         write_whole(target, half_then_full)
     assert target.read_text() == "before"
     assert [p.name for p in tmp_path.iterdir()] == ["hint.json"]
+
+
+def test_check_room_asks_the_disk_for_a_block_and_leaves_nothing(tmp_path, monkeypatch):
+    from hints.outputs import check_room
+
+    check_room(tmp_path / "out.parquet")  # room: nothing said, nothing left
+    assert list(tmp_path.iterdir()) == []
+
+    def full(fd, offset, size):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "posix_fallocate", full)
+    with pytest.raises(DiskError, match="cannot write .*run: the disk is full"):
+        check_room(tmp_path / "probe", named=tmp_path / "run")
+    assert list(tmp_path.iterdir()) == []
+    with pytest.raises(UserError, match="No such file or directory"):
+        check_room(tmp_path / "missing" / "x")
