@@ -53,7 +53,7 @@ from typing import Any
 from hints.errors import Interrupted, UserError
 from runtime.config import is_factory_path
 from runtime.run.diagnose import diagnose, ended_without_report, failure_reports
-from runtime.run.worker import Job, WorkerOptions, ignore_signal, worker_main
+from runtime.run.worker import Job, WorkerOptions, interrupted_once, worker_main
 
 TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 # What every rank imports, imported once by the fork server ([Note: ranks fork from a server that has imported
@@ -172,11 +172,7 @@ class _FirstSignal:
     def _handle(self, signum: int, frame) -> None:
         if self.received is None:
             self.received = signum
-            # a handler that does nothing, not SIG_IGN yet: a signal already caught but not yet handled (SIGINT and
-            # SIGTERM together) would otherwise print "Signal 15 ignored due to race condition"
-            for s in self.SIGNALS:
-                signal.signal(s, ignore_signal)
-            raise Interrupted(signum)
+            interrupted_once(signum, frame)  # later ones ignored, then Interrupted raised
 
 
 def _all_interrupted(out_root: Path, began: float, failures: dict[int, Any]) -> bool:

@@ -102,7 +102,7 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
     _name_process(rank)
     if threading.current_thread() is threading.main_thread():
         for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, _interrupted_once)
+            signal.signal(signum, interrupted_once)
     threads = options.threads or max(1, (os.cpu_count() or 1) // max(1, world))
     torch.set_num_threads(threads)
     ctx = RankContext(rank, world, local_rank, torch.device("cpu"), out_root)
@@ -202,8 +202,9 @@ def _while_signals_are_handled(call):
     return outcome.get("value")
 
 
-def _interrupted_once(signum: int, frame) -> None:
-    """A rank's SIGINT / SIGTERM handler: the first raises :class:`hints.errors.Interrupted`; later ones are
+def interrupted_once(signum: int, frame) -> None:
+    """A rank's SIGINT / SIGTERM handler (and, through :class:`runtime.run.launch._FirstSignal`, the launcher's):
+    the first raises :class:`hints.errors.Interrupted`; later ones are
     ignored. A Ctrl-C reaches a rank twice (the terminal's SIGINT, then the agent's SIGTERM), and a second
     signal must not cut short the report and the trace close the first one started ([Note: one interrupt,
     one shutdown] in :mod:`runtime.run.launch`)."""

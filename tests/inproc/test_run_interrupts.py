@@ -12,7 +12,7 @@ import pytest
 
 from hints.errors import Interrupted
 from runtime.run.launch import _FirstSignal
-from runtime.run.worker import _interrupted_once
+from runtime.run.worker import interrupted_once
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -57,7 +57,7 @@ def test_without_a_signal_the_launcher_restores_the_handlers(reached):
 
 def test_a_rank_raises_on_its_first_signal_only(reached):
     for s in SIGNALS:
-        signal.signal(s, _interrupted_once)
+        signal.signal(s, interrupted_once)
     with pytest.raises(Interrupted) as caught:
         signal.raise_signal(signal.SIGINT)  # the terminal's Ctrl-C
     assert caught.value.signum == signal.SIGINT
