@@ -43,20 +43,6 @@ class DiskError(Failure):
         super().__init__(message, details)
 
 
-def current_umask() -> int:
-    """The process's umask, read without changing it where the system says it (Linux), else by setting it
-    back at once."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("Umask:"):
-                return int(line.split()[1], 8)
-    except (OSError, ValueError, IndexError):
-        pass
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def mount_point(path: str | Path) -> Path:
     """The mount point of the file system that holds ``path`` (or would hold it, if it does not exist)."""
     current = Path(os.path.abspath(path))
@@ -112,8 +98,13 @@ def is_disk_error(err: BaseException) -> bool:
     return isinstance(err, DiskError) or (isinstance(err, OSError) and err.errno in DISK_ERRNOS)
 
 
+def _beside(target: Path, suffix: str) -> Path:
+    """A fresh hidden name beside ``target`` for this process (``.<name>.<pid>-<random>.<suffix>``)."""
+    return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.{suffix}")
+
+
 def _temporary_beside(target: Path) -> Path:
-    return target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    return _beside(target, "tmp")
 
 
 def _create(path: Path) -> None:
@@ -266,7 +257,7 @@ def new_directory_beside(target: str | Path) -> Path:
     ``mkdir`` creates directories (0777 less the umask), where ``tempfile.mkdtemp`` makes them 0700."""
     target = Path(target)
     while True:
-        building = target.with_name(f".{target.name}.{os.getpid()}-{secrets.token_hex(4)}.building")
+        building = _beside(target, "building")
         try:
             building.mkdir()
             return building

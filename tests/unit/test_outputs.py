@@ -6,17 +6,12 @@ import os
 import pytest
 
 from hints.errors import UserError
-from hints.outputs import DiskError, Outputs, current_umask, new_directory_beside, write_text, write_whole
+from hints.outputs import DiskError, Outputs, new_directory_beside, write_text, write_whole
 from tests.helpers.disk import file_mode
 
 pytestmark = pytest.mark.unit
 
 
-
-
-def test_current_umask_reads_without_changing(umask_027):
-    assert current_umask() == 0o027
-    assert current_umask() == 0o027
 
 
 def test_files_and_directories_take_the_umask(tmp_path, umask_027):
