@@ -25,7 +25,7 @@ import typer
 from hints.errors import Failure, Interrupted, UserError, raise_interrupted
 from rrfp_cli import cmd_bench, cmd_hints, cmd_run, cmd_simulate, cmd_trace, cmd_trace_files, cmd_tune  # noqa: F401
 from rrfp_cli.helpscreen import App
-from rrfp_cli.options import check_numbers
+from rrfp_cli.options import numbers_checked
 from rrfp_cli.output import in_cli_terms
 
 app = App(  # plain help, never cut ([Note: help screens] in rrfp_cli/helpscreen.py)
@@ -45,8 +45,8 @@ app.command("bench")(cmd_bench.bench)
 
 def main(argv: list[str] | None = None) -> None:
     command = typer.main.get_command(app)
-    check_numbers(command)  # inf, nan and numbers outside their model's range: one error line, before any work
-    _interruptible(command)
+    _wrap_callbacks(command, numbers_checked)  # inf, nan, numbers outside their model's range: one error line, first
+    _wrap_callbacks(command, _exiting_on_interrupt)
     signal.signal(signal.SIGTERM, raise_interrupted)  # SIGTERM ends a command as Ctrl-C does: cleanly, 143
     try:
         # Not standalone: usage errors come here (one line), and typer.Exit(n) comes back as n.
@@ -86,16 +86,19 @@ def _exit_usage_error(err) -> None:
     sys.exit(getattr(err, "exit_code", 2))
 
 
-def _interruptible(command) -> None:
-    """Wrap every command's callback so an interrupt inside it exits here, with its own code (130 or 143):
-    left to typer it would become a plain exit 130, whatever the signal."""
+def _wrap_callbacks(command, wrap) -> None:
+    """Replace the callback of ``command`` and of each of its subcommands, ``c``, with ``wrap(c)``."""
     if command.callback is not None:
-        command.callback = _exiting_on_interrupt(command.callback)
+        command.callback = wrap(command)
     for sub in getattr(command, "commands", {}).values():
-        _interruptible(sub)
+        _wrap_callbacks(sub, wrap)
 
 
-def _exiting_on_interrupt(callback):
+def _exiting_on_interrupt(command):
+    """``command``'s callback, exiting here on an interrupt inside it, with its own code (130 or 143): left to
+    typer it would become a plain exit 130, whatever the signal."""
+    callback = command.callback
+
     @functools.wraps(callback)
     def run(*args, **kwargs):
         try:

@@ -234,16 +234,12 @@ def variability_model(
     )
 
 
-def check_numbers(command) -> None:
-    """Every number option of ``command`` and its subcommands, checked before the command runs ([Note: number
-    ranges] in runtime.durations.ranges): finite everywhere (typer reads ``inf`` and ``nan`` as floats), and in
-    its range where the models give it one; one ``error:`` line naming the flag and the range otherwise. Done
-    here, once for the whole CLI, so no command can forget it."""
-    if command.callback is not None:
-        flags = {param.name: _long_flag(param) for param in command.params}
-        command.callback = _numbers_checked(command.callback, flags)
-    for sub in getattr(command, "commands", {}).values():
-        check_numbers(sub)
+def numbers_checked(command):
+    """``command``'s callback, with every number option checked before it runs ([Note: number ranges] in
+    runtime.durations.ranges): finite everywhere (typer reads ``inf`` and ``nan`` as floats), and in its range
+    where the models give it one; one ``error:`` line naming the flag and the range otherwise. rrfp_cli.app
+    wraps every command's callback with it, once for the whole CLI, so no command can forget it."""
+    return _numbers_checked(command.callback, {param.name: _long_flag(param) for param in command.params})
 
 
 # The knobs of a duration model (variability_model's); a recorded table or trace has durations of its own.

@@ -5,7 +5,7 @@ A number option is finite, and lies in the range where the model still means som
 makes every mean-one lognormal draw 0 (so a makespan of 0), an infinite forward time a makespan of inf and a
 bound ratio of nan. :data:`NUMBER_RANGES` holds those ranges by the input's library name; :func:`check_number`
 is the one check. The variability model (``VariabilityModel``), ``rrfp run``'s configuration (flags and TOML
-alike: ``runtime.config``) and the CLI's options (``rrfp_cli.options.check_numbers``, which also refuses inf
+alike: ``runtime.config``) and the CLI's options (``rrfp_cli.options.numbers_checked``, which also refuses inf
 and nan in every other number option of every command) all check through here, so a range is written once.
 The upper bounds are sanity limits, far beyond any measured workload (docs/workloads.md): an hour per task or
 message, a straggler 1000 times slower, a log-sd of 3 (the median task 1% of the mean).
