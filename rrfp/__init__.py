@@ -5,6 +5,9 @@
   ([Note: the model protocol] in :mod:`runtime.workloads.user`).
 * :class:`ReadyPipeline`: one rank's share of the pipeline inside a script
   you launch yourself (:mod:`runtime.run.pipeline`).
+* :func:`copy_to_group`, :func:`reduce_from_group`: the two collectives of
+  Megatron-style tensor parallelism, for a factory that shards its own
+  layers ([Note: tensor parallelism for a model you bring]).
 * :func:`load_into_unsplit`: an ``rrfp run`` checkpoint into the unsplit
   model, on one process (:mod:`runtime.run.checkpoint`).
 
@@ -18,6 +21,8 @@ _EXPORTS = {
     "ModelContext": "runtime.workloads.user",
     "PipelineModel": "runtime.workloads.user",
     "ReadyPipeline": "runtime.run.pipeline",
+    "copy_to_group": "runtime.workloads.tp_layers",
+    "reduce_from_group": "runtime.workloads.tp_layers",
     "load_into_unsplit": "runtime.run.checkpoint",
 }
 

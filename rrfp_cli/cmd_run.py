@@ -191,6 +191,9 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
     try:
         results = launch(jobs, options, config.nproc or config.world_size, checked=True)
     except RunFailed as err:  # app.main: the cause, then what was kept; exit 1
+        bad_input = _bad_input_found_by_ranks(root, began) if err.reports else None
+        if bad_input is not None:
+            raise bad_input from None
         kept = _keep_what_finished(jobs, config, err.reports)
         refused = kept.refused or _disk_refusal(root)
         if refused is not None:  # [Note: a full disk under rrfp run]
@@ -329,6 +332,18 @@ class Kept:
 
     text: str = ""
     refused: str | None = None
+
+
+def _bad_input_found_by_ranks(root: Path, began: float) -> UserError | None:
+    """The ``UserError`` a rank raised before its first task (see :func:`runtime.run.health.report_error`), when
+    that is why the run failed; None otherwise."""
+    from runtime.run.diagnose import failure_reports
+
+    for report in failure_reports(root, time.time() - (time.perf_counter() - began)):
+        found = report.get("user_error")
+        if found and report.get("task") is None:
+            return UserError(found["what"], found.get("where"))
+    return None
 
 
 def _keep_what_finished(jobs, config: RunConfig, reports: bool | None = None) -> Kept:

@@ -195,16 +195,10 @@ class RunConfig:
     def _check_tp(self) -> None:
         """``--tp`` must split what is sharded (:mod:`runtime.workloads.tp_layers`): attention heads, or the emulated layer.
 
-        A user's model (``package.module:factory``) is refused rather than half-supported: rrfp does not
-        know how to shard its layers or split its data between replicas.
+        A user's model (``package.module:factory``) says itself what it shards, which
+        :func:`runtime.workloads.user.check_factory` checks before any rank starts.
         """
-        if self.tp == 1 and self.dp == 1:
-            return
-        which = "`tp`" if self.tp != 1 else "`dp`"
-        if is_factory_path(self.workload):
-            raise UserError("a model of your own (package.module:factory) runs pipeline-parallel only for now; "
-                            "use `tp` 1 `dp` 1", which)
-        if self.tp == 1:
+        if self.tp == 1 or is_factory_path(self.workload):
             return
         if self.workload == "emulated":
             if EMULATED_WIDTH % self.tp:

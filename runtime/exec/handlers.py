@@ -148,7 +148,7 @@ class StageHandlers:
             self._stash((stage, mb), inputs, (loss,))
             return None
         self._stash((stage, mb), inputs, outputs)
-        return tuple(o.detach() for o in outputs)
+        return tuple(_sendable(o.detach()) for o in outputs)
 
     def backward(self, iteration: int, task: Task, tid: int) -> Outputs:
         stage, mb = task.stage, task.microbatch
@@ -195,6 +195,16 @@ class StageHandlers:
     def _unstash(self, key: tuple[int, int]) -> None:
         inputs, outputs = self.stash.pop(key)
         self.activation_bytes -= _nbytes(inputs) + _nbytes(outputs)
+
+
+def _sendable(tensor: torch.Tensor) -> torch.Tensor:
+    """A plain tensor for the transport: the output of a stage sharded by a TP plan can be torch's
+    ``AsyncCollectiveTensor`` (a collective's result not yet waited for: ``RowwiseParallel``'s output), which
+    is waited for here. The autograd graph keeps the original, in the stash."""
+    if type(tensor) is torch.Tensor:
+        return tensor
+    wait = getattr(tensor, "wait", None)
+    return wait() if callable(wait) else tensor
 
 
 def _input_grads(inputs: tuple, grads) -> tuple[torch.Tensor, ...]:

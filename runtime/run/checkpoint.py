@@ -298,14 +298,17 @@ class TPSharding:
 
     def wrap(self, model: dict, optim: dict) -> tuple[dict, dict]:
         """Copies of the two state dicts with every sharded tensor as :meth:`as_global` (the same storage,
-        so a load into the copies lands in the originals)."""
-        model = {key: self.as_global(value, self.layouts[key]) if key in self.layouts else value
-                 for key, value in model.items()}
+        so a load into the copies lands in the originals). A tensor that is a DTensor already (a user's TP
+        plan, and its optimizer moments) is one: DCP saves it as it is."""
+        from runtime.workloads.tp_layers import is_dtensor
+
+        model = {key: self.as_global(value, self.layouts[key]) if key in self.layouts and not is_dtensor(value)
+                 else value for key, value in model.items()}
         wrapped = {}
         for key, value in optim.items():
             group, _, rest = key.partition(".")  # "state.<parameter>.<field>" or "param_groups...."
             parameter, _, field = rest.rpartition(".")
-            layout = self.layouts.get(parameter) if group == "state" else None
+            layout = self.layouts.get(parameter) if group == "state" and not is_dtensor(value) else None
             sharded = layout is not None and getattr(value, "dim", lambda: 0)() > layout[0]
             wrapped[key] = self.as_global(value, layout) if sharded else value
         return model, wrapped

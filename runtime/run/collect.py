@@ -51,9 +51,9 @@ class JobResults:
         self.collected.update({"executed": [str(t) for t in result.executed], "peak_in_flight": result.peak_in_flight,
                                "budget": self.budget, "grid": self.grid})
         if self.collect_grads:
-            from runtime.workloads.tp_layers import stage_sharded_layouts
+            from runtime.workloads.tp_layers import local_part, stage_sharded_layouts
 
-            self.collected["grads"] = {f"{stage}.{name}": p.grad.detach().cpu().clone()
+            self.collected["grads"] = {f"{stage}.{name}": local_part(p.grad.detach()).cpu().clone()
                                        for stage, m in self.modules.items() for name, p in m.named_parameters()
                                        if p.grad is not None}
             self.collected["sharded"] = stage_sharded_layouts(self.modules)
@@ -61,8 +61,10 @@ class JobResults:
     def stepped(self) -> None:
         """After the optimizer step (taken or skipped) and ``zero_grad``."""
         if self.collect_grads:  # replicas must hold identical parameters after every step
+            from runtime.workloads.tp_layers import local_part
+
             self.collected.setdefault("params", []).append(
-                {f"{stage}.{name}": p.detach().cpu().clone() for stage, m in self.modules.items()
+                {f"{stage}.{name}": local_part(p.detach()).cpu().clone() for stage, m in self.modules.items()
                  for name, p in m.named_parameters()})
 
     def finish(self, recorder, losses: list, metrics: list | None) -> dict[str, Any]:

@@ -33,6 +33,7 @@ import torch.distributed as dist
 
 from hints.tasks import B, Task, W
 from runtime.exec.handlers import Handler, HandlerTable
+from runtime.workloads.tp_layers import local_part
 
 BUCKET_BYTES = 1 << 18
 
@@ -88,7 +89,8 @@ class GradientReducer:
         if self.launched_ns is None:
             self.launched_ns = now
         for params in self.buckets[stage]:
-            flat = torch.cat([(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1) for p in params])
+            flat = torch.cat([local_part(p.grad if p.grad is not None else torch.zeros_like(p)).reshape(-1)
+                              for p in params])
             work = dist.all_reduce(flat, group=self.group, async_op=True)
             completed: list[int] = []
             work.get_future().then(lambda _, stamp=completed: stamp.append(time.monotonic_ns()))
@@ -107,12 +109,22 @@ class GradientReducer:
             flat /= self.replicas
             offset = 0
             for p in params:  # a parameter no microbatch of this replica used gets zeros: the mean needs them
-                n = p.numel()
-                p.grad = flat[offset:offset + n].view_as(p).clone()
+                local = local_part(p)  # a DTensor parameter (a user's TP plan): its shard, reduced as a shard
+                n = local.numel()
+                mean = flat[offset:offset + n].view_as(local).clone()
+                p.grad = mean if local is p else _like(p, mean)
                 offset += n
             ends.append(completed[0] if completed else began + exposed)
         reduce_ns = max(ends) - self.launched_ns if ends else 0
         return ReduceStats(reduce_ns, exposed, len(self.pending))
+
+
+def _like(parameter, local: torch.Tensor):
+    """``local`` as a DTensor placed as ``parameter`` is."""
+    from torch.distributed.tensor import DTensor
+
+    return DTensor.from_local(local, parameter.device_mesh, parameter.placements, run_check=False,
+                              shape=parameter.shape, stride=parameter.stride())
 
 
 def _buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[list[torch.nn.Parameter]]:
@@ -120,7 +132,7 @@ def _buckets(params: list[torch.nn.Parameter], bucket_bytes: int) -> list[list[t
     buckets, current, size = [], [], 0
     for p in reversed(params):
         current.append(p)
-        size += p.numel() * p.element_size()
+        size += local_part(p).numel() * p.element_size()
         if size >= bucket_bytes:
             buckets.append(current)
             current, size = [], 0

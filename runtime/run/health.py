@@ -341,7 +341,10 @@ def report_stall(ctx: RankContext, seconds: float) -> bool:
 
 
 def report_error(ctx: RankContext, err: BaseException) -> None:
-    from hints.errors import Interrupted
+    """Write ``err``'s report. Bad input only a rank can see (a user's TP plan that leaves an output sharded,
+    found on the rank's first microbatch before any task) is a ``UserError``: its ``what`` and ``where`` are
+    kept, so ``rrfp run`` says it as bad input (one ``error:`` line, exit 2)."""
+    from hints.errors import Interrupted, UserError
     from runtime.comm.errors import TransportError
 
     kind = ("interrupt" if isinstance(err, Interrupted) else "transport" if isinstance(err, TransportError)
@@ -349,6 +352,8 @@ def report_error(ctx: RankContext, err: BaseException) -> None:
     report = {"rank": ctx.rank, "kind": kind,
               "time": time.time(), "error": f"{type(err).__name__}: {err}", **ctx.current,
               "recent_decisions": list(ctx.recent), "traceback": traceback.format_exc()}
+    if isinstance(err, UserError):
+        report["user_error"] = {"what": err.what, "where": err.where}
     write_report(ctx, "error", report)
 
 

@@ -428,7 +428,11 @@ class _JobRun:
         pipe = self.pipe = grid.pipe_rank  # the pipeline's rank: hint orders, budgets, arbiters and the executor
         self.out_dir = Path(job.out_dir)
         self.out_dir.mkdir(parents=True, exist_ok=True)
-        self.workload = workload = make_workload(config, run_shape(config), ctx.device, replica=grid.dp_rank)
+        from runtime.workloads.user import ParallelGroups
+
+        groups = ParallelGroups(grid.tp, grid.tp_rank, ctx.groups.tp, grid.dp, grid.dp_rank, ctx.groups.dp)
+        self.workload = workload = make_workload(config, run_shape(config), ctx.device, replica=grid.dp_rank,
+                                                 groups=groups)
         workload.prepare(run_shape(config).stages_of_rank(pipe))
         if ctx.rank == 0:
             write_job_inputs(self.out_dir, config, workload)
@@ -606,9 +610,10 @@ def _restore(ctx: RankContext, job: Job, workload, modules: dict, optimizer, noi
 
 
 def _stage_modules(ctx: RankContext, workload, stages) -> dict:
-    """This rank's stage modules: whole, or with ``--tp`` its shard of each ([Note: TP coordination])."""
+    """This rank's stage modules: whole, or with ``--tp`` its shard of each ([Note: TP coordination]); a user's
+    factory shards its own ([Note: tensor parallelism for a model you bring])."""
     modules = {stage: workload.build_stage(stage) for stage in stages}
-    if ctx.grid.tp > 1:
+    if ctx.grid.tp > 1 and not getattr(workload, "shards_itself", False):
         from runtime.workloads.tp_layers import TPShard, shard_stage
 
         shard = TPShard(ctx.grid.tp_rank, ctx.grid.tp, ctx.groups.tp)

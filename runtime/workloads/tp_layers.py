@@ -95,7 +95,7 @@ def unshard(shards: list[torch.Tensor], layout: tuple[int, int]) -> torch.Tensor
 class ParallelBlock(nn.Module):
     """A :class:`runtime.workloads.builtin.Block` sharded over a TP group (same parameter names, sharded tensors)."""
 
-    layout = BLOCK_LAYOUT
+    tp_layout = BLOCK_LAYOUT
 
     def __init__(self, block: nn.Module, shard: TPShard) -> None:
         super().__init__()
@@ -111,7 +111,7 @@ class ParallelBlock(nn.Module):
         for name in ("qkv.weight", "qkv.bias", "proj.weight", "proj.bias", "mlp.0.weight", "mlp.0.bias",
                      "mlp.2.weight", "mlp.2.bias"):
             module_name, _, attribute = name.rpartition(".")
-            value = (_shard(whole[name], self.layout[name], shard) if name in self.layout
+            value = (_shard(whole[name], self.tp_layout[name], shard) if name in self.tp_layout
                      else nn.Parameter(whole[name].detach().clone()))
             setattr(self.get_submodule(module_name), attribute, value)
 
@@ -142,13 +142,50 @@ def shard_stage(module: nn.Module, shard: TPShard) -> nn.Module:
 
 
 def sharded_layouts(module: nn.Module) -> dict[str, tuple[int, int]]:
-    """``{parameter name: (dim, pieces)}`` for the sharded parameters of a stage (see :func:`unshard`)."""
+    """``{parameter name: (dim, pieces)}`` for the sharded parameters of a stage (see :func:`unshard`).
+
+    [Note: what says a parameter is sharded]
+        A parameter is this TP member's shard of a whole tensor when either
+
+        * a module holding it declares it in a ``tp_layout`` attribute,
+          ``{name within that module: (dim, pieces)}``: the built-in
+          :class:`ParallelBlock` and :class:`ParallelEmulatedStage`, and the
+          Megatron-style layers a user's factory shards itself; or
+        * it is a ``DTensor`` placed ``Shard(dim)`` on a 1-D mesh (a
+          ``tp_plan`` applied with ``parallelize_module``): layout ``(dim, 1)``.
+
+        Everything else is whole on every member. The layouts are what the
+        checkpoints ([Note: checkpoint keys] in :mod:`runtime.run.checkpoint`),
+        the gradient collection of the tests and :func:`unshard` go by.
+    """
     out = {}
     for prefix, child in module.named_modules():
-        if isinstance(child, (ParallelBlock, ParallelEmulatedStage)):
-            for name, layout in child.layout.items():
-                out[f"{prefix}.{name}" if prefix else name] = layout
+        for name, layout in (getattr(child, "tp_layout", None) or {}).items():
+            out[f"{prefix}.{name}" if prefix else name] = tuple(layout)
+    for name, parameter in module.named_parameters():
+        dim = dtensor_shard_dim(parameter)
+        if dim is not None:
+            out[name] = (dim, 1)
     return out
+
+
+def is_dtensor(tensor) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return isinstance(tensor, DTensor)
+
+
+def dtensor_shard_dim(tensor) -> int | None:
+    """The dimension a DTensor is sharded on over its 1-D mesh (None: not a DTensor, or replicated)."""
+    if not is_dtensor(tensor):
+        return None
+    (placement,) = tensor.placements
+    return placement.dim if placement.is_shard() else None
+
+
+def local_part(tensor: torch.Tensor) -> torch.Tensor:
+    """This member's part of ``tensor``: a DTensor's local tensor (same storage), any other tensor itself."""
+    return tensor._local_tensor if is_dtensor(tensor) else tensor
 
 
 def stage_sharded_layouts(modules: dict[int, nn.Module], prefix: str = "") -> dict[str, tuple[int, int]]:
@@ -162,14 +199,14 @@ class ParallelEmulatedStage(nn.Module):
     features, partial outputs all-reduced on the group: a real collective in ``F``, and one in the input's
     gradient in ``B``/``I``), sleeping the sampled durations like the whole stage does."""
 
-    layout = {"linear.weight": (1, 1)}
+    tp_layout = {"linear.weight": (1, 1)}
 
     def __init__(self, stage: nn.Module, shard: TPShard) -> None:
         super().__init__()
         self.inner = stage  # its sampled durations and sleeping forward
         self.shard = shard
         self.linear = nn.Linear(1, 1)
-        self.linear.weight = _shard(stage.linear.weight, self.layout["linear.weight"], shard)
+        self.linear.weight = _shard(stage.linear.weight, self.tp_layout["linear.weight"], shard)
         self.linear.bias = nn.Parameter(stage.linear.bias.detach().clone())
         del stage.linear
 

@@ -54,3 +54,28 @@ def check_budget(results: dict, job: dict) -> None:
         if job["config"]["policy"] == "ready":
             assert r["max_decision_in_flight"] <= r["budget"], job["name"]
             assert r["peak_in_flight"] <= r["budget"], job["name"]
+
+
+def whole_grads(results: dict, name: str, field: str = "grads", step: int | None = None) -> dict[str, torch.Tensor]:
+    """Each stage's gradients (``field`` "params": its parameters after optimizer step ``step``) with the TP
+    members' shards put back together (replica 0's); replicated ones must agree across the members."""
+    from runtime.workloads.tp_layers import unshard
+
+    by_pipe: dict[int, list[dict]] = {}
+    for rank in sorted(results):
+        grid = results[rank][name]["grid"]
+        by_pipe.setdefault((grid.dp_rank, grid.pipe_rank), []).append(results[rank][name])
+    grads: dict[str, torch.Tensor] = {}
+    for (dp, _), members in sorted(by_pipe.items()):
+        if dp:
+            continue
+        sharded = members[0]["sharded"]
+        values = [m[field] if step is None else m[field][step] for m in members]
+        for key, leader in values[0].items():
+            if key in sharded:
+                grads[key] = unshard([v[key] for v in values], sharded[key])
+            else:
+                for follower in values[1:]:
+                    torch.testing.assert_close(follower[key], leader, rtol=0, atol=0, msg=key)
+                grads[key] = leader
+    return grads

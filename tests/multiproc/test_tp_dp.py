@@ -16,9 +16,8 @@ from profiler.analysis.tp import follow_latency
 from profiler.trace.reader import read_trace
 from runtime.config import RunConfig, run_shape
 from runtime.workloads.make import reference_train
-from runtime.workloads.tp_layers import unshard
 from tests.helpers.cli import run_cli
-from tests.helpers.jobs import run_jobs
+from tests.helpers.jobs import run_jobs, whole_grads
 
 TRACE = "profiler.trace.recorder:TraceRecorder"
 RTOL, ATOL = 2e-5, 2e-6  # sharded matmuls sum their partial products in another order than the whole layer
@@ -45,27 +44,6 @@ def tp_run(tmp_path_factory):
     path = tmp_path_factory.mktemp("tp")
     jobs = tp_jobs()
     return jobs, run_jobs(path, 4, [*jobs, EMULATED_TP], timeout=30.0), path
-
-
-def whole_grads(results: dict, name: str) -> dict[str, torch.Tensor]:
-    """Each stage's gradients with the TP members' shards put back together; replicated ones must agree."""
-    by_pipe: dict[int, list[dict]] = {}
-    for rank in sorted(results):
-        grid = results[rank][name]["grid"]
-        by_pipe.setdefault((grid.dp_rank, grid.pipe_rank), []).append(results[rank][name])
-    grads: dict[str, torch.Tensor] = {}
-    for (dp, _), members in sorted(by_pipe.items()):
-        if dp:
-            continue
-        sharded = members[0]["sharded"]
-        for key, leader in members[0]["grads"].items():
-            if key in sharded:
-                grads[key] = unshard([m["grads"][key] for m in members], sharded[key])
-            else:
-                for follower in members[1:]:
-                    torch.testing.assert_close(follower["grads"][key], leader, rtol=0, atol=0, msg=key)
-                grads[key] = leader
-    return grads
 
 
 def test_tp_matches_single_process_with_per_rank_jitter(tp_run):
