@@ -183,8 +183,8 @@ def _write(sock: socket.socket, buffers: list, wait: bool) -> list | None:
 class Wire:
     """What this backend moves and how: gloo moves host tensors with inline payloads, NCCL device tensors."""
 
-    def __init__(self, device: torch.device, body_bytes: int = BODY_BYTES) -> None:
-        nccl = dist.get_backend() == "nccl"
+    def __init__(self, device: torch.device, body_bytes: int = BODY_BYTES, group=None) -> None:
+        nccl = dist.get_backend(group) == "nccl"  # the links' group's (None: the world's)
         self.device = device if nccl else torch.device("cpu")  # CUDA tensors under gloo are staged through the host
         self.sockets = not nccl  # frames (with inline payloads) on sockets ([Note: dispatcher reads the sockets])
         self.body_bytes = body_bytes if self.sockets else 0  # [Note: bodies] in runtime.comm.frames

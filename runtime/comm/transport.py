@@ -34,7 +34,8 @@ The pieces, one job each (each imports only the ones above it):
 * :mod:`runtime.comm.sockets`: under gloo, each incoming link's socket, read by the dispatcher itself
   ([Note: dispatcher reads the sockets], [Note: pre-posted receives]).
 * :mod:`runtime.comm.nccl`: under NCCL, a receiver thread per incoming link.
-* :mod:`runtime.comm.bootstrap`: under gloo, every link's TCP connection, set up at construction.
+* :mod:`runtime.comm.bootstrap`: every link's process group and, under gloo, its TCP connection, set up at
+  construction (on the transport's group only: [Note: links inside a pipeline group]).
 
 Outside the order: :mod:`runtime.comm.clock` (every rank's times on rank 0's clock) and
 :mod:`runtime.comm.grid` (what "rank" means with TP and DP).
@@ -48,10 +49,9 @@ from datetime import timedelta
 from typing import Callable, Sequence
 
 import torch
-import torch.distributed as dist
 
 from hints.tasks import Task
-from runtime.comm.bootstrap import connect_links
+from runtime.comm.bootstrap import LinkGroups, connect_links
 from runtime.comm.errors import TransportError
 from runtime.comm.frames import BODY_BYTES, DATA, DECISION, HELLO, NOTICE, POSTED, DecisionFields, NoticeFields
 from runtime.comm.inbox import Inbox
@@ -64,9 +64,13 @@ class Transport:
     """The links of one rank: a sender per outgoing link; under gloo a socket per incoming link that the
     dispatcher reads, under NCCL a receiver thread per incoming link.
 
-    Build it collectively (every rank constructs it with the same ``links``),
-    then :meth:`start`; :meth:`send` posts a message; arrivals land in
+    Build it collectively (every rank of ``group`` constructs it with the same
+    ``links``), then :meth:`start`; :meth:`send` posts a message; arrivals land in
     ``inbox``; :meth:`close` ends the threads after every posted message went out.
+    ``group`` is a ``torch.distributed`` process group whose members are the
+    transport's ranks (``rank`` and ``links`` are ranks in it); None is the whole
+    world. Nothing here is collective over more than ``group`` ([Note: links
+    inside a pipeline group] in :mod:`runtime.comm.bootstrap`).
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class Transport:
         timeout: float,
         latency: Callable[[int, Task], float] | None = None,
         body_bytes: int = BODY_BYTES,
+        group=None,
     ) -> None:
         self.rank = rank
         self.device = device
@@ -85,19 +90,18 @@ class Transport:
         self.sent: list[Sent] = []
         self._sent_lock = threading.Lock()
         group_timeout = timedelta(seconds=max(30.0, 2 * timeout))
+        self._wire = Wire(device, body_bytes, group)
+        self._link_groups = LinkGroups(rank, links, group, not self._wire.sockets, group_timeout)
         self.out_links: dict[int, Link] = {}
         self.in_links: dict[int, Link] = {}
-        # new_group is collective over the default group: every rank creates every link, in one order.
-        for src, dst in sorted(set(links)):
-            group = dist.new_group(sorted({src, dst}), timeout=group_timeout)
+        for (src, dst), (link_group, peer) in self._link_groups.of.items():
             if src == rank:
-                self.out_links[dst] = Link(src, dst, group, dist.get_group_rank(group, dst))
-            if dst == rank:
-                self.in_links[src] = Link(src, dst, group, dist.get_group_rank(group, src))
-        self._wire = Wire(device, body_bytes)
+                self.out_links[dst] = Link(src, dst, link_group, peer)
+            else:
+                self.in_links[src] = Link(src, dst, link_group, peer)
         self._readers: list[SocketReader] = []
         if self._wire.sockets:
-            connect_links(rank, self.out_links, self.in_links, group_timeout.total_seconds())
+            connect_links(rank, self.out_links, self.in_links, group_timeout.total_seconds(), group)
             self._readers = [SocketReader(link, self._hello) for link in self.in_links.values()]
             self.inbox.attach(self._readers)
         self._senders = {dst: Sender(link, self._wire, self._on_sent, self._on_send_failure, self.inbox.wake)
@@ -162,6 +166,12 @@ class Transport:
             raise TransportError(f"rank {self.rank}: transport threads did not stop: {', '.join(alive)}")
         if silent:
             raise TransportError(f"rank {self.rank}: no CLOSE from rank(s) {silent} within {timeout:.0f} s")
+
+    def release(self) -> None:
+        """Shut down the links' own backends, those built for a transport on a group ([Note: links inside a
+        pipeline group]); the whole world's link groups stay torch's. Call it once every member closed (after
+        a barrier on the group): a backend shut down while its peer still reads could cut the peer's last bytes."""
+        self._link_groups.close()
 
     # -- sending ---------------------------------------------------------
     def send(self, dst: int, iteration: int, producer: Task, tensors: Sequence[torch.Tensor]) -> None:

@@ -25,7 +25,7 @@ def test_link_set_up_ignores_a_stranger_and_names_a_rank_that_never_connects(mon
                 time.sleep(0.05)
 
     def addresses(who):
-        def gather(host, port):
+        def gather(host, port, group=None):  # group: the pipeline's (None: the world), unused here
             threading.Thread(target=connect, args=(port, who), daemon=True).start()
             return [(host, port)]
         return gather
