@@ -430,7 +430,8 @@ class _JobRun:
         self.out_dir.mkdir(parents=True, exist_ok=True)
         from runtime.workloads.user import ParallelGroups
 
-        groups = ParallelGroups(grid.tp, grid.tp_rank, ctx.groups.tp, grid.dp, grid.dp_rank, ctx.groups.dp)
+        groups = ParallelGroups(tp=grid.tp, tp_rank=grid.tp_rank, tp_group=ctx.groups.tp, dp=grid.dp,
+                                dp_rank=grid.dp_rank, dp_group=ctx.groups.dp)
         self.workload = workload = make_workload(config, run_shape(config), ctx.device, replica=grid.dp_rank,
                                                  groups=groups)
         workload.prepare(run_shape(config).stages_of_rank(pipe))

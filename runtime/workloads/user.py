@@ -83,7 +83,7 @@ import importlib
 import itertools
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import cached_property
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator
@@ -97,9 +97,27 @@ from runtime.durations.variability import Durations, MicrobatchSpec, Variability
 from runtime.workloads.base import Microbatch, Workload
 
 
+@dataclass(frozen=True, kw_only=True)
+class ParallelGroups:
+    """Where a rank sits in the TP and DP dimensions of the process grid, and those groups ([Note: tensor
+    parallelism for a model you bring]); the groups are None where no process group exists (the checks before
+    any rank starts, the single-process reference)."""
+
+    tp: int = 1
+    tp_rank: int = 0
+    tp_group: Any = None
+    dp: int = 1
+    dp_rank: int = 0
+    dp_group: Any = None
+
+    def as_fields(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(ParallelGroups)}
+
+
 @dataclass(frozen=True)
-class ModelContext:
-    """What a factory is told: the run's options and which stages to build."""
+class ModelContext(ParallelGroups):
+    """What a factory is told: the run's options, which stages to build, and (keywords, from
+    :class:`ParallelGroups`) its place in the TP and DP dimensions."""
 
     config: Any  # runtime.config.RunConfig: hidden, layers_per_stage, vocab, seq_len, samples... as given
     ranks: int
@@ -108,14 +126,6 @@ class ModelContext:
     placement: tuple[tuple[int, int], ...]  # (model stage, chunk) pairs to build, in this order
     seed: int
     device: torch.device = torch.device("cpu")
-    # tensor and data parallelism ([Note: tensor parallelism for a model you bring]); the groups are None
-    # where no process group exists (the checks before any rank starts, the single-process reference)
-    tp: int = 1
-    tp_rank: int = 0
-    tp_group: Any = None
-    dp: int = 1
-    dp_rank: int = 0
-    dp_group: Any = None
 
     @property
     def stages(self) -> int:
@@ -130,18 +140,6 @@ class ModelContext:
         from torch.distributed.device_mesh import DeviceMesh
 
         return DeviceMesh.from_group(self.tp_group, self.device.type)
-
-
-@dataclass(frozen=True)
-class ParallelGroups:
-    """Where a rank sits in the TP and DP dimensions of the process grid, and those groups (None: no group)."""
-
-    tp: int = 1
-    tp_rank: int = 0
-    tp_group: Any = None
-    dp: int = 1
-    dp_rank: int = 0
-    dp_group: Any = None
 
 
 @dataclass
@@ -355,11 +353,9 @@ def apply_tp_plans(model: PipelineModel, ctx: ModelContext, flag: str = "`worklo
 
 def _context(config, shape: PipelineShape, stages: Iterable[int], device=torch.device("cpu"),
              groups: ParallelGroups | None = None) -> ModelContext:
-    g = groups or ParallelGroups()
     return ModelContext(config, shape.ranks, shape.chunks, shape.microbatches,
                         tuple((k, shape.chunk_of(k)) for k in stages), config.seed, device,
-                        tp=g.tp, tp_rank=g.tp_rank, tp_group=g.tp_group, dp=g.dp, dp_rank=g.dp_rank,
-                        dp_group=g.dp_group)
+                        **(groups or ParallelGroups()).as_fields())
 
 
 class BatchWorkload(Workload):

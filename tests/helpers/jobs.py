@@ -56,6 +56,18 @@ def check_budget(results: dict, job: dict) -> None:
             assert r["peak_in_flight"] <= r["budget"], job["name"]
 
 
+def check_whole_against_reference(results: dict, job: dict, rtol: float, atol: float) -> None:
+    """A ``--tp`` (and ``--dp``) job's losses, and its gradients with the TP shards put back together, equal the
+    unsharded single-process model's (``reference_train`` with ``tp`` 1; a user's factory keeps ``dp``)."""
+    config = RunConfig(**job["config"])
+    losses, reference = reference_train(config.with_overrides(tp=1), run_shape(config), config.iters)
+    got = whole_grads(results, job["name"])
+    assert got.keys() == reference.keys(), job["name"]
+    for key, grad in reference.items():
+        torch.testing.assert_close(got[key], grad, rtol=rtol, atol=atol, msg=f"{job['name']}: {key}")
+    assert results[0][job["name"]]["losses"] == pytest.approx(losses, rel=1e-5), job["name"]
+
+
 def whole_grads(results: dict, name: str, field: str = "grads", step: int | None = None) -> dict[str, torch.Tensor]:
     """Each stage's gradients (``field`` "params": its parameters after optimizer step ``step``) with the TP
     members' shards put back together (replica 0's); replicated ones must agree across the members."""

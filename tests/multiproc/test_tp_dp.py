@@ -17,7 +17,7 @@ from profiler.trace.reader import read_trace
 from runtime.config import RunConfig, run_shape
 from runtime.workloads.make import reference_train
 from tests.helpers.cli import run_cli
-from tests.helpers.jobs import run_jobs, whole_grads
+from tests.helpers.jobs import check_whole_against_reference, run_jobs, whole_grads
 
 TRACE = "profiler.trace.recorder:TraceRecorder"
 RTOL, ATOL = 2e-5, 2e-6  # sharded matmuls sum their partial products in another order than the whole layer
@@ -49,13 +49,7 @@ def tp_run(tmp_path_factory):
 def test_tp_matches_single_process_with_per_rank_jitter(tp_run):
     jobs, results, _ = tp_run
     for job in jobs:
-        config = RunConfig(**job["config"])
-        losses, reference = reference_train(config.with_overrides(tp=1), run_shape(config), config.iters)
-        got = whole_grads(results, job["name"])
-        assert got.keys() == reference.keys(), job["name"]
-        for key, grad in reference.items():
-            torch.testing.assert_close(got[key], grad, rtol=RTOL, atol=ATOL, msg=f"{job['name']}: {key}")
-        assert results[0][job["name"]]["losses"] == pytest.approx(losses, rel=1e-5), job["name"]
+        check_whole_against_reference(results, job, RTOL, ATOL)
 
 
 def test_tp_groups_run_one_order_from_the_traces(tp_run):

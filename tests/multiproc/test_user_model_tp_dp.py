@@ -8,12 +8,10 @@ What is refused before any rank starts, in one process: tests/inproc/test_user_m
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from runtime.config import RunConfig, run_shape
-from runtime.workloads.make import reference_train
-from tests.helpers.jobs import run_jobs, whole_grads
+from tests.helpers.jobs import check_whole_against_reference, run_jobs, whole_grads
 
 RTOL, ATOL = 2e-5, 2e-6  # sharded matmuls sum their partial products in another order than the whole layer
 PLAN, MEGATRON = "tests.helpers.user_models:mlp_plan", "tests.helpers.user_models:mlp_megatron"
@@ -29,13 +27,8 @@ def _jobs(factories, grid: dict, policies=POLICIES, **extra) -> list[dict]:
 
 def _check(results: dict, jobs: list[dict]) -> None:
     for job in jobs:
+        check_whole_against_reference(results, job, RTOL, ATOL)
         config = RunConfig(**job["config"])
-        losses, reference = reference_train(config.with_overrides(tp=1), run_shape(config), config.iters)
-        got = whole_grads(results, job["name"])
-        assert got.keys() == reference.keys(), job["name"]
-        for key, grad in reference.items():
-            torch.testing.assert_close(got[key], grad, rtol=RTOL, atol=ATOL, msg=f"{job['name']}: {key}")
-        assert results[0][job["name"]]["losses"] == pytest.approx(losses, rel=1e-5), job["name"]
         if config.dp > 1:  # the replicas hold the same parameters after every step
             for rank, mine in results.items():
                 other = results.get(rank + config.ranks * config.tp)
