@@ -21,7 +21,7 @@ on rrfp's own stage modules and data, in ranks of their own.
 [Note: static shapes]
     ``PipelineStage`` infers shapes on the first ``step()`` unless it is given example tensors; that
     dynamic inference exchanges metadata with ``send_object_list``/``recv_object_list``, which need
-    numpy (absent from this venv: "Numpy is not available"). Each rank therefore builds its stage's
+    numpy (absent unless the ``hf`` extra brought it: "Numpy is not available"). Each rank therefore builds its stage's
     example input and output by running stages ``0..k`` once on microbatch 0 (:func:`example_tensors`),
     and torch runs in static mode: no inference pass, no metadata messages. This relies on fixed
     shapes, which all three cases have (gpt with ``--seq-len``; emulated activations are
@@ -37,7 +37,7 @@ import warnings
 from datetime import timedelta
 from pathlib import Path
 
-warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: no numpy here
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: numpy may be absent
 
 import torch
 from torch import nn
