@@ -302,3 +302,35 @@ def test_norm_weights_are_computed_in_i_and_matmul_weights_in_w():
     assert module.norm.weight.grad is not None and module.a.weight.grad is None
     deferred = {id(p) for group in pending.groups for p in group.params}
     assert deferred == {id(p) for p in (*module.a.parameters(), *module.b.parameters())}
+
+
+class SharedPassThrough(nn.Module):
+    """Two parameters of the output's shape added to one sum: autograd hands both the very same gradient
+    tensor (no broadcast to undo), the one that flows on to the linear layer too."""
+
+    def __init__(self, width: int = 8, rows: int = 4) -> None:
+        super().__init__()
+        self.a = nn.Linear(width, width)
+        self.b1, self.b2 = nn.Parameter(torch.zeros(rows, width)), nn.Parameter(torch.zeros(rows, width))
+
+    def forward(self, x):
+        return (self.a(x) + self.b1 + self.b2,)
+
+
+def test_gradients_accumulate_over_microbatches_without_aliasing():
+    """W adds each microbatch's gradients in place; the first one it keeps is a copy, since the engine may hand
+    the same tensor to several parameters (and to the caller): three microbatches split equal three fused."""
+    torch.manual_seed(2)
+    fused, split = SharedPassThrough(), None
+    split = copy.deepcopy(fused)
+    batches = [(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(3)]
+    for x, grad in batches:
+        out = fused(x.requires_grad_(True))[0]
+        out.backward(grad)
+        leaf = x.detach().requires_grad_(True)
+        (out,) = split(leaf)
+        input_grads, pending = backward_input([out], [grad], [leaf], list(split.parameters()))
+        backward_weight(pending)
+    for (name, want), got in zip(fused.named_parameters(), split.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
+    assert split.b1.grad is not split.b2.grad
