@@ -1,6 +1,6 @@
 """examples/hf_llama.py on real processes: ``rrfp run`` trains transformers' ``LlamaForCausalLM`` as the unsplit
 model does (its own forward and backward), at pp=2 under fixed and ready, 1f1b and zb; at pp=2 x tp=2 with
-transformers' TP plan; at pp=2 x dp=2; and a checkpoint loads back into ``LlamaForCausalLM``.
+transformers' TP plan; at pp=2 x dp=2 and pp=2 x tp=2 x dp=2; and a checkpoint loads back into ``LlamaForCausalLM``.
 
 Each launch runs in a subprocess with a hard timeout (tests.helpers.jobs.run_jobs), so nothing here can hang.
 One process: tests/inproc/test_hf_llama.py.
@@ -141,4 +141,16 @@ def test_pp2_x_dp2_trains_the_unsplit_model_on_both_replicas_shares(tmp_path):
         got = {hf_name(key, BASE["layers_per_stage"]): grad for key, grad in rank_results[job["name"]]["grads"].items()}
         expected = {key: grads[key] for key in got}
         assert_grads(got, expected, f"rank {rank} (replica {dp_rank})")
+    assert results[0][job["name"]]["losses"] == pytest.approx(losses, rel=1e-5)
+
+
+def test_pp2_x_tp2_x_dp2_matches_the_unsplit_model_on_both_replicas_shares(tmp_path):
+    """8 processes: replica 0's TP shards put back together give the unsplit model's gradient of both replicas'
+    microbatches (after the DP reduction), with transformers' TP plan."""
+    job = {"name": "tp-dp-ready-1f1b", "config": dict(BASE, tp=2, dp=2, policy="ready", hint="1f1b")}
+    results = run_jobs(tmp_path, 8, [job], timeout=60.0)
+    losses, grads, _ = reference(RunConfig(**BASE), 2 * BASE["microbatches"], BASE["iters"])
+    got, sharded = gathered_grads(results, job["name"], BASE["layers_per_stage"], grads)
+    assert_grads(got, grads, job["name"], TP_RTOL, TP_ATOL)
+    assert sharded == {key for key in grads if key.endswith("_proj.weight")}, sharded
     assert results[0][job["name"]]["losses"] == pytest.approx(losses, rel=1e-5)
