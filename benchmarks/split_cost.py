@@ -156,9 +156,11 @@ WAYS = ("B", "rrfp", "torch", "old")
 class _Pass:
     """One forward of a stage on its microbatch: the leaves, the roots and their gradients, the parameters."""
 
-    def __init__(self, module, workload, batch, inputs, last: bool, output_grads, plans: SplitPlans) -> None:
+    def __init__(self, module, workload, batch, inputs, last: bool, output_grads, plans: SplitPlans,
+                 accumulate: bool = False) -> None:
         self.plans = plans  # the stage's graph readings, kept across passes as the runtime's handlers keep them
-        module.zero_grad(set_to_none=True)
+        if not accumulate:  # the first microbatch of an iteration; with accumulate, a later one: .grad is held
+            module.zero_grad(set_to_none=True)
         self.inputs = [x.detach().requires_grad_(x.is_floating_point()) for x in inputs]
         outputs = module(tuple(self.inputs), batch)
         if last:
@@ -188,8 +190,9 @@ class _Pass:
                 torch.autograd.grad(self.roots, self.wanted, self.grads, retain_graph=True, allow_unused=True)
             middle = time.perf_counter()
             grads = torch.autograd.grad(self.roots, self.params, self.grads, allow_unused=True)
-            for param, grad in zip(self.params, grads):  # .grad is None: each pass starts from zero_grad
-                param.grad = grad
+            for param, grad in zip(self.params, grads):  # the old split's accumulation: a new sum each time
+                if grad is not None:
+                    param.grad = grad if param.grad is None else param.grad + grad
         return middle - began, time.perf_counter() - middle
 
     def gradients(self) -> list:
@@ -228,8 +231,8 @@ def kernel_costs(workload: str, args: argparse.Namespace) -> dict:
         last = index == len(stages) - 1
         plans = SplitPlans()
 
-        def forward():
-            return _Pass(module, model, batch, inputs, last, grads, plans)
+        def forward(accumulate: bool = False):
+            return _Pass(module, model, batch, inputs, last, grads, plans, accumulate)
 
         reference = forward()
         reference.run("B")
@@ -248,11 +251,16 @@ def kernel_costs(workload: str, args: argparse.Namespace) -> dict:
                 result["notes"].append(f"stage {index}: torch's split computes no weight gradient (the stage's "
                                        f"inputs are data), so it is not timed there")
         seconds: dict[str, list[tuple[float, float]]] = {way: [] for way in available}
+        params = [p for p in module.parameters() if p.requires_grad]
+        held: dict[str, list] = {way: [None] * len(params) for way in available}  # --accumulate: each way's own
         for pair in range(args.warmup + args.pairs):
             turn = available[pair % len(available):] + available[:pair % len(available)]
             for way in turn:
-                step = forward()
+                for param, grad in zip(params, held[way]):  # (untimed) the gradients this way accumulated so far
+                    param.grad = grad
+                step = forward(args.accumulate)
                 spent = step.run(way)
+                held[way] = [param.grad for param in params]
                 if pair >= args.warmup:
                     seconds[way].append(spent)
         fused = [i for i, _ in seconds["B"]]
@@ -353,6 +361,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--ops", type=int, default=0, metavar="N",
                         help="kernels: also profile B and rrfp's split per aten op; show the N that grow most")
     parser.add_argument("--no-runs", action="store_true", help="the kernels only, no rrfp run jobs")
+    parser.add_argument("--accumulate", action="store_true",
+                        help="kernels: time every pass with the gradients of earlier passes held, as for every "
+                             "microbatch of an iteration but its first (default: each pass from zero_grad)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the numbers as JSON")
     args = parser.parse_args(argv)
     if args.ops < 0:

@@ -28,6 +28,9 @@ later) that together cost about one fused ``B``.
     * ``W`` runs one engine call per group, from the saved gradients at its intermediates (and from the
       outputs' gradients at its output starts) to its parameters: the engine computes only what those
       parameters need, i.e. the weight-gradient kernels of the intermediates and the branches below them.
+      The engine accumulates them into ``.grad`` itself (``torch.autograd.backward(..., inputs=...)``: the
+      parameters' own accumulators, in place as under a fused ``B``, their post-accumulate hooks included);
+      the cheap groups ``I`` computes come back from its call and are added by :func:`_accumulate`.
 
     Why it is exact: every ancestor of a node on the input path is on the input path too, so ``I`` ran
     all of an intermediate's parents, and the gradient saved there is the full gradient into that node,
@@ -199,7 +202,7 @@ def backward_weight(pending: PendingWeights) -> None:
     if pending.fallback is not None:
         roots, root_grads, params = pending.fallback
         if params:
-            _accumulate(params, torch.autograd.grad(roots, params, root_grads, allow_unused=True))
+            torch.autograd.backward(roots, root_grads, inputs=params)
         return
     for index, group in enumerate(pending.groups):
         starts, start_grads = [], []
@@ -217,24 +220,32 @@ def backward_weight(pending: PendingWeights) -> None:
                    if len(group.intermediates) > 1 else [])
         try:
             last = index == len(pending.groups) - 1
-            grads = _grad(starts, group.targets, start_grads, keep_graph=not last)
+            _grad(starts, group.targets, start_grads, keep_graph=not last, accumulate=True)
         finally:
             for handle in handles:
                 handle.remove()
-        _accumulate(group.params, grads)
     pending.saved.clear()
 
 
-def _grad(starts: list, targets: list[GradientEdge], grads: list[torch.Tensor], keep_graph: bool) -> tuple:
+def _grad(starts: list, targets: list[GradientEdge], grads: list[torch.Tensor], keep_graph: bool,
+          accumulate: bool = False) -> tuple:
     """``torch.autograd.grad(starts, targets, grads, retain_graph=keep_graph, allow_unused=True)`` without its
     argument checks: ``W`` makes one call per group, a dozen or more per task, and on a small stage the checks
     (``_make_grads`` compares every gradient's shape with its start's) cost as much as a layer-norm's weight
     gradient. The gradients here are the ones ``I`` saved from autograd, or the stage's output gradients, whose
     shapes the engine itself checks at the start of the call ("invalid gradient at index ..."). Falls back to
-    the public call where torch lacks the private one."""
+    the public call where torch lacks the private one.
+
+    ``accumulate`` (``W``): ``torch.autograd.backward(starts, grads, inputs=targets)`` instead: the engine runs
+    the targets' own accumulators, which add into ``.grad`` as a fused ``B`` does (in place, or taking the
+    gradient over when nothing else holds it), where a sum in Python allocated a new gradient per parameter
+    per microbatch; and the parameters' post-accumulate hooks fire as under ``B``. Returns nothing then."""
     if _ENGINE_RUN_BACKWARD is None:
+        if accumulate:
+            torch.autograd.backward(starts, grads, retain_graph=keep_graph, inputs=targets)
+            return ()
         return torch.autograd.grad(starts, targets, grads, retain_graph=keep_graph, allow_unused=True)
-    return _ENGINE_RUN_BACKWARD(tuple(starts), tuple(grads), keep_graph, False, tuple(targets), True, False)
+    return _ENGINE_RUN_BACKWARD(tuple(starts), tuple(grads), keep_graph, False, tuple(targets), True, accumulate)
 
 
 def _edge(tensor: torch.Tensor) -> GradientEdge:
@@ -245,18 +256,30 @@ def _edge(tensor: torch.Tensor) -> GradientEdge:
 
 
 def _accumulate(params: Sequence[torch.Tensor], grads) -> None:
-    """Add ``grads`` into the parameters' ``.grad``: a copy the first time, in place after, as autograd's own
-    accumulator does. A gradient the engine returns may be another tensor's too (a sum passes its incoming
-    gradient through unchanged, to each parameter it adds), so it is copied before it is ever added to in place;
-    summing out of place instead allocated a new gradient per parameter on every microbatch, which on a small
-    stage cost several percent of ``B``."""
+    """Add ``grads`` into the parameters' ``.grad`` as autograd's own accumulator does: the first gradient is
+    kept as it is, and later ones are added in place into a gradient this function made.
+
+    A gradient the engine returns may be another tensor's too (a sum passes its incoming gradient through
+    unchanged, to each parameter it adds and to the input), so one kept as it is is never added to in place:
+    the second microbatch's sum is a new tensor, marked as ours (:data:`_OWNED`), and the ones after add into
+    it. Summing out of place every time allocated a new gradient per parameter per microbatch, which on a
+    small stage cost several percent of ``B``."""
     with torch.no_grad():
         for param, grad in zip(params, grads):
-            if grad is not None:
-                if param.grad is None:
-                    param.grad = grad.clone()
-                else:
-                    param.grad.add_(grad)
+            if grad is None:
+                continue
+            held = param.grad
+            if held is None:
+                param.grad = grad
+            elif getattr(held, _OWNED, False):
+                held.add_(grad)
+            else:
+                held = param.grad = held + grad
+                setattr(held, _OWNED, True)
+
+
+# An attribute on a gradient tensor that _accumulate made itself, so no one else holds it: it may add in place.
+_OWNED = "_rrfp_accumulated"
 
 
 def _saver(saved: dict, node: Node):

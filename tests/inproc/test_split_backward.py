@@ -318,10 +318,11 @@ class SharedPassThrough(nn.Module):
 
 
 def test_gradients_accumulate_over_microbatches_without_aliasing():
-    """W adds each microbatch's gradients in place; the first one it keeps is a copy, since the engine may hand
-    the same tensor to several parameters (and to the caller): three microbatches split equal three fused."""
+    """W keeps the first microbatch's gradient as the engine returns it and adds later ones in place only into a
+    sum it made itself, since the engine may hand the same tensor to several parameters (and to the caller):
+    three microbatches split equal three fused."""
     torch.manual_seed(2)
-    fused, split = SharedPassThrough(), None
+    fused = SharedPassThrough()
     split = copy.deepcopy(fused)
     batches = [(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(3)]
     for x, grad in batches:
