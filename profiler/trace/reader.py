@@ -191,9 +191,28 @@ def job_runs(path: str | Path) -> list[Path]:
     return sorted(set(jobs))  # by name: fixed-1f1b, fixed-<hint>, ready-<hint>, the order --compare runs them
 
 
-def read_trace(path: str | Path) -> TraceFrames:
+def read_trace(path: str | Path, cache: bool | None = None) -> TraceFrames:
+    """The frames of the trace at ``path`` (a ``.pftrace`` file or a run directory).
+
+    ``cache``: load them from, and keep them in, the frames cache beside the trace ([Note: the frames cache]
+    in :mod:`profiler.trace.cache`); None: unless ``RRFP_TRACE_CACHE=0``."""
+    from profiler.trace import cache as frames_cache
+
+    if cache is None:
+        cache = frames_cache.enabled()
+    key = None
+    if cache:
+        paths, _ = locate_trace(path)
+        key = frames_cache.cache_key(str(path), paths, SCHEMA)
+        if key is not None:
+            loaded = frames_cache.load(paths, key, TraceFrames)
+            if loaded is not None:
+                return loaded
     with _cyclic_gc_paused():
-        return _read(path)
+        frames = _read(path)
+    if key is not None:
+        frames_cache.save(paths, key, frames)
+    return frames
 
 
 @contextmanager
