@@ -38,10 +38,12 @@ Force = Annotated[bool, typer.Option("--force", help="Overwrite output files tha
 def _load(run: Path, out: Output, iteration: int | None = None, iterations: str | None = None, select: bool = True):
     """Read the trace, warn, and keep the chosen iterations ([Note: iteration 0] in profiler.analysis.windows)."""
     from profiler.analysis.windows import select_iterations
+    from profiler.trace.cache import keep
     from profiler.trace.reader import read_trace
 
     window, flag = _window(iteration, iterations)
     frames = read_trace(run)
+    out.on_success(lambda whole=frames: keep(whole))  # [Note: the frames cache]: only once the result is out
     for warning in frames.warnings:
         out.warn(warning)
     if not select:

@@ -35,6 +35,12 @@ class Output:
         self.err = Console(stderr=True, highlight=False)
         self.warnings: list[str] = []  # what :meth:`warn` said, for commands that put it in their JSON
         self._unshown = 0  # warnings not printed yet
+        self._after_result: list[Callable[[], None]] = []  # :meth:`on_success`
+
+    def on_success(self, action: Callable[[], None]) -> None:
+        """Run ``action`` once the command's result is out (:meth:`result`): for what a command keeps only when
+        it succeeds (the frames cache of ``rrfp trace``), never after a bad-input error."""
+        self._after_result.append(action)
 
     def warn(self, message: str) -> None:
         """A warning: kept in :attr:`warnings` for the JSON, and shown on stderr for people once the command goes
@@ -58,6 +64,9 @@ class Output:
             sys.stdout.write(json.dumps(jsonable(data), indent=1) + "\n")
         else:
             render(self.console)
+        actions, self._after_result = self._after_result, []
+        for action in actions:
+            action()
 
     def note(self, message: str) -> None:
         """A line for people (stderr), after the warnings so far; silent in JSON mode."""

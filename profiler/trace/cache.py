@@ -4,13 +4,12 @@
     Decoding a trace is most of what an ``rrfp trace`` command costs on a large
     run (about 8 s of CPU per million packets here, [Note: reading fast] in
     :mod:`profiler.trace.reader`), and a user runs several commands on the
-    same run: ``bubbles``, ``critical``, ``sensitivity``... So
-    :func:`profiler.trace.reader.read_trace` keeps what it decoded beside the
-    trace, in a hidden directory ``.<file>.rrfp-frames`` (``.ranks.rrfp-frames``
+    same run: ``bubbles``, ``critical``, ``sensitivity``... So the frames a
+    command decoded are kept beside the trace, in a hidden directory ``.<file>.rrfp-frames`` (``.ranks.rrfp-frames``
     in ``trace/`` for a run read from its per-rank files): one Arrow IPC file
     per frame, and ``key.json``, written last, with what the frames were read
-    from. The next read of the same path loads the frames instead of the
-    trace when the key still matches:
+    from. The next :func:`profiler.trace.reader.read_trace` of the same path
+    loads the frames instead of the trace when the key still matches:
 
     * the cache's format (:data:`VERSION`, raised whenever the frames' schemas
       or the reader's rules change) and rrfp's trace schema;
@@ -22,6 +21,13 @@
       kernel stamps files with a clock of a few milliseconds, and a file
       changed twice within one tick keeps its time.) Hashing reads the file,
       about 60 ms for a million packets, against seconds to decode it.
+
+    Only a command that succeeds writes it: ``read_trace`` loads a cache but
+    never writes one; ``rrfp trace`` keeps the frames it decoded
+    (:func:`keep`) once its result is out, so a command that ends in a
+    bad-input error (exit 2) leaves the run directory as it found it, as
+    every such error does. ``rrfp tune-hint`` and library callers read
+    traces without keeping them (a library caller may call :func:`keep`).
 
     The cache is an optimisation and never a failure: a directory it cannot
     write (read-only, a full disk) is left without one, a cache it cannot read
@@ -95,8 +101,16 @@ def load(paths: list[Path], key: dict[str, Any], make):
         return None  # absent, damaged or of another version: the trace is read instead
 
 
-def save(paths: list[Path], key: dict[str, Any], frames) -> None:
-    """Keep ``frames`` beside the trace (whole or not at all; silently nothing where that is refused)."""
+def keep(frames) -> None:
+    """Keep frames :func:`profiler.trace.reader.read_trace` decoded with the cache on beside their trace (whole or
+    not at all; silently nothing where that is refused); nothing for frames it loaded from the cache."""
+    if frames.cache_entry is not None:
+        paths, key = frames.cache_entry
+        frames.cache_entry = None
+        _save(paths, key, frames)
+
+
+def _save(paths: list[Path], key: dict[str, Any], frames) -> None:
     from hints.outputs import new_directory_beside
 
     folder = cache_dir(paths)

@@ -150,6 +150,8 @@ class TraceFrames:
     member_decisions: pl.DataFrame = field(default_factory=lambda: _empty({**GRID_SCHEMA, **DECISION_SCHEMA}))
     member_transfers: pl.DataFrame = field(default_factory=lambda: _empty(TRANSFER_SCHEMA))
     member_meta: dict[int, dict[str, Any]] = field(default_factory=dict)  # every rank's metadata
+    # where profiler.trace.cache.keep would keep these frames: (trace files, key); None once kept, or when loaded
+    cache_entry: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def ranks(self) -> int:
@@ -194,8 +196,9 @@ def job_runs(path: str | Path) -> list[Path]:
 def read_trace(path: str | Path, cache: bool | None = None) -> TraceFrames:
     """The frames of the trace at ``path`` (a ``.pftrace`` file or a run directory).
 
-    ``cache``: load them from, and keep them in, the frames cache beside the trace ([Note: the frames cache]
-    in :mod:`profiler.trace.cache`); None: unless ``RRFP_TRACE_CACHE=0``."""
+    ``cache``: load them from the frames cache beside the trace when it holds them ([Note: the frames cache]
+    in :mod:`profiler.trace.cache`); None: unless ``RRFP_TRACE_CACHE=0``. Frames decoded with the cache on
+    carry what :func:`profiler.trace.cache.keep` needs to write it; nothing is written here."""
     from profiler.trace import cache as frames_cache
 
     if cache is None:
@@ -211,7 +214,7 @@ def read_trace(path: str | Path, cache: bool | None = None) -> TraceFrames:
     with _cyclic_gc_paused():
         frames = _read(path)
     if key is not None:
-        frames_cache.save(paths, key, frames)
+        frames.cache_entry = (paths, key)
     return frames
 
 

@@ -9,8 +9,16 @@ import polars as pl
 import pytest
 
 from profiler.trace import cache as frames_cache
-from profiler.trace.reader import read_trace
+from profiler.trace.reader import read_trace as decode
+from tests.helpers.cli import one_error_line, run_cli
 from tests.helpers.trace_builder import ONE_F_ONE_B, build_run, corrupt_packet, packet_bounds
+
+
+def read_trace(path, cache=None):
+    """Read, then keep the frames as a command that succeeded does."""
+    frames = decode(path, cache)
+    frames_cache.keep(frames)
+    return frames
 
 
 @pytest.fixture
@@ -33,7 +41,7 @@ def test_the_second_read_loads_the_frames_the_first_one_decoded(run, monkeypatch
     assert (run / ".trace.pftrace.rrfp-frames" / frames_cache.KEY_FILE).is_file()
     decoded = []
     monkeypatch.setattr("profiler.trace.reader._read", lambda path: decoded.append(path))  # a decode would fail
-    second = read_trace(run)
+    second = decode(run)
     assert not decoded
     _same(first, fresh)
     _same(second, fresh)
@@ -91,3 +99,20 @@ def test_rrfp_trace_cache_0_turns_it_off(run, monkeypatch):
     monkeypatch.setenv("RRFP_TRACE_CACHE", "0")
     read_trace(run)
     assert not (run / ".trace.pftrace.rrfp-frames").exists()
+
+
+def test_reading_writes_nothing_until_a_command_keeps_the_frames(run):
+    frames = decode(run)
+    assert not (run / ".trace.pftrace.rrfp-frames").exists()
+    frames_cache.keep(frames)
+    assert (run / ".trace.pftrace.rrfp-frames" / frames_cache.KEY_FILE).is_file()
+
+
+def test_rrfp_trace_keeps_the_frames_when_it_succeeds_and_not_on_bad_input(run, tmp_path):
+    one_error_line(run_cli(tmp_path, "trace", "follow", str(run)))  # no TP group: bad input, exit 2
+    assert not [p.name for p in run.iterdir() if "rrfp-frames" in p.name]
+    done = run_cli(tmp_path, "trace", "bubbles", str(run), "--json")
+    assert done.returncode == 0, done.stderr
+    assert (run / ".trace.pftrace.rrfp-frames" / frames_cache.KEY_FILE).is_file()
+    again = run_cli(tmp_path, "trace", "bubbles", str(run), "--json")
+    assert again.returncode == 0 and again.stdout == done.stdout
