@@ -1,19 +1,23 @@
 """Arrival forecasts for the lookahead rule in the distributed runtime: notices, relays, link latencies.
 
 The lookahead rule ([Note: lookahead admission] in :mod:`runtime.sched.arbiter`)
-needs to know when a forward's input should arrive. In the simulator that is
+needs to know when a task's input from another rank should arrive: a forward's
+activation, or a backward's output gradient. In the simulator that is
 arithmetic on expected durations; across processes it takes messages. One
 :class:`ArrivalForecast` per rank does all of it, called by the executor at
 four points of its loop:
 
 * :meth:`started` -- this rank started a forward whose output goes to another
-  rank: send that rank a firm NOTICE with this rank's estimate of the task's
-  duration (the running mean per (stage, kind), :class:`RunningMeans`).
-  Nothing is sent while there is no estimate yet (the first tasks).
+  rank's forward, or a backward (``B`` or ``I``) whose input gradient goes to
+  another rank's backward: send that rank a firm NOTICE with this rank's
+  estimate of the task's duration (the running mean per (stage, kind),
+  :class:`RunningMeans`). Nothing is sent while there is no estimate yet (the
+  first tasks).
 * :meth:`notice` -- a NOTICE arrived: ``eta = arrival + remaining + link
   latency`` goes to the arbiter (:meth:`Arbiter.expect`). A firm notice is
-  also relayed one hop further when this rank's consumer forward sends its
-  output on: ``remaining = (eta - now) + estimate of that forward``, not firm.
+  also relayed one hop further when this rank's consumer (a forward, or a
+  backward) sends its output on to a third rank: ``remaining = (eta - now) +
+  estimate of that consumer``, not firm.
 * :meth:`data` -- data arrived: the difference between its arrival and the
   firm forecast (notice arrival + remaining) updates that link's latency
   estimate, a running mean. It holds the transfer latency and any bias of
@@ -22,8 +26,8 @@ four points of its loop:
 * :meth:`finished` -- a task of this rank ended: its duration updates the
   estimates.
 
-Cost: one small NOTICE per forward that crosses ranks, and one relay; both
-travel in the link's FIFO (:mod:`runtime.comm.transport`), so a notice always
+Cost: one small NOTICE per forward or backward whose output crosses ranks, and
+one relay; both travel in the link's FIFO (:mod:`runtime.comm.transport`), so a notice always
 precedes the data it announces.
 
 [Note: short tasks send no notices]
@@ -33,10 +37,10 @@ precedes the data it announces.
     cores, both are of the order of the task itself: measured on the ``gpt``
     workload (4 ranks on 2 cores, ~1 ms tasks), notices made the lookahead
     rule 15-25% slower than greedy readiness, half from the messages and half
-    from waits on predictions that time-slicing made wrong. So a forward
-    whose estimated duration is below :data:`MIN_NOTICE_SECONDS` sends no
-    notice (and no relay), and without predictions the lookahead rule is the
-    greedy one. The threshold only matters for short tasks; the emulated runs
+    from waits on predictions that time-slicing made wrong. So a task (forward
+    or backward) whose estimated duration is below :data:`MIN_NOTICE_SECONDS`
+    sends no notice (and no relay), and without predictions the lookahead
+    rule is the greedy one. The threshold only matters for short tasks; the emulated runs
     of BENCHMARKS.md (tasks of 2-20 ms) send every notice.
 """
 
@@ -94,7 +98,7 @@ class ArrivalForecast:
 
     # -- this rank's tasks ---------------------------------------------------
     def started(self, tid: int) -> None:
-        destination = self._forward_destination(tid)
+        destination = self._destination(tid)
         if destination is None:
             return
         estimate = self.estimates[tid]
@@ -117,7 +121,7 @@ class ArrivalForecast:
         consumer = self.data_consumer[producer]
         if consumer is None or self.graph.rank[consumer] != self.rank:
             return
-        destination = self._forward_destination(consumer)
+        destination = self._destination(consumer)
         estimate = self.estimates[consumer] if destination is not None else None
         if estimate is not None and estimate >= MIN_NOTICE_SECONDS:
             self.transport.notify(destination, self.iteration, self.graph.tasks[consumer],
@@ -135,10 +139,11 @@ class ArrivalForecast:
     def link_latency(self, src: int) -> float:
         return self.latency.get(src, (0.0, 0))[0]
 
-    def _forward_destination(self, tid: int) -> int | None:
-        """The other rank that ``tid`` (a forward) feeds, or None."""
+    def _destination(self, tid: int) -> int | None:
+        """The other rank whose task of ``tid``'s direction ``tid`` feeds (a forward's next forward, a
+        backward's previous backward), or None: what notices are sent for."""
         consumer = self.data_consumer[tid]
-        if consumer is None or not self.graph.is_forward[tid] or not self.graph.is_forward[consumer]:
+        if consumer is None or self.graph.is_forward[tid] != self.graph.is_forward[consumer]:
             return None
         destination = self.graph.rank[consumer]
         return None if destination == self.rank else destination

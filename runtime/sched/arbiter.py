@@ -135,17 +135,48 @@ Rules (``fixed``, ``greedy``, ``lookahead``: the subclasses below) are chosen th
     tasks), the rule does not apply to it. Estimates are expectations, never
     the realized duration: the model's expected cost in the simulator, the
     running mean per (stage, kind) in the runtime.
+
+    *A backward head.* The same loss runs the other way: ``h`` is a backward
+    (``B`` or ``I``) whose output gradient is being computed downstream, and
+    greedy runs a ``W``, a forward or another backward first, delaying ``h``
+    and with it the backward chain upstream (issue 22's zero-bubble and
+    DualPipeV losses). So a backward's start predicts its input gradient's
+    arrival on the previous stage's rank, firm and relayed exactly as a
+    forward's does (only between ranks: the V turn's ``B(p) -> B(p-1)`` stays
+    on rank ``p-1``), and a backward head that is not yet input-ready with a
+    prediction is guarded by the same test against any ``c``, with one
+    exception: a forward ``c`` goes ahead unless memory *binds*, i.e. the
+    budget holds fewer than the rank's ``v * m`` microbatch-chunks and the
+    hint's own continuation from this state fills it (``in_flight + max_k
+    s_k >= budget`` of [Note: safe-state admission]; under the reservation
+    rule the hint is not known to keep within the budget, which counts as
+    binding). Where the budget has room beyond the hint's plan (twice its
+    peak), running forwards ahead of the hint is what readiness earns:
+    guarding against them there too cost ready 1F1B at twice its peak 2% of
+    its median on the never-lose grid, 5% on ``pretrain-packed``, and ``cp``
+    (whose budget holds every microbatch) 1% (docs/benchmarks/
+    readiness-credit.md). A backward head never waits for memory, so it
+    needs no "will fit" condition.
+
     Why this cannot deadlock: the rule only makes a rank wait while an event
     for it is *pending*: a firm wait ends when ``h``'s input arrives, which
     happens in finite time because its producer is running; a relayed wait
-    ends at its wake-up time. So at any moment when no event is pending
+    ends at its wake-up time. For a backward head the arrival makes ``h``
+    ready: its only other input, its own forward, precedes it in the hint
+    order (:mod:`hints.validate`), so it has started, being before the head,
+    and ended, the rank being idle; so a firm wait never outlives its
+    message. So at any moment when no event is pending
     anywhere (the only state in which a simulation or a run could stop
     making progress), no arbiter is holding a task back for the lookahead,
     every arbiter chooses exactly as ``greedy`` does, and [Note: memory
-    budget and chunk deadlock] applies unchanged. The rule never starts a
-    task that greedy would hold back for memory, so budgets hold as before.
+    budget and chunk deadlock] (or [Note: safe-state admission]) applies
+    unchanged. The rule never starts a task that greedy would hold back for
+    memory (``x`` is drawn from what greedy may start: admissions only when
+    they pass the budget's test), so budgets hold as before.
     (Why a relayed wait must expire: the middle rank may itself be waiting,
     for memory, on a backward that only the waiting rank can run.)
+    ``test_properties`` checks both heads with estimates that make the rule
+    wait whenever it may: every hint completes, every budget holds.
 """
 
 from __future__ import annotations
@@ -295,7 +326,7 @@ class Arbiter:
         """
 
     def expect_consumer(self, consumer: int, eta: float) -> None:
-        """:meth:`expect` for a forward ``consumer`` of this rank whose input should arrive at ``eta``,
+        """:meth:`expect` for a ``consumer`` of this rank whose remote input should arrive at ``eta``,
         its producer started (the simulator knows the consumer; the runtime only the producer)."""
 
     def expect_consumer_relayed(self, consumer: int, eta: float) -> None:
@@ -507,12 +538,12 @@ class ReadyArbiter(Arbiter):
 
 
 class LookaheadArbiter(ReadyArbiter):
-    """``greedy``, but a backward never delays a forward that is already on its way ([Note: lookahead admission]).
+    """``greedy``, but nothing delays a head that is already on its way ([Note: lookahead admission]).
 
     ``estimates[task id]`` is the expected duration of a task of this rank
     (``None`` while unknown); :meth:`expect` gives the predicted arrival of
-    a forward's input: firm once its producer started, tentative (relayed
-    one hop earlier) before.
+    a forward's input or a backward's input gradient: firm once its producer
+    started, tentative (relayed one hop earlier) before.
     """
 
     def __init__(self, *args, **kwargs) -> None:
@@ -520,14 +551,16 @@ class LookaheadArbiter(ReadyArbiter):
         super().__init__(*args, **kwargs)
         if self.estimates is None:
             raise ValueError("the lookahead rule needs duration estimates")
-        # Per hint position of a forward not yet input-ready, the predicted arrival of its input (or None).
+        # Nothing is ever held back for memory on this rank (see _memory_binds).
+        self._holds_every_chunk = self.budget >= self.chunks * self.graph.shape.microbatches
+        # Per hint position of a task not yet input-ready, the predicted arrival of its remote input (or None).
         self._eta: list[float | None] = [None] * len(self.tids)  # its producer started
         self._eta_relayed: list[float | None] = [None] * len(self.tids)  # its producer's own input is on its way
 
     def expect(self, producer: int, eta: float, started: bool = True) -> None:
         for offset in self._remote_offsets[producer // self._block_size]:
-            consumer = producer + offset
-            if self._rank_of[consumer] == self.rank and self._is_forward[consumer]:
+            consumer = producer + offset  # a forward's next forward, or a backward's previous backward
+            if self._rank_of[consumer] == self.rank:
                 if started:
                     self.expect_consumer(consumer, eta)
                 else:
@@ -571,19 +604,24 @@ class LookaheadArbiter(ReadyArbiter):
             self._wakeup = None
             return None
         best = pick[0]
-        tids, forward, block_size = self.tids, self._block_forward, self._block_size
-        if not forward[tids[best] // block_size]:  # a backward: it may delay the head, a forward on its way
-            h, started = self._head, self.started  # self.head, inlined (the hot path)
-            while started[h]:  # the best-ranked ready task is not started, so h stops at or before it
-                h += 1
-            self._head = h
-            if best != h and self.unmet[h] and forward[tids[h] // block_size] and \
-                    (head_fits or not self._block_admits[tids[h] // block_size]):
-                eta, firm = self._eta[h], True
-                if eta is None:
-                    eta, firm = self._eta_relayed[h], False
-                # A firm prediction holds until the input arrives; a relayed one only until its time.
-                if eta is not None and (firm or now < eta):
+        h, started = self._head, self.started  # self.head, inlined (the hot path)
+        while started[h]:  # the best-ranked ready task is not started, so h stops at or before it
+            h += 1
+        self._head = h
+        if best != h and self.unmet[h]:  # the head is on its way, or not yet
+            eta, firm = self._eta[h], True
+            if eta is None:
+                eta, firm = self._eta_relayed[h], False
+            # A firm prediction holds until the input arrives; a relayed one only until its time.
+            if eta is not None and (firm or now < eta):
+                tids, forward, block_size = self.tids, self._block_forward, self._block_size
+                head_block = tids[h] // block_size
+                if forward[head_block]:  # against a backward, if the head will fit the budget when it arrives
+                    guarded = not forward[tids[best] // block_size] and \
+                        (head_fits or not self._block_admits[head_block])
+                else:  # a backward head: against anything, but a forward only where memory binds
+                    guarded = not forward[tids[best] // block_size] or self._memory_binds()
+                if guarded:
                     duration = self.estimates[tids[best]]
                     if duration is not None and now + duration > eta:
                         return self._before(now, eta, best, fits, firm)
@@ -591,6 +629,14 @@ class LookaheadArbiter(ReadyArbiter):
             ready = others + admissions if fits else list(others)
             self._record(now, best, ready, () if fits else admissions)
         return self._start(heappop(pick))
+
+    def _memory_binds(self) -> bool:
+        """Whether a forward may not go ahead of a backward head ([Note: lookahead admission]): the budget holds
+        fewer microbatch-chunks than the rank has, and the hint's own continuation from here fills it (under
+        [Note: safe-state admission]) or exceeds it (the reservation rule: the hint does not keep within it)."""
+        if self._holds_every_chunk:
+            return False
+        return not self.safe or self.in_flight + self._best[1] >= self.budget
 
     def _before(self, now: float, eta: float, deferred: int, fits: bool, firm: bool) -> int | None:
         """The best-ranked runnable task that ends by ``eta``, started; or None: wait for the forward."""

@@ -17,13 +17,15 @@ Semantics (exactly these; tests assert makespans against them):
   task (the runtime's dispatch cost; 0 by default): the rank is busy from
   the decision on, but only the task's own duration counts as busy time.
 * Rules that look ahead ([Note: lookahead admission] in
-  :mod:`runtime.sched.arbiter`) learn, when a forward starts, when its output
-  should reach its consumer's rank (start + *expected* duration + *expected*
-  latency, from the model's expectations, never the sampled values: a firm
-  prediction), and the rank after that when the consumer's output should
-  follow (that plus the consumer's expected duration and latency: a relayed
-  prediction), as the runtime's notices do. An arbiter that chose to wait
-  may ask for a wake-up at a time; the simulator asks it again then.
+  :mod:`runtime.sched.arbiter`) learn, when a forward starts whose output
+  goes to another rank's forward, or a backward (``B`` or ``I``) whose input
+  gradient goes to another rank's backward, when that output should reach
+  its consumer's rank (start + *expected* duration + *expected* latency, from
+  the model's expectations, never the sampled values: a firm prediction),
+  and the rank after that when the consumer's output should follow (that plus
+  the consumer's expected duration and latency: a relayed prediction), as
+  the runtime's notices do. An arbiter that chose to wait may ask for a
+  wake-up at a time; the simulator asks it again then.
 * Makespan is the last task's end. Busy is the sum of a rank's task
   durations; idle is ``makespan - busy``; the bubble fraction is total idle
   over ``ranks * makespan``.
@@ -144,9 +146,10 @@ def simulate(
     block_rank, block_forward = graph.block_rank, graph.block_forward
     remote_targets = [tuple((d, block_rank[b + d // block_size]) for d in offsets)
                       for b, offsets in enumerate(remote_offsets)]
-    # The same, only forwards that feed forwards (what lookahead predictions follow).
-    forward_targets = [tuple((d, rank) for d, rank in targets if block_forward[b + d // block_size])
-                       if block_forward[b] else () for b, targets in enumerate(remote_targets)]
+    # The same, only forwards that feed forwards and backwards that feed backwards (what lookahead
+    # predictions follow: every remote consumer is one, but the rule is the note's, not the graph's).
+    predicted_targets = [tuple((d, rank) for d, rank in targets if block_forward[b + d // block_size] ==
+                               block_forward[b]) for b, targets in enumerate(remote_targets)]
     finish = [a.finish for a in arbiters]
     deliver = [a.available for a in arbiters]
     choose = [a.choose for a in arbiters]
@@ -198,8 +201,8 @@ def simulate(
                     times.insert(at, finished)
                     events.insert(at, (END, r, tid))
                     if lookahead:
-                        targets = forward_targets[tid // block_size]
-                        if targets:  # a forward: firm prediction to its consumer, relayed one hop further
+                        targets = predicted_targets[tid // block_size]
+                        if targets:  # firm prediction to its consumer, relayed one hop further
                             eta = began + expected_compute[tid] + expected_transfer[tid]
                             for offset, dest in targets:
                                 consumer = tid + offset
@@ -209,7 +212,7 @@ def simulate(
                                         etas[dest][h] = eta
                                 else:
                                     expect[dest](consumer, eta)
-                                further_targets = forward_targets[consumer // block_size]
+                                further_targets = predicted_targets[consumer // block_size]
                                 if further_targets:
                                     relayed = eta + expected_compute[consumer] + expected_transfer[consumer]
                                     for further_offset, further_dest in further_targets:

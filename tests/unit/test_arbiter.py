@@ -299,3 +299,156 @@ def test_running_means_estimate_per_stage_and_kind():
     means.add(f1, 3.0)
     assert means[graph.tid(Task.parse("0F2"))] == 2.0  # every microbatch of 0F shares the mean
     assert means[graph.tid(Task.parse("0B0"))] is None
+
+
+def zb_middle_rank_waiting_for_an_input_gradient(budget: int = 4, estimate_w: float = 1.0, estimate_f: float = 1.0):
+    """Rank 1 of ZB on 3 ranks, 6 microbatches (1F0 1F1 1I0 1F2 1I1 1W0 1F3 1I2 1W1 1F4 ...), just after 1F2
+    ended, under the reservation rule.
+
+    Its head is 1I1, a backward whose input gradient 2I1 has not arrived; 1W0 is ready.
+    """
+    hint = builtin_hint("zb", 3, 1, 6)
+    graph = TaskGraph.build(hint.shape)
+    tid = lambda text: graph.tid(Task.parse(text))  # noqa: E731
+    per_kind = {"F": estimate_f, "I": 1.0, "W": estimate_w}
+    estimates = [per_kind[graph.tasks[t].kind.value] for t in range(len(graph))]
+    arbiter = make_arbiter("lookahead", graph, 1, hint.orders[1], budget, record=True, estimates=estimates)
+    for producer, expected in (("0F0", "1F0"), ("0F1", "1F1"), ("2I0", "1I0"), ("0F2", "1F2")):
+        arbiter.available(tid(producer))
+        chosen = arbiter.choose(now=0.0)
+        assert str(graph.tasks[chosen]) == expected
+        arbiter.finish(chosen)
+    assert [str(t) for t in arbiter.ready_tasks()] == ["1W0"]
+    return graph, arbiter, tid
+
+
+def test_lookahead_waits_for_an_input_gradient_already_on_its_way():
+    # A backward head is guarded like a forward one: 2I1 started, so 1I1's input arrives at 10.5, and 1W0
+    # (1 s) would still run then.
+    graph, arbiter, tid = zb_middle_rank_waiting_for_an_input_gradient()
+    arbiter.expect(tid("2I1"), 10.5)
+    assert arbiter.choose(now=10.0) is None
+    assert arbiter.next_wakeup() is None  # firm: only the arrival can change the answer
+    assert arbiter.choose(now=11.0) is None  # late, but its producer runs: keep waiting
+    arbiter.available(tid("2I1"))
+    assert str(graph.tasks[arbiter.choose(now=11.2)]) == "1I1"
+    decision = arbiter.decisions[-1]
+    assert decision.head is None and decision.deferred is None  # the head itself ran
+
+
+def test_lookahead_defers_a_weight_gradient_to_what_ends_in_time():
+    graph, arbiter, tid = zb_middle_rank_waiting_for_an_input_gradient(estimate_f=0.3)
+    arbiter.available(tid("0F3"))  # 1F3 is ready too (budget 4 admits it), ranked after 1W0
+    arbiter.expect(tid("2I1"), 10.5)
+    chosen = arbiter.choose(now=10.0)
+    assert str(graph.tasks[chosen]) == "1F3"  # ends at 10.3, before 1I1's input
+    decision = arbiter.decisions[-1]
+    assert decision.deferred == Task.parse("1W0") and decision.head == Task.parse("1I1")
+    arbiter.finish(chosen)
+    assert arbiter.choose(now=10.3) is None  # 1W0 would still run at 10.5
+
+
+def test_lookahead_runs_what_ends_before_the_input_gradient_arrives():
+    graph, arbiter, tid = zb_middle_rank_waiting_for_an_input_gradient(estimate_w=0.4)
+    arbiter.expect(tid("2I1"), 10.5)
+    assert str(graph.tasks[arbiter.choose(now=10.0)]) == "1W0"
+    assert arbiter.decisions[-1].head == Task.parse("1I1") and arbiter.decisions[-1].deferred is None
+
+
+def test_lookahead_relayed_input_gradient_expires_and_no_prediction_is_greedy():
+    graph, arbiter, tid = zb_middle_rank_waiting_for_an_input_gradient()
+    assert str(graph.tasks[arbiter.choose(now=10.0)]) == "1W0"  # 2I1 has not started: no check
+    graph, arbiter, tid = zb_middle_rank_waiting_for_an_input_gradient()
+    arbiter.expect(tid("2I1"), 10.5, started=False)  # only 2I1's own input gradient is on its way
+    assert arbiter.choose(now=10.0) is None
+    assert arbiter.next_wakeup() == 10.5
+    assert str(graph.tasks[arbiter.choose(now=10.5)]) == "1W0"  # the hope failed: stand aside
+
+
+def test_lookahead_never_starts_what_greedy_holds_back_for_memory():
+    # Budget 3 is full after 1F2 (1F0, 1F1 and 1F2 in flight, 1W0 not run): 1F3, though it would end in
+    # time, is no candidate, so the rank waits for 1I1's input rather than admit it.
+    graph, arbiter, tid = zb_middle_rank_waiting_for_an_input_gradient(budget=3, estimate_f=0.3)
+    arbiter.available(tid("0F3"))
+    arbiter.expect(tid("2I1"), 10.5)
+    assert arbiter.choose(now=10.0) is None
+    assert arbiter.decisions[-1].chosen == Task.parse("1F2")  # nothing new was recorded
+
+
+@pytest.mark.parametrize("budget,safe,waits", [
+    (3, False, True),  # the reservation rule: the hint's plan is not known to keep within the budget
+    (3, True, False),  # the plan (1F1B's peak here is 2) leaves a slot: readiness may run ahead
+    (2, True, None),  # the plan fills the budget: 1F2 cannot start at all (2 in flight)
+    (6, False, False),  # the budget holds every microbatch: nothing is ever held back for memory
+])
+def test_lookahead_guards_a_backward_head_against_a_forward_only_where_memory_binds(budget, safe, waits):
+    # Rank 1 of 1F1B on 3 ranks, 6 microbatches (1F0 1F1 1B0 1F2 ...) after 1F1: the head 1B0 waits for 2B0,
+    # which started (its input gradient arrives at 10.5); 1F2 (1 s) is ready.
+    hint = builtin_hint("1f1b", 3, 1, 6)
+    graph = TaskGraph.build(hint.shape)
+    tid = lambda text: graph.tid(Task.parse(text))  # noqa: E731
+    estimates = [1.0 if graph.is_forward[t] else 2.0 for t in range(len(graph))]
+    arbiter = make_arbiter("lookahead", graph, 1, hint.orders[1], budget, estimates=estimates, safe=safe)
+    for producer in ("0F0", "0F1"):
+        arbiter.available(tid(producer))
+        arbiter.finish(arbiter.choose(now=0.0))
+    arbiter.available(tid("0F2"))
+    arbiter.expect(tid("2B0"), 10.5)
+    chosen = arbiter.choose(now=10.0)
+    if waits is None:
+        assert chosen is None and arbiter.ready_tasks() == [Task.parse("1F2")]  # held back for memory
+    elif waits:
+        assert chosen is None and arbiter.next_wakeup() is None
+        arbiter.available(tid("2B0"))
+        assert str(graph.tasks[arbiter.choose(now=10.5)]) == "1B0"
+    else:
+        assert str(graph.tasks[chosen]) == "1F2"
+
+
+def test_forecast_notices_follow_backwards_too():
+    # The runtime's side ([Note: lookahead admission], runtime.exec.forecast): a forward notifies the next
+    # rank, a backward the previous one; a weight gradient sends nothing, a short task neither; a firm
+    # notice about an input gradient reaches the arbiter and is relayed one hop further up.
+    from types import SimpleNamespace
+
+    from runtime.exec.forecast import MIN_NOTICE_SECONDS, ArrivalForecast
+
+    class Sent(list):
+        def notify(self, dst, iteration, producer, remaining, firm):
+            self.append((dst, str(producer), round(remaining, 9), firm))
+
+    class Expected:
+        def __init__(self):
+            self.calls = []
+
+        def expect(self, producer, eta, started=True):
+            self.calls.append((str(graph.tasks[producer]), round(eta, 9), started))
+
+    graph = TaskGraph.build(PipelineShape(3, 1, 4, True))
+    tid = lambda text: graph.tid(Task.parse(text))  # noqa: E731
+    data_consumer = [None] * len(graph)  # as the executor builds it: the consumer on another stage
+    for t, task in enumerate(graph.tasks):
+        for consumer in graph.local_consumers[t] + graph.remote_consumers[t]:
+            if graph.tasks[consumer].stage != task.stage:
+                data_consumer[t] = consumer
+    sent, arbiter = Sent(), Expected()
+    forecast = ArrivalForecast(1, graph, sent, data_consumer)
+    forecast.begin(0, arbiter)
+    for text in ("1F0", "1I0", "1W0"):
+        forecast.started(tid(text))  # no estimates yet: nothing is sent
+        forecast.finished(tid(text), 0.010)
+    forecast.started(tid("1F1"))
+    forecast.started(tid("1I1"))
+    forecast.started(tid("1W1"))
+    assert sent == [(2, "1F1", 0.010, True), (0, "1I1", 0.010, True)]
+    sent.clear()
+    notice = SimpleNamespace(src=2, producer=Task.parse("2I2"), remaining=0.004, firm=True, arrived_ns=5_000_000_000)
+    forecast.notice(notice, now=5.001)
+    assert arbiter.calls == [("2I2", 5.004, True)]  # no latency measured yet
+    assert sent == [(0, "1I2", 0.013, False)]  # 1I2 sends at 5.004 + its estimate: in 0.003 + 0.010 s
+    short = ArrivalForecast(1, graph, sent, data_consumer)
+    short.begin(0, arbiter)
+    short.finished(tid("1I0"), MIN_NOTICE_SECONDS / 2)
+    short.started(tid("1I1"))
+    short.notice(notice, now=5.001)
+    assert sent == [(0, "1I2", 0.013, False)]  # [Note: short tasks send no notices]: nothing more

@@ -178,6 +178,39 @@ def test_lookahead_never_deadlocks_and_keeps_the_budget(p, v, m, split, seed, la
 
 
 @given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
+       st.sampled_from([0.0, 0.5]), st.booleans(), placements, st.booleans(),
+       st.sampled_from(["each task", "backwards"]))
+def test_lookahead_waits_as_often_as_it_can_and_still_completes(p, v, m, split, seed, latency, builtin, placement,
+                                                                at_peak, slow):
+    # [Note: lookahead admission], both heads: estimates that make the rule wait whenever it may. A task
+    # estimated at 100 s (far more than any task takes) never ends by a prediction; one at 0 always does.
+    # Either each task is one or the other at random, or every backward is slow and every forward instant
+    # (so the tasks that end in time are often admissions the budget holds back). A wait for a forward or a
+    # backward head must still end on its arrival or its wake-up: every task runs, every dependency holds,
+    # and the budget is kept, under the reservation rule (drawn budgets) and [Note: safe-state admission]
+    # (the hint's own fixed peak per rank).
+    from runtime.sched.fixed_order import order_peaks
+
+    v = chunks_for(placement, v)
+    hint = drawn_hint(p, v, m, split, seed, builtin, placement)
+    graph = TaskGraph.build(hint.shape)
+    compute, transfer = random_durations(graph, seed, latency)
+    if at_peak:
+        budget = [max(v, peak) for peak in order_peaks(graph, [graph.ids(order) for order in hint.orders])]
+    else:
+        budget = [v + seed % (v * m)] * p
+    rng = random.Random(seed + 2)
+    if slow == "each task":
+        guess = [rng.choice([0.0, 100.0]) for _ in range(len(graph))]
+    else:
+        guess = [0.0 if graph.is_forward[t] else 100.0 for t in range(len(graph))]
+    result = simulate(hint, (compute, transfer), "lookahead", budget, graph=graph, record=True,
+                      estimates=(guess, [t * rng.uniform(0.0, 2.0) for t in transfer]))
+    check_run(result, hint, compute, transfer, budget)
+    assert sorted(graph.tid(d.chosen) for d in result.decisions) == list(range(len(graph)))
+
+
+@given(st.integers(1, 4), st.integers(1, 3), st.integers(1, 6), st.booleans(), st.integers(0, 2**20),
        st.sampled_from([0.0, 0.5]), st.sampled_from([0.0, 0.3]), placements)
 def test_fixed_without_events_equals_the_event_loop(p, v, m, split, seed, latency, overhead, placement):
     # [Note: exact order without events]: record=False takes the arithmetic path, record=True the event

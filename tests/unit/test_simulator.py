@@ -246,6 +246,41 @@ def test_inlined_predictions_give_what_the_method_calls_give(hint_name, chunks, 
         assert inlined.executed != simulate(hint, table, "greedy").executed
 
 
+def test_a_backward_start_predicts_its_input_gradient_and_ready_stops_losing():
+    # [Note: lookahead admission], a backward head: ZB on pretrain-packed (8 ranks, 32 microbatches, the
+    # never-lose grid's seed 0) at ZB's own fixed peak loses to its fixed order when only forwards are
+    # predicted (ranks skip an I whose input gradient is on its way to run a W or a forward). With backward
+    # predictions the rank waits for the I, and ready matches or beats the fixed order.
+    from dataclasses import replace
+
+    from hints.orders import peak_in_flight
+    from runtime.sched.arbiter import LookaheadArbiter
+    from runtime.sched.evaluate import resolve
+    from runtime.sched.rules import RULES
+
+    class ForwardsOnly(LookaheadArbiter):
+        prediction_slots = None  # the simulator calls expect_consumer / expect_consumer_relayed
+
+        def expect_consumer(self, consumer, eta):
+            if self._is_forward[consumer]:
+                super().expect_consumer(consumer, eta)
+
+        def expect_consumer_relayed(self, consumer, eta):
+            if self._is_forward[consumer]:
+                super().expect_consumer_relayed(consumer, eta)
+
+    model = VariabilityModel(workload="pretrain-packed", jitter=0.1)
+    table = sample_durations(model, resolve("zb", 8, 1, 32).shape.with_split(False), 0)
+    hint = resolve("zb", 8, 1, 32, table)
+    peaks = [peak_in_flight(order, hint.shape) for order in hint.orders]
+    fixed = simulate(hint, table, "fixed")
+    ready = simulate(hint, table, "lookahead", peaks)
+    forwards_only = simulate(hint, table, replace(RULES["lookahead"], arbiter=ForwardsOnly), peaks)
+    assert forwards_only.makespan > fixed.makespan * 1.005
+    assert ready.makespan <= fixed.makespan
+    assert all(ready.peak_in_flight[r] <= peaks[r] for r in range(8))
+
+
 # -- blocking p2p ([Note: blocking p2p]) -------------------------------------------
 
 
