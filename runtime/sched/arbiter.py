@@ -109,16 +109,40 @@ Rules (``fixed``, ``greedy``, ``lookahead``: the subclasses below) are chosen th
 
 [Note: lookahead admission]
     Greedy readiness loses to fixed order at tight memory in one way: the
-    hint's head ``h`` is a forward whose input is being computed upstream,
-    the best ready task ``c`` is a backward (twice a forward, and not
-    preemptible), so running ``c`` delays ``h`` by up to ``est(c)``; the
-    delay travels downstream and, with the budget fixing how many
-    microbatches circulate, slows the whole cycle. The rule: when ``c`` is a
-    backward (``B`` or ``I``), ``h`` is a forward that is not yet input-ready
-    but whose arrival is predicted at ``eta``, and ``h`` will fit the budget
-    when it arrives, run ``c`` only if ``now + est(c) <= eta``; otherwise run
-    the best-ranked runnable task ``x`` with ``now + est(x) <= eta``, or
-    wait. Predictions come through :meth:`expect`, in two strengths:
+    hint's head ``h`` is on its way (its input is being computed on another
+    rank), a task ``c`` ranked after it is ready, and running ``c`` (tasks
+    are not preemptible) delays ``h`` by up to ``est(c)``;
+    the delay travels along ``h``'s chain and, with the budget fixing how
+    many microbatches circulate, slows the whole cycle. First seen with ``h``
+    a forward and ``c`` a backward (twice a forward); then with ``h`` a
+    backward (``B`` or ``I``) whose output gradient is being computed
+    downstream and ``c`` a ``W``, a forward or another backward (issue 22's
+    zero-bubble and DualPipeV losses: the backward chain upstream waits);
+    then with ``h`` a chunk-1 forward whose input comes round the loop and
+    ``c`` a chunk-0 forward (interleaved). The rule: when ``h`` is not yet
+    input-ready but its arrival is predicted at ``eta``, run ``c`` only if
+    ``now + est(c) <= eta``; otherwise run the best-ranked runnable task
+    ``x`` with ``now + est(x) <= eta``, or wait. It applies
+
+    * to any ``c`` that is not a forward;
+    * to a forward ``c`` only where memory *binds*: the budget holds fewer
+      than the rank's ``v * m`` microbatch-chunks, and the hint's own
+      continuation from this state fills it (``in_flight + max_k s_k >=
+      budget`` of [Note: safe-state admission]; under the reservation rule
+      the hint is not known to keep within the budget, which counts as
+      binding). Where the budget has room beyond the hint's plan (twice its
+      peak), running forwards ahead of the hint is what readiness earns:
+      guarding a backward head against them there too cost ready 1F1B at
+      twice its peak 2% of its median on the never-lose grid (5% on
+      ``pretrain-packed``), and ``cp``, whose budget holds every
+      microbatch, 1% (docs/benchmarks/readiness-credit.md);
+    * to a forward ``h`` only if it will fit the budget when it arrives (a
+      backward never waits for memory).
+
+    Predictions come through :meth:`expect`, in two strengths, from a
+    forward for the next stage's forward and from a backward for the
+    previous stage's backward, between ranks only (the V turn's ``F(p-1) ->
+    F(p)`` and ``B(p) -> B(p-1)`` stay on rank ``p-1``):
 
     * *firm*: ``h``'s producer has started; ``eta`` is its start plus its
       estimated duration plus the link's latency. The rule holds ``c`` until
@@ -129,50 +153,28 @@ Rules (``fixed``, ``greedy``, ``lookahead``: the subclasses below) are chosen th
       this one is only a hope: the rule holds ``c`` until ``eta`` at most
       (:meth:`next_wakeup` asks to be woken then) and stands aside after.
 
-    Firm predictions alone leave most of the loss in place: the backward that
+    Firm predictions alone leave most of the loss in place: the task that
     delays ``h`` usually starts a few milliseconds before ``h``'s producer
     itself starts, when no firm prediction exists yet. With no estimate for a task (the runtime's first
     tasks), the rule does not apply to it. Estimates are expectations, never
     the realized duration: the model's expected cost in the simulator, the
     running mean per (stage, kind) in the runtime.
 
-    *A backward head.* The same loss runs the other way: ``h`` is a backward
-    (``B`` or ``I``) whose output gradient is being computed downstream, and
-    greedy runs a ``W``, a forward or another backward first, delaying ``h``
-    and with it the backward chain upstream (issue 22's zero-bubble and
-    DualPipeV losses). So a backward's start predicts its input gradient's
-    arrival on the previous stage's rank, firm and relayed exactly as a
-    forward's does (only between ranks: the V turn's ``B(p) -> B(p-1)`` stays
-    on rank ``p-1``), and a backward head that is not yet input-ready with a
-    prediction is guarded by the same test against any ``c``, with one
-    exception: a forward ``c`` goes ahead unless memory *binds*, i.e. the
-    budget holds fewer than the rank's ``v * m`` microbatch-chunks and the
-    hint's own continuation from this state fills it (``in_flight + max_k
-    s_k >= budget`` of [Note: safe-state admission]; under the reservation
-    rule the hint is not known to keep within the budget, which counts as
-    binding). Where the budget has room beyond the hint's plan (twice its
-    peak), running forwards ahead of the hint is what readiness earns:
-    guarding against them there too cost ready 1F1B at twice its peak 2% of
-    its median on the never-lose grid, 5% on ``pretrain-packed``, and ``cp``
-    (whose budget holds every microbatch) 1% (docs/benchmarks/
-    readiness-credit.md). A backward head never waits for memory, so it
-    needs no "will fit" condition.
-
     Why this cannot deadlock: the rule only makes a rank wait while an event
     for it is *pending*: a firm wait ends when ``h``'s input arrives, which
     happens in finite time because its producer is running; a relayed wait
-    ends at its wake-up time. For a backward head the arrival makes ``h``
-    ready: its only other input, its own forward, precedes it in the hint
-    order (:mod:`hints.validate`), so it has started, being before the head,
-    and ended, the rank being idle; so a firm wait never outlives its
-    message. So at any moment when no event is pending
-    anywhere (the only state in which a simulation or a run could stop
-    making progress), no arbiter is holding a task back for the lookahead,
-    every arbiter chooses exactly as ``greedy`` does, and [Note: memory
-    budget and chunk deadlock] (or [Note: safe-state admission]) applies
-    unchanged. The rule never starts a task that greedy would hold back for
-    memory (``x`` is drawn from what greedy may start: admissions only when
-    they pass the budget's test), so budgets hold as before.
+    ends at its wake-up time. The arrival makes ``h`` ready: a forward has
+    no other input, and a backward's only other input, its own forward,
+    precedes it in the hint order (:mod:`hints.validate`), so it has
+    started, being before the head, and ended, the rank being idle; so a
+    firm wait never outlives its message. So at any moment when no event is
+    pending anywhere (the only state in which a simulation or a run could
+    stop making progress), no arbiter is holding a task back for the
+    lookahead, every arbiter chooses exactly as ``greedy`` does, and [Note:
+    memory budget and chunk deadlock] (or [Note: safe-state admission])
+    applies unchanged. The rule never starts a task that greedy would hold
+    back for memory (``x`` is drawn from what greedy may start: admissions
+    only when they pass the budget's test), so budgets hold as before.
     (Why a relayed wait must expire: the middle rank may itself be waiting,
     for memory, on a backward that only the waiting rank can run.)
     ``test_properties`` checks both heads with estimates that make the rule
@@ -614,14 +616,11 @@ class LookaheadArbiter(ReadyArbiter):
                 eta, firm = self._eta_relayed[h], False
             # A firm prediction holds until the input arrives; a relayed one only until its time.
             if eta is not None and (firm or now < eta):
-                tids, forward, block_size = self.tids, self._block_forward, self._block_size
-                head_block = tids[h] // block_size
-                if forward[head_block]:  # against a backward, if the head will fit the budget when it arrives
-                    guarded = not forward[tids[best] // block_size] and \
-                        (head_fits or not self._block_admits[head_block])
-                else:  # a backward head: against anything, but a forward only where memory binds
-                    guarded = not forward[tids[best] // block_size] or self._memory_binds()
-                if guarded:
+                tids, block_size = self.tids, self._block_size
+                # Against a forward only where memory binds; a forward head only if it will fit the budget
+                # when it arrives (a backward head never waits for memory: it admits nothing).
+                if (head_fits or not self._block_admits[tids[h] // block_size]) and \
+                        (not self._block_forward[tids[best] // block_size] or self._memory_binds()):
                     duration = self.estimates[tids[best]]
                     if duration is not None and now + duration > eta:
                         return self._before(now, eta, best, fits, firm)
@@ -631,7 +630,7 @@ class LookaheadArbiter(ReadyArbiter):
         return self._start(heappop(pick))
 
     def _memory_binds(self) -> bool:
-        """Whether a forward may not go ahead of a backward head ([Note: lookahead admission]): the budget holds
+        """Whether a forward may not go ahead of the head ([Note: lookahead admission]): the budget holds
         fewer microbatch-chunks than the rank has, and the hint's own continuation from here fills it (under
         [Note: safe-state admission]) or exceeds it (the reservation rule: the hint does not keep within it)."""
         if self._holds_every_chunk:

@@ -14,10 +14,9 @@ Rules (:data:`RULES`, the one table every other module derives from):
     two binary heaps keyed by hint position, one for admissions and one for
     everything else.
 ``lookahead`` (policy ``ready``, ``--lookahead on``)
-    ``greedy`` plus [Note: lookahead admission] (:mod:`runtime.sched.arbiter`): do not start a backward that
-    would still be running when a better-ranked forward, already being
-    computed upstream, arrives; nor a task that would still be running when the head, a backward whose input
-    gradient is being computed downstream, arrives (a forward still may, unless memory binds).
+    ``greedy`` plus [Note: lookahead admission] (:mod:`runtime.sched.arbiter`): do not start a task that
+    would still be running when the hint's head, already on its way (a forward's input computed upstream, a
+    backward's input gradient computed downstream), arrives; a forward still may where memory does not bind.
 
 ``--policy auto`` runs the ready rule and falls back to ``fixed`` per iteration ([Note: the auto policy] in
 :mod:`runtime.sched.auto`). The CLI's ``--policy fixed|ready|auto`` and ``--lookahead on|off`` select a rule (:func:`rule_for`); tables

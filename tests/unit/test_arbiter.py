@@ -266,6 +266,23 @@ def test_lookahead_stands_aside_when_the_forward_would_not_fit_the_budget():
     assert str(graph.tasks[arbiter.choose(now=10.0)]) == "1B1"
 
 
+@pytest.mark.parametrize("budget,waits", [(3, True), (4, False)])
+def test_lookahead_guards_a_forward_head_against_a_forward_only_where_memory_binds(budget, waits):
+    # 0F3 arrived before 0F2 (started: 1F2's input arrives at 10.5), so 1F3 is the best ready task. Under the
+    # reservation rule with 3 slots for 4 microbatches memory binds, and 1F3 (1 s) waits for 1F2; with 4 slots
+    # nothing is ever held back for memory, and readiness runs ahead.
+    graph, arbiter, tid = middle_rank_at_the_decision(budget=budget, backward_ready=False)
+    arbiter.available(tid("0F3"))
+    arbiter.expect(tid("0F2"), 10.5)
+    chosen = arbiter.choose(now=10.0)
+    if waits:
+        assert chosen is None and arbiter.next_wakeup() is None
+        arbiter.available(tid("0F2"))
+        assert str(graph.tasks[arbiter.choose(now=10.5)]) == "1F2"
+    else:
+        assert str(graph.tasks[chosen]) == "1F3"
+
+
 def test_lookahead_needs_estimates():
     hint = builtin_hint("1f1b", 2, 1, 2)
     graph = TaskGraph.build(hint.shape)
