@@ -111,33 +111,38 @@ Rules (``fixed``, ``greedy``, ``lookahead``: the subclasses below) are chosen th
     Greedy readiness loses to fixed order at tight memory in one way: the
     hint's head ``h`` is on its way (its input is being computed on another
     rank), a task ``c`` ranked after it is ready, and running ``c`` (tasks
-    are not preemptible) delays ``h`` by up to ``est(c)``;
-    the delay travels along ``h``'s chain and, with the budget fixing how
-    many microbatches circulate, slows the whole cycle. First seen with ``h``
-    a forward and ``c`` a backward (twice a forward); then with ``h`` a
-    backward (``B`` or ``I``) whose output gradient is being computed
-    downstream and ``c`` a ``W``, a forward or another backward (issue 22's
-    zero-bubble and DualPipeV losses: the backward chain upstream waits);
-    then with ``h`` a chunk-1 forward whose input comes round the loop and
-    ``c`` a chunk-0 forward (interleaved). The rule: when ``h`` is not yet
-    input-ready but its arrival is predicted at ``eta``, run ``c`` only if
-    ``now + est(c) <= eta``; otherwise run the best-ranked runnable task
-    ``x`` with ``now + est(x) <= eta``, or wait. It applies
+    are not preemptible) delays ``h`` by up to ``est(c)``; the delay travels
+    along ``h``'s chain and, with the budget fixing how many microbatches
+    circulate, slows the whole cycle. First seen with ``h`` a forward and
+    ``c`` a backward (twice a forward); then with ``h`` a backward (``B`` or
+    ``I``) whose output gradient is being computed downstream and ``c`` a
+    ``W`` or a forward (issue 22's zero-bubble losses: the backward chain
+    upstream waits); then with ``h`` a chunk-1 forward whose input comes
+    back from the far end of the pipeline and ``c`` a chunk-0 forward
+    (interleaved, DualPipeV). The rule: when ``h`` is not yet input-ready
+    but its arrival is predicted at ``eta``, run ``c`` only if ``now +
+    est(c) <= eta``; otherwise run the best-ranked runnable task ``x`` with
+    ``now + est(x) <= eta``, or wait. It holds back
 
-    * to any ``c`` that is not a forward;
-    * to a forward ``c`` only where memory *binds*: the budget holds fewer
-      than the rank's ``v * m`` microbatch-chunks, and the hint's own
-      continuation from this state fills it (``in_flight + max_k s_k >=
-      budget`` of [Note: safe-state admission]; under the reservation rule
-      the hint is not known to keep within the budget, which counts as
-      binding). Where the budget has room beyond the hint's plan (twice its
-      peak), running forwards ahead of the hint is what readiness earns:
-      guarding a backward head against them there too cost ready 1F1B at
-      twice its peak 2% of its median on the never-lose grid (5% on
-      ``pretrain-packed``), and ``cp``, whose budget holds every
-      microbatch, 1% (docs/benchmarks/readiness-credit.md);
-    * to a forward ``h`` only if it will fit the budget when it arrives (a
-      backward never waits for memory).
+    * a ``W``: it feeds no other rank;
+    * a ``B`` or ``I`` only for a forward head: ahead of a backward head, a
+      ready backward feeds a backward chain upstream just as the head would,
+      and waiting for the better-ranked one only trades work for hint rank
+      (guarding it cost interleaved 1F1B's median at twice its peak 1%);
+    * a forward only where memory *binds*: the budget holds fewer than the
+      rank's ``v * m`` microbatch-chunks, and the hint's own continuation
+      from this state fills it (``in_flight + max_k s_k >= budget`` of
+      [Note: safe-state admission]; under the reservation rule the hint is
+      not known to keep within the budget, which counts as binding). Where
+      the budget has room beyond the hint's plan (twice its peak), running
+      forwards ahead of the hint is what readiness earns: guarding a
+      backward head against them there too cost ready 1F1B at twice its peak
+      2% of its median on the never-lose grid (3-6% on ``pretrain-packed``),
+      and ``cp``, whose budget holds every microbatch, 1%
+      (docs/benchmarks/readiness-credit.md);
+
+    and a forward ``h`` is guarded only if it will fit the budget when it
+    arrives (a backward never waits for memory).
 
     Predictions come through :meth:`expect`, in two strengths, from a
     forward for the next stage's forward and from a backward for the
@@ -190,7 +195,7 @@ from operator import not_
 from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 from hints.deps import TaskGraph, prerequisites
-from hints.tasks import Task
+from hints.tasks import Task, W
 
 if TYPE_CHECKING:
     from runtime.sched.rules import ArbiterRule, Policy
@@ -540,7 +545,7 @@ class ReadyArbiter(Arbiter):
 
 
 class LookaheadArbiter(ReadyArbiter):
-    """``greedy``, but nothing delays a head that is already on its way ([Note: lookahead admission]).
+    """``greedy``, but what would delay a head already on its way waits for it ([Note: lookahead admission]).
 
     ``estimates[task id]`` is the expected duration of a task of this rank
     (``None`` while unknown); :meth:`expect` gives the predicted arrival of
@@ -555,6 +560,7 @@ class LookaheadArbiter(ReadyArbiter):
             raise ValueError("the lookahead rule needs duration estimates")
         # Nothing is ever held back for memory on this rank (see _memory_binds).
         self._holds_every_chunk = self.budget >= self.chunks * self.graph.shape.microbatches
+        self._block_weight = [kind is W for _, kind in self.graph.blocks]  # per block: a weight gradient
         # Per hint position of a task not yet input-ready, the predicted arrival of its remote input (or None).
         self._eta: list[float | None] = [None] * len(self.tids)  # its producer started
         self._eta_relayed: list[float | None] = [None] * len(self.tids)  # its producer's own input is on its way
@@ -616,11 +622,13 @@ class LookaheadArbiter(ReadyArbiter):
                 eta, firm = self._eta_relayed[h], False
             # A firm prediction holds until the input arrives; a relayed one only until its time.
             if eta is not None and (firm or now < eta):
-                tids, block_size = self.tids, self._block_size
-                # Against a forward only where memory binds; a forward head only if it will fit the budget
-                # when it arrives (a backward head never waits for memory: it admits nothing).
-                if (head_fits or not self._block_admits[tids[h] // block_size]) and \
-                        (not self._block_forward[tids[best] // block_size] or self._memory_binds()):
+                tids, block_size, forward = self.tids, self._block_size, self._block_forward
+                head_block, best_block = tids[h] // block_size, tids[best] // block_size
+                # Who is held back: a forward where memory binds; a W; a B or I only for a forward head.
+                # A forward head only if it will fit the budget when it arrives (a backward admits nothing).
+                if (self._memory_binds() if forward[best_block] else
+                        forward[head_block] or self._block_weight[best_block]) and \
+                        (head_fits or not self._block_admits[head_block]):
                     duration = self.estimates[tids[best]]
                     if duration is not None and now + duration > eta:
                         return self._before(now, eta, best, fits, firm)

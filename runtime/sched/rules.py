@@ -16,7 +16,8 @@ Rules (:data:`RULES`, the one table every other module derives from):
 ``lookahead`` (policy ``ready``, ``--lookahead on``)
     ``greedy`` plus [Note: lookahead admission] (:mod:`runtime.sched.arbiter`): do not start a task that
     would still be running when the hint's head, already on its way (a forward's input computed upstream, a
-    backward's input gradient computed downstream), arrives; a forward still may where memory does not bind.
+    backward's input gradient computed downstream), arrives; a forward still may where memory does not bind,
+    and a backward ahead of a backward head.
 
 ``--policy auto`` runs the ready rule and falls back to ``fixed`` per iteration ([Note: the auto policy] in
 :mod:`runtime.sched.auto`). The CLI's ``--policy fixed|ready|auto`` and ``--lookahead on|off`` select a rule (:func:`rule_for`); tables
@@ -75,7 +76,7 @@ RULES: dict[str, ArbiterRule] = {
                     summary="the best-ranked ready task within the memory budget"),
         ArbiterRule("lookahead", Policy.READY, LookaheadArbiter, uses_budget=True, exact_order=False,
                     lookahead=True,
-                    summary="greedy, but nothing that delays a head already on its way"),
+                    summary="greedy, but what would delay a head already on its way waits for it"),
     )
 }
 for _rule in RULES.values():

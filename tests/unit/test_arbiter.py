@@ -422,6 +422,25 @@ def test_lookahead_guards_a_backward_head_against_a_forward_only_where_memory_bi
         assert str(graph.tasks[chosen]) == "1F2"
 
 
+def test_lookahead_lets_a_backward_go_ahead_of_a_backward_head():
+    # Rank 1 of 1F1B on 3 ranks (1F0 1F1 1B0 1F2 1B1 ...): 1F2 ran ahead (budget 3), and 2B1 arrived before
+    # 2B0 (started: 1B0's input gradient arrives at 10.5). 1B1 (2 s) feeds the same backward chain upstream
+    # and frees memory as 1B0 would: it runs, where a W or (memory binding) a forward would wait.
+    hint = builtin_hint("1f1b", 3, 1, 4)
+    graph = TaskGraph.build(hint.shape)
+    tid = lambda text: graph.tid(Task.parse(text))  # noqa: E731
+    estimates = [1.0 if graph.is_forward[t] else 2.0 for t in range(len(graph))]
+    arbiter = make_arbiter("lookahead", graph, 1, hint.orders[1], 3, estimates=estimates)
+    for producer, expected in (("0F0", "1F0"), ("0F1", "1F1"), ("0F2", "1F2")):
+        arbiter.available(tid(producer))
+        chosen = arbiter.choose(now=0.0)
+        assert str(graph.tasks[chosen]) == expected
+        arbiter.finish(chosen)
+    arbiter.expect(tid("2B0"), 10.5)
+    arbiter.available(tid("2B1"))
+    assert str(graph.tasks[arbiter.choose(now=10.0)]) == "1B1"
+
+
 def test_forecast_notices_follow_backwards_too():
     # The runtime's side ([Note: lookahead admission], runtime.exec.forecast): a forward notifies the next
     # rank, a backward the previous one; a weight gradient sends nothing, a short task neither; a firm
