@@ -69,7 +69,7 @@ def run(
     dp: Annotated[Optional[int], _opt("--dp", help=f"Data-parallel replicas of the whole pipeline [default: {D.dp}]")] = None,
     hint: Annotated[Optional[str], _opt("--hint", help="Built-in, hint file or torch:SCHEDULE [default: 1f1b / interleaved-1f1b / zbv under V]")] = None,
     policy: Annotated[Optional[str], _opt("--policy", help=f"ready, fixed or auto (simulate --help says what each does) [default: {D.policy}]")] = None,
-    lookahead: Annotated[Optional[LookaheadChoice], _opt("--lookahead", help="ready only: on = no backward that would delay a forward already on its way; off = greedy [default: on]")] = None,
+    lookahead: Annotated[Optional[LookaheadChoice], _opt("--lookahead", help="ready only: on = no task that would delay the hint's next task already on its way (a forward or a backward); off = greedy [default: on]")] = None,
     p2p: P2POpt = None,
     memory_budget: Annotated[Optional[str], _opt("--memory-budget", help="1f1b, 2x, or slots per rank [default: 1f1b]")] = None,
     iters: Annotated[Optional[int], _opt("--iters", help=f"Training iterations [default: {D.iters}]")] = None,

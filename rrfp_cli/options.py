@@ -88,9 +88,9 @@ PolicyOpt = Annotated[
 ]
 LookaheadOpt = Annotated[
     Optional[LookaheadChoice],
-    typer.Option("--lookahead", help="--policy ready only: on = never start a backward that would delay a "
-                 "forward already on its way; off = greedy readiness. Default: on (per-hint defaults in "
-                 "docs/simulator.md)."),
+    typer.Option("--lookahead", help="--policy ready only: on = never start a task that would delay the hint's "
+                 "next task, a forward or backward already on its way; off = greedy readiness. Default: on "
+                 "(per-hint defaults in docs/simulator.md)."),
 ]
 P2POpt = Annotated[
     Optional[P2PChoice],
