@@ -36,6 +36,18 @@ def full_tmpfs(where: Path, free_kib: int, size_kib: int = 1024) -> Iterator[Pat
         subprocess.run(["umount", "-l", str(where)], capture_output=True)
 
 
+def take_the_rest(disk: Path, name: str = "filler-rest") -> None:
+    """Write a file ``name`` on ``disk`` until the disk refuses: nothing is left free."""
+    fd = os.open(disk / name, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        while True:
+            os.write(fd, b"\0" * 1024)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
 def file_mode(path: Path) -> int:
     """The permission bits of ``path``."""
     return stat.S_IMODE(os.stat(path).st_mode)

@@ -25,7 +25,7 @@ from runtime.exec.recording import RecorderSetup, TaskSpan
 from runtime.run.health import StatusBoard
 from runtime.run.metrics import MetricsLog, logged_rows, salvage_metrics
 from tests.helpers.cli import REPO, child_env, run_cli
-from tests.helpers.disk import full_tmpfs
+from tests.helpers.disk import full_tmpfs, take_the_rest
 
 ROW = {"iteration": 0, "loss": 1.0, "wall_seconds": 0.1, "makespan_seconds": 0.1, "throughput": 1.0,
        "unit": "samples/s", "busy_seconds": [0.1, 0.1], "idle_fraction": [0.0, 0.0], "peak_in_flight": [1, 1]}
@@ -169,14 +169,7 @@ def test_a_run_whose_metrics_parquet_is_refused_names_the_disk_and_keeps_the_log
 def test_a_run_on_a_real_full_disk_names_it_even_with_nothing_to_keep(tmp_path, monkeypatch):
     with full_tmpfs(tmp_path / "disk", free_kib=64) as disk:
         def fill(out: Path) -> None:  # the ranks filled the disk before their first iteration
-            fd = os.open(out / "filler", os.O_WRONLY | os.O_CREAT, 0o644)
-            try:
-                while True:
-                    os.write(fd, b"\0" * 4096)
-            except OSError:
-                pass
-            finally:
-                os.close(fd)
+            take_the_rest(out, "filler")
 
         _failing_launch(monkeypatch, fill)
         result = run_cli(tmp_path, "run", "--workload", "emulated", "--iters", "10", "--out", str(disk / "r"))

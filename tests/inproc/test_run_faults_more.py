@@ -21,7 +21,7 @@ from runtime.run.diagnose import diagnose, failure_reports
 from runtime.run.health import StatusBoard, report_error, report_stall
 from runtime.run.worker import RankContext
 from tests.helpers.cli import REPO, child_env
-from tests.helpers.disk import full_tmpfs
+from tests.helpers.disk import full_tmpfs, take_the_rest
 
 
 def _enospc(*args, **kwargs):
@@ -34,18 +34,6 @@ def _rank(out_root: Path, rank: int = 0) -> RankContext:
     ctx.current = {"job": "ready-1f1b@1f1b", "iteration": 3, "task": "0F1"}
     ctx.status.iteration("ready-1f1b@1f1b", 3)
     return ctx
-
-
-def _fill(disk: Path) -> None:
-    """Take what is left of ``disk``."""
-    fd = os.open(disk / "filler-rest", os.O_WRONLY | os.O_CREAT, 0o644)
-    try:
-        while True:
-            os.write(fd, b"\0" * 1024)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
 
 
 # -- 1. a failure report the disk refuses ([Note: a report the disk refuses] in runtime/run/health.py) -----------------
@@ -84,7 +72,7 @@ def test_a_refused_report_leaves_no_empty_file_and_the_diagnosis_still_names_the
 def test_a_report_refused_by_a_real_full_disk_is_kept_in_the_status_file(tmp_path):
     with full_tmpfs(tmp_path / "disk", free_kib=16) as disk:
         ctx = _rank(disk)  # its status file allocated while there was room
-        _fill(disk)
+        take_the_rest(disk)
         began = time.time()
         try:
             raise ValueError("a cause that is not the disk")
