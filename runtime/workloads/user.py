@@ -151,6 +151,10 @@ class Batch:
     images: int = 0  # images in the microbatch (cost feature)
     units: int | None = None  # for throughput (default: tokens)
 
+    def spec(self, index: int) -> MicrobatchSpec:
+        """The cost features as microbatch ``index``'s :class:`MicrobatchSpec` (what bfw, cp and the traces read)."""
+        return MicrobatchSpec(index, max(1, int(self.tokens)), 1, (int(self.images),) if self.images else ())
+
 
 @dataclass
 class PipelineModel:
@@ -282,7 +286,7 @@ def stage_shapes(model: PipelineModel, first: Batch | None) -> list[list[tuple[i
     if not isinstance(first, Batch):
         return None
     tensors = {name: t.to("meta") for name, t in first.tensors.items() if isinstance(t, torch.Tensor)}
-    spec = MicrobatchSpec(0, max(1, int(first.tokens)), 1, (int(first.images),) if first.images else ())
+    spec = first.spec(0)
     batch = Microbatch(0, 0, spec, tensors, 1)
     shapes, inputs = [], ()
     with torch.no_grad():
@@ -319,7 +323,7 @@ def check_tp_outputs(model: PipelineModel, placement, expected: list[list[tuple[
     from runtime.workloads.base import Microbatch
     from runtime.workloads.tp_layers import is_dtensor
 
-    spec = MicrobatchSpec(0, max(1, int(first.tokens)), 1, (int(first.images),) if first.images else ())
+    spec = first.spec(0)
     batch = Microbatch(0, 0, spec, {n: t.to(device) for n, t in first.tensors.items()}, 1)
     with torch.no_grad(), torch.random.fork_rng(devices=[]):
         for (stage, _), module in zip(placement, model.stages):
@@ -389,7 +393,7 @@ class BatchWorkload(Workload):
     def _microbatch(self, iteration: int, index: int, item: Batch) -> Microbatch:
         if not isinstance(item, Batch):
             raise RuntimeError(f"a microbatch must be a runtime.workloads.user.Batch, got {type(item).__name__}")
-        spec = MicrobatchSpec(index, max(1, int(item.tokens)), 1, (int(item.images),) if item.images else ())
+        spec = item.spec(index)
         tensors = {name: t.to(self.device) for name, t in item.tensors.items()}
         units = item.units if item.units is not None else int(item.tokens)
         return Microbatch(iteration, index, spec, tensors, units)
@@ -435,7 +439,6 @@ class FactoryWorkload(BatchWorkload):
         super().__init__(config, shape, device, loss=None)
         self.name = config.workload
         self.groups = groups or ParallelGroups()
-        self.replica, self.replicas = self.groups.dp_rank, self.groups.dp
         self._factory = load_factory(config.workload)
         self._model: PipelineModel | None = None
         self._built: dict[int, nn.Module] = {}
