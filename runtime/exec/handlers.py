@@ -203,8 +203,9 @@ def _sendable(tensor: torch.Tensor) -> torch.Tensor:
     is waited for here. The autograd graph keeps the original, in the stash."""
     if type(tensor) is torch.Tensor:
         return tensor
-    wait = getattr(tensor, "wait", None)
-    return wait() if callable(wait) else tensor
+    from torch.distributed._functional_collectives import AsyncCollectiveTensor
+
+    return tensor.wait() if isinstance(tensor, AsyncCollectiveTensor) else tensor
 
 
 def _input_grads(inputs: tuple, grads) -> tuple[torch.Tensor, ...]:
