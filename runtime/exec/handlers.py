@@ -127,6 +127,10 @@ class StageHandlers:
         self.stash: dict[tuple[int, int], tuple[tuple, tuple]] = {}
         self.pending_weights: dict[tuple[int, int], tuple[PendingWeights, int]] = {}  # (what W needs, its bytes)
         self.split_plans = SplitPlans()  # the split's reading of each stage graph's shape, made once
+        # each stage's parameters, listed once: module.parameters() walks every submodule (about 0.05-0.09 ms on a
+        # two-block stage, per I task); a stage's parameters are all in place before its first task (built, sharded
+        # by a TP plan, loaded from a checkpoint in place), and a lazy module has made them in its first forward
+        self._stage_params: dict[int, list[torch.Tensor]] = {}
         self.loss_sum = 0.0  # this iteration's: sum over microbatches of loss / m (last stage only)
         # bytes held for backward: the stash (inputs and outputs), and from I to W the saved gradients W starts from
         self.activation_bytes = 0
@@ -163,8 +167,10 @@ class StageHandlers:
     def backward_input(self, iteration: int, task: Task, tid: int) -> Outputs:
         stage, mb = task.stage, task.microbatch
         roots, root_grads, inputs = self._roots(stage, mb, tid)
-        grads, pending = backward_input(roots, root_grads, inputs, list(self.modules[stage].parameters()),
-                                        self.split_plans)
+        params = self._stage_params.get(stage)
+        if params is None:
+            params = self._stage_params[stage] = list(self.modules[stage].parameters())
+        grads, pending = backward_input(roots, root_grads, inputs, params, self.split_plans)
         held = pending.nbytes
         self.pending_weights[(stage, mb)] = (pending, held)
         self.activation_bytes += held

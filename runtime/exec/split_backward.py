@@ -31,6 +31,8 @@ later) that together cost about one fused ``B``.
       The engine accumulates them into ``.grad`` itself (``torch.autograd.backward(..., inputs=...)``: the
       parameters' own accumulators, in place as under a fused ``B``, their post-accumulate hooks included);
       the cheap groups ``I`` computes come back from its call and are added by :func:`_accumulate`.
+      A linear layer's group is the exception: ``W`` runs its two kernels itself ([Note: a linear layer's W
+      without the engine]).
 
     Why it is exact: every ancestor of a node on the input path is on the input path too, so ``I`` ran
     all of an intermediate's parents, and the gradient saved there is the full gradient into that node,
@@ -77,6 +79,36 @@ _OUTPUT_COUNT_KNOWN = hasattr(_PROBE, "_input_metadata")  # a node's forward out
 del _PROBE
 
 
+# [Note: a linear layer's W without the engine]
+#     Most of ``W``'s groups are one linear layer each: an ``AddmmBackward0`` (``F.linear`` with a bias on a 2-D
+#     or flattened 3-D input) or ``MmBackward0`` (without a bias) whose weight edge is a ``TBackward0`` into the
+#     weight's accumulator and whose bias edge (addmm's ``self``) is the bias's accumulator itself. For such a
+#     group the engine call of ``W`` runs exactly two kernels, the weight's and the bias's gradient, but pays
+#     for an engine call around them: it sets up a graph task, walks everything reachable from the start to mark
+#     what is needed (the whole graph below the layer), and dispatches three nodes. On a small stage those
+#     calls cost more than the kernels (0.57 ms of a 3.7 ms ``W`` on the multimodal stage 1 of
+#     ``benchmarks/split_cost.py``, ten groups). :func:`_linear_weight` runs the two kernels itself, as the
+#     engine would run them, so the gradients are bit for bit the engine's:
+#
+#     * the weight's: ``mm_mat2_backward`` for a weight stored row-major (``mat2 = weight.t()`` column-major,
+#       its saved sizes and strides say so), i.e. ``grad.t().mm(mat1)``, which the ``TBackward0`` turns back
+#       into the weight's layout; ``alpha`` 1 (addmm's scale of the product);
+#     * the bias's: ``grad`` (times ``beta``, 1), reduced to the bias's shape as the engine reduces any
+#       gradient of a broadcast input (``sum_to``: a sum over the leading dimension, kept, then viewed);
+#     * each accumulated as ``AccumulateGrad`` does: taken over when ``.grad`` is None (the new tensor is the
+#       kernel's own, held by nobody else), else added in place.
+#
+#     The plan decides the form once per graph shape (:meth:`_Graph.plan`: one intermediate, of those node
+#     types, with exactly those edges, and a group of just those parameters: a parameter used anywhere else
+#     would have a second intermediate or an output start). What the plan cannot see is checked per call, and
+#     anything else goes to the engine as before: a gradient or saved input that is not a plain dense real
+#     tensor (a DTensor under a TP plan, a complex or sparse one), ``alpha`` or ``beta`` other than 1, a weight
+#     not stored row-major, and a parameter with a tensor hook or a post-accumulate hook (``register_hook``,
+#     ``register_post_accumulate_grad_hook``: the engine runs them, this path would not). A hook registered on
+#     the accumulator node itself (``AccumulateGrad.register_hook``) is not visible from Python: such a hook
+#     does not fire for these groups. The kernels run on the current stream, which in rrfp is the forward's.
+#     tests/inproc/test_split_backward.py compares the gradients bit for bit with the fused backward's.
+#
 # Nodes whose weight gradient is a reduction or a copy over the tokens (norms, elementwise products and sums,
 # concatenation): a few microseconds of kernel, less than the engine call ``W`` would spend on them. ``I``
 # computes these groups' gradients in its own engine call ([Note: split backward in the runtime]).
@@ -89,12 +121,15 @@ _CHEAP_WEIGHT_GRADIENT = frozenset({
 
 @dataclass
 class _Group:
-    """Parameters whose gradients come from the same starts."""
+    """Parameters whose gradients come from the same starts. ``linear``: for a linear layer's group, where its
+    weight and bias sit in ``params`` (the bias -1 where it gets no gradient) and whether the node is an addmm
+    ([Note: a linear layer's W without the engine]); None for any other group."""
 
     params: list[torch.Tensor] = field(default_factory=list)
     targets: list[GradientEdge] = field(default_factory=list)  # the parameters' accumulators, in their order
     intermediates: list[Node] = field(default_factory=list)
     output_starts: list[tuple[GradientEdge, torch.Tensor]] = field(default_factory=list)
+    linear: tuple[int, int, bool] | None = None
 
 
 @dataclass
@@ -119,9 +154,10 @@ class _Plan:
     """The split's reading of one graph, by position (of nodes in :class:`_Graph`'s order, of parameters in the
     list given, of outputs among the roots), so that it applies to every graph of the same shape. ``groups``
     None: a graph the split does not cover. Each group: (parameter positions, intermediate positions, output
-    positions, computed in ``I``)."""
+    positions, computed in ``I``, its linear form or None: :attr:`_Group.linear`)."""
 
-    groups: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool], ...] | None
+    groups: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, tuple[int, int, bool] | None],
+                       ...] | None
 
 
 class SplitPlans:
@@ -205,6 +241,8 @@ def backward_weight(pending: PendingWeights) -> None:
             torch.autograd.backward(roots, root_grads, inputs=params)
         return
     for index, group in enumerate(pending.groups):
+        if group.linear is not None and _linear_weight(group, pending.saved):
+            continue
         starts, start_grads = [], []
         for node in group.intermediates:
             for output_nr, grad in enumerate(pending.saved.get(node, ())):
@@ -225,6 +263,50 @@ def backward_weight(pending: PendingWeights) -> None:
             for handle in handles:
                 handle.remove()
     pending.saved.clear()
+
+
+def _linear_weight(group: _Group, saved: dict) -> bool:
+    """``W`` of a linear layer's group without an engine call ([Note: a linear layer's W without the engine]).
+    False, having done nothing, where a check fails: the engine takes the group then."""
+    node = group.intermediates[0]
+    grads = saved.get(node)
+    if grads is None or len(grads) != 1 or type(grads[0]) is not torch.Tensor:
+        return False
+    (grad,) = grads
+    weight_at, bias_at, addmm = group.linear
+    weight = group.params[weight_at]
+    bias = group.params[bias_at] if bias_at >= 0 else None
+    if grad.dim() != 2 or grad.layout != torch.strided or grad.is_complex():
+        return False
+    if addmm:
+        if node._saved_alpha != 1 or node._saved_beta != 1:
+            return False
+        mat1 = node._saved_mat1
+    else:
+        mat1 = node._saved_self
+    sizes, strides = node._saved_mat2_sym_sizes, node._saved_mat2_sym_strides
+    if (type(mat1) is not torch.Tensor or mat1.layout != torch.strided or len(strides) != 2
+            or strides[0] != 1 or strides[1] != sizes[0]):  # mat2 = weight.t() of a row-major weight
+        return False
+    for param in (weight, bias):
+        if param is not None and (param._backward_hooks or param._post_accumulate_grad_hooks is not None):
+            return False
+    with torch.no_grad():
+        weight_grad = grad.t().mm(mat1)  # mm_mat2_backward's column-major branch, turned back by TBackward0
+        if weight_grad.shape != weight.shape:
+            return False
+        _accumulate_owned(weight, weight_grad)
+        if bias is not None:
+            _accumulate_owned(bias, grad.sum((0,), keepdim=True).view(bias.shape))  # the engine's sum_to
+    return True
+
+
+def _accumulate_owned(param: torch.Tensor, grad: torch.Tensor) -> None:
+    """``AccumulateGrad`` for a gradient nobody else holds: taken over, or added in place."""
+    if param.grad is None:
+        param.grad = grad
+    else:
+        param.grad.add_(grad)
 
 
 def _grad(starts: list, targets: list[GradientEdge], grads: list[torch.Tensor], keep_graph: bool,
@@ -387,16 +469,44 @@ class _Graph:
             params.append(k)
             nodes.extend(j for j in intermediates if j not in nodes)
             outs.extend(i for i in outputs if i not in outs)
-        return _Plan(tuple((tuple(params), tuple(nodes), tuple(outs),
-                            not outs and all(type(self.nodes[j]).__name__ in _CHEAP_WEIGHT_GRADIENT for j in nodes))
-                           for params, nodes, outs in groups.values()))
+        planned = []
+        for params, nodes, outs in groups.values():
+            in_i = not outs and all(type(self.nodes[j]).__name__ in _CHEAP_WEIGHT_GRADIENT for j in nodes)
+            linear = None if in_i or outs or len(nodes) != 1 else self._linear_form(params, nodes[0])
+            planned.append((tuple(params), tuple(nodes), tuple(outs), in_i, linear))
+        return _Plan(tuple(planned))
+
+    def _linear_form(self, params: list[int], node: int) -> tuple[int, int, bool] | None:
+        """Where a linear layer's weight and bias sit in its group's ``params``, when the group's one intermediate
+        ``node`` is an addmm or mm whose weight edge is a transpose into the weight's accumulator and whose bias
+        edge (addmm's first) is the bias's accumulator or nothing, and the group holds just those parameters
+        ([Note: a linear layer's W without the engine])."""
+        kind, kids = type(self.nodes[node]).__name__, self.children[node]
+        if kind == "AddmmBackward0" and len(kids) == 3:
+            bias_kid, weight_kid = kids[0], kids[2]
+        elif kind == "MmBackward0" and len(kids) == 2:
+            bias_kid, weight_kid = -1, kids[1]
+        else:
+            return None
+        if (weight_kid < 0 or type(self.nodes[weight_kid]).__name__ != "TBackward0"
+                or len(self.children[weight_kid]) != 1):
+            return None
+        weight = self.leaves.get(self.children[weight_kid][0])
+        bias = self.leaves.get(bias_kid) if bias_kid >= 0 else None
+        if weight is None or weight[0] != "p" or (bias_kid >= 0 and (bias is None or bias[0] != "p")):
+            return None
+        wanted = [weight[1]] + ([bias[1]] if bias is not None else [])
+        if sorted(params) != sorted(set(wanted)) or len(set(wanted)) != len(wanted):
+            return None
+        return params.index(weight[1]), params.index(bias[1]) if bias is not None else -1, kind == "AddmmBackward0"
 
     def groups(self, plan: _Plan, params: Sequence[torch.Tensor], root_grads: Sequence[torch.Tensor]
                ) -> list[tuple[_Group, bool]]:
         """``plan``'s groups on this graph's nodes and tensors, each with whether ``I`` computes it."""
         return [(_Group([params[k] for k in ps], [GradientEdge(self.param_accumulators[k], 0) for k in ps],
-                        [self.nodes[j] for j in nodes], [(self.root_edges[i], root_grads[i]) for i in outs]), in_i)
-                for ps, nodes, outs, in_i in plan.groups]
+                        [self.nodes[j] for j in nodes], [(self.root_edges[i], root_grads[i]) for i in outs], linear),
+                 in_i)
+                for ps, nodes, outs, in_i, linear in plan.groups]
 
 
 def _ancestors(parents: list[list[int]], nodes: list[int]) -> set[int]:

@@ -335,3 +335,89 @@ def test_gradients_accumulate_over_microbatches_without_aliasing():
     for (name, want), got in zip(fused.named_parameters(), split.parameters()):
         torch.testing.assert_close(got.grad, want.grad, msg=name)
     assert split.b1.grad is not split.b2.grad
+
+
+class Linears(nn.Module):
+    """Linear layers of each form [Note: a linear layer's W without the engine] covers: with a bias on a 2-D and
+    on a 3-D input (addmm, flattened), without a bias (mm), and one whose bias is frozen."""
+
+    def __init__(self, width: int = 8) -> None:
+        super().__init__()
+        self.with_bias, self.without, self.frozen = (nn.Linear(width, width), nn.Linear(width, width, bias=False),
+                                                     nn.Linear(width, width))
+        self.frozen.bias.requires_grad_(False)
+
+    def forward(self, x):
+        return (self.frozen(torch.tanh(self.without(torch.relu(self.with_bias(x))))),)
+
+
+def _engine_calls_in_w(monkeypatch) -> list:
+    calls = []
+    real = split_backward._grad
+
+    def counted(starts, targets, grads, keep_graph, accumulate=False):
+        if accumulate:
+            calls.append(len(targets))
+        return real(starts, targets, grads, keep_graph, accumulate)
+
+    monkeypatch.setattr(split_backward, "_grad", counted)
+    return calls
+
+
+@pytest.mark.parametrize("shape", [(4, 8), (2, 3, 8)], ids=["2d", "3d"])
+def test_linear_layers_w_runs_no_engine_call_and_matches_the_fused_backward_bit_for_bit(shape, monkeypatch):
+    """Every linear group's W is the engine's two kernels, run directly: the gradients equal the fused
+    backward's exactly (not within a tolerance), over three microbatches (the first taken over, the later ones
+    added in place), and W makes no engine call."""
+    torch.manual_seed(3)
+    fused = Linears()
+    split = copy.deepcopy(fused)
+    calls = _engine_calls_in_w(monkeypatch)
+    for _ in range(3):
+        x, grad = torch.randn(shape), torch.randn(shape)
+        fused(x.requires_grad_(True))[0].backward(grad)
+        leaf = x.detach().requires_grad_(True)
+        (out,) = split(leaf)
+        (input_grad,), pending = backward_input([out], [grad], [leaf], list(split.parameters()))
+        assert [group.linear is not None for group in pending.groups] == [True, True, True]
+        backward_weight(pending)
+        assert torch.equal(input_grad, x.grad)
+    assert calls == []
+    for (name, want), got in zip(fused.named_parameters(), split.parameters()):
+        assert (want.grad is None) == (got.grad is None), name
+        if want.grad is not None:
+            assert torch.equal(got.grad, want.grad), name
+
+
+def test_linear_layers_the_direct_path_does_not_cover_go_to_the_engine(monkeypatch):
+    """A parameter with a hook, a weight not stored row-major, and addmm's scale other than 1: those groups take
+    the engine's call, with the same gradients, and the hooks fire as under a fused backward."""
+    torch.manual_seed(4)
+
+    class Odd(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.hooked, self.plain = nn.Linear(8, 8), nn.Linear(8, 8)
+            self.column = nn.Parameter(torch.randn(8, 8).t())  # a weight stored column-major
+            self.scaled, self.shift = nn.Parameter(torch.randn(8, 8)), nn.Parameter(torch.randn(8))
+
+        def forward(self, x):
+            h = self.plain(self.hooked(x))
+            h = torch.nn.functional.linear(h, self.column)
+            return (torch.addmm(self.shift, h, self.scaled.t(), alpha=0.5, beta=2.0),)
+
+    fused = Odd()
+    split = copy.deepcopy(fused)
+    fired = []
+    split.hooked.weight.register_post_accumulate_grad_hook(lambda p: fired.append(p.grad.clone()))
+    calls = _engine_calls_in_w(monkeypatch)
+    x, grad = torch.randn(4, 8), torch.randn(4, 8)
+    fused(x.requires_grad_(True))[0].backward(grad)
+    leaf = x.detach().requires_grad_(True)
+    (out,) = split(leaf)
+    _, pending = backward_input([out], [grad], [leaf], list(split.parameters()))
+    backward_weight(pending)
+    assert len(calls) == 3  # the hooked layer, the column-major weight, the scaled addmm; `plain` runs directly
+    assert len(fired) == 1 and torch.equal(fired[0], split.hooked.weight.grad)
+    for (name, want), got in zip(fused.named_parameters(), split.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, msg=name, rtol=0, atol=0)
