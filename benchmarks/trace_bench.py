@@ -14,7 +14,11 @@
    same machine, medians, with the absolute figure beside it; and, between
    the two, a pass that only reads each packet's type, track and time (what
    any reader over the perfetto classes' Python objects pays before its first
-   annotation). Target (issue 26): the reader at most 3x the plain parse.
+   annotation), a pass that also reads every annotation's name and value (what
+   decoding them into those objects costs before any row), and the first step
+   of a reader on the raw bytes instead (each packet's bytes from protobuf's C
+   framing, split into its fields by one regex pass; nothing decoded). Target
+   (issue 26): the reader at most 3x the plain parse.
    The reader runs with the frames cache off; a last step times what a
    second ``rrfp trace`` command on the same run pays: the cache's load
    (hashing the file included, [Note: the frames cache] in
@@ -122,6 +126,53 @@ def _walk(path: Path) -> int:
     return kinds
 
 
+def _walk_annotations(path: Path) -> int:
+    """``_walk``, and for each event that carries annotations (slice begins, instants) each annotation's name and
+    value read as the reader reads them (``WhichOneof``, the value, ``name_iid``): what decoding annotations
+    into protobuf's Python objects costs before any row is built."""
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+
+    kinds = 0
+    for packet in Trace.FromString(path.read_bytes()).packet:
+        event = packet.track_event
+        kind = event.type
+        kinds += kind + (event.track_uuid & 1) + (packet.timestamp & 1)
+        if kind == 1 or kind == 3:
+            for annotation in event.debug_annotations:
+                which = annotation.WhichOneof("value")
+                kinds += annotation.name_iid + (getattr(annotation, which) is None if which else 0)
+    return kinds
+
+
+def _split_raw(path: Path) -> int:
+    """The first step of a reader that would skip protobuf's Python objects: frame the file into each packet's
+    bytes (protobuf's C parser, with a one-field ``repeated bytes packet = 1`` message), join them with a marker
+    no packet holds, and split every packet into its top-level fields (time, sequence, event bytes) with one
+    regular expression pass. Nothing is decoded yet: no varint, no event, no annotation."""
+    import re
+
+    from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+
+    file = descriptor_pb2.FileDescriptorProto(name="trace_bench_raw.proto", package="trace_bench", syntax="proto2")
+    field = descriptor_pb2.FieldDescriptorProto
+    file.message_type.add(name="RawTrace").field.add(name="packet", number=1, type=field.TYPE_BYTES,
+                                                      label=field.LABEL_REPEATED)
+    pool = descriptor_pool.DescriptorPool()
+    pool.Add(file)
+    raw_trace = message_factory.GetMessageClass(pool.FindMessageTypeByName("trace_bench.RawTrace"))
+    packets = raw_trace.FromString(path.read_bytes()).packet
+    marker = b"\xff\xfe\xff\xfe\xff\xfe"
+    joined = marker + marker.join(packets) + marker
+    if joined.count(marker) != len(packets) + 1:
+        raise RuntimeError("a packet holds the marker: the split below would not be one match per packet")
+    varint, mark = rb"[\x80-\xff]{0,9}[\x00-\x7f]", re.escape(marker)
+    # timestamp (field 8), trusted_packet_sequence_id (10), track_event (11: its length, then its bytes up to
+    # sequence_flags = 2, field 13), in the recorder's order; any other packet whole
+    split = re.compile(rb"(?s)" + mark + rb"(?:\x40(" + varint + rb")\x50(" + varint + rb")\x5a(" + varint +
+                       rb")(.*?)\x68\x02|(.*?))(?=" + mark + rb")")
+    return len(split.findall(joined))
+
+
 def _interleaved(steps: dict[str, object], repeats: int) -> dict[str, tuple[list[float], list[float]]]:
     """Wall and CPU (this process) seconds of each step, ``repeats`` rounds, the steps taking turns within a
     round, so load from other work falls on all of them alike. CPU time is the figure to compare on a shared
@@ -149,6 +200,10 @@ def reader_speed(args, out: Path) -> None:
     load = os.getloadavg()
     steps = {"plain protobuf parse of the whole file (`Trace.FromString`)": lambda: Trace.FromString(path.read_bytes()),
              "parse + each packet's type, track and time (`_walk`: no annotations, no rows)": lambda: _walk(path),
+             "parse + `_walk` + each annotation's name and value (`_walk_annotations`: no rows)":
+                 lambda: _walk_annotations(path),
+             "bytes instead of objects: framing, then one regex pass splitting each packet into its fields "
+             "(`_split_raw`: nothing decoded)": lambda: _split_raw(path),
              "read_trace (parse + frames)": lambda: read_trace(path, cache=False),
              "read_trace, the frames cache beside the trace loaded (a later `rrfp trace` command)":
                  lambda: read_trace(path, cache=True)}

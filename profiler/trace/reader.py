@@ -27,11 +27,19 @@ not parse although its framing is intact is skipped and counted.
     path: the recorder never interns names or clears incremental state on
     them.
 
+    The frames are handed to polars a column at a time (``_frame``), not as
+    rows: polars' row orientation took twice as long.
+
     Where the time goes (``benchmarks/trace_bench.py --reader-only``,
-    docs/benchmarks/traces.md): every field read from protobuf's Python
-    objects costs a wrapper object, so the loop's one pass over the packets
-    costs about twice the C parse and decoding the annotations of the slices
-    about three or four times more; the parse itself is a tenth of the read.
+    docs/benchmarks/traces.md), as multiples of the plain parse: every field
+    read from protobuf's Python objects costs a wrapper object, so reading
+    each packet's type, track and time alone is about 3x, and reading each
+    annotation's name and value besides about 6x, before any row is built;
+    the read is about 10x. That is why issue 26's 3x is out of reach over
+    these objects. Skipping them does not get there either in pure Python:
+    framing the file into packet bytes and splitting each packet into its
+    fields with one regular expression pass is already about 2.2x, with
+    nothing decoded.
 
 Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 
@@ -129,7 +137,11 @@ def _empty(schema: dict) -> pl.DataFrame:
 
 
 def _frame(rows: list[tuple], schema: dict) -> pl.DataFrame:
-    return pl.DataFrame(rows, schema=schema, orient="row") if rows else _empty(schema)
+    """The frame of ``rows`` (tuples in ``schema``'s column order), handed to polars a column at a time: about
+    half the time of its row orientation on a million-packet trace ([Note: reading fast])."""
+    if not rows:
+        return _empty(schema)
+    return pl.DataFrame(dict(zip(schema, zip(*rows))), schema=schema)
 
 
 @dataclass
