@@ -126,10 +126,15 @@ class _Group:
     ([Note: a linear layer's W without the engine]); None for any other group."""
 
     params: list[torch.Tensor] = field(default_factory=list)
-    targets: list[GradientEdge] = field(default_factory=list)  # the parameters' accumulators, in their order
+    accumulators: list[Node] = field(default_factory=list)  # the parameters' gradient accumulators, in their order
     intermediates: list[Node] = field(default_factory=list)
     output_starts: list[tuple[GradientEdge, torch.Tensor]] = field(default_factory=list)
     linear: tuple[int, int, bool] | None = None
+
+    @property
+    def targets(self) -> list[GradientEdge]:
+        """Where the parameters' gradients leave the graph: the edges into their accumulators."""
+        return [GradientEdge(accumulator, 0) for accumulator in self.accumulators]
 
 
 @dataclass
@@ -214,13 +219,15 @@ def backward_input(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Ten
         # The gradients flowing into the intermediates come back from the same engine call as the inputs':
         # each intermediate's forward outputs are extra targets (the engine captures a target's gradient when it
         # reaches the node, and runs the node on to the inputs as it would anyway): no Python hook per node.
-        captured = [(node, k) for node in intermediates for k in range(len(node._input_metadata))]
-        everything = _grad(graph.root_edges, ahead + [GradientEdge(node, k) for node, k in captured],
+        counts = [len(node._input_metadata) for node in intermediates]
+        everything = _grad(graph.root_edges,
+                           ahead + [GradientEdge(node, k) for node, count in zip(intermediates, counts)
+                                    for k in range(count)],
                            grads_of_roots, keep_graph=True)
-        by_node: dict[Node, list] = {}
-        for (node, k), grad in zip(captured, everything[len(ahead):]):
-            by_node.setdefault(node, [None] * len(node._input_metadata))[k] = grad
-        pending.saved.update((node, tuple(node_grads)) for node, node_grads in by_node.items())
+        at = len(ahead)
+        for node, count in zip(intermediates, counts):
+            pending.saved[node] = everything[at:at + count]
+            at += count
     else:  # a torch whose nodes do not say how many outputs they have: a hook on each intermediate saves them
         handles = [node.register_prehook(_saver(pending.saved, node)) for node in intermediates]
         try:
@@ -381,13 +388,16 @@ def _replacer(grads):
 class _Graph:
     """A stage's autograd graph, read once from its outputs: its nodes in the order found (breadth first), each
     node's children by position (-1 for an edge to nothing), and where the inputs' and parameters' gradient
-    accumulators sit."""
+    accumulators sit.
+
+    The walk runs on every ``I`` (a plan is found by the graph's shape, and only the walk tells the shape), so it
+    keeps one flat list, ``signature``: each node's type followed by its children's positions; ``children`` is
+    unfolded from it only when a shape is planned."""
 
     def __init__(self, root_edges: list[GradientEdge], inputs: Sequence[torch.Tensor],
                  params: Sequence[torch.Tensor]) -> None:
         self.root_edges = root_edges
         self.nodes: list[Node] = []
-        self.children: list[tuple[int, ...]] = []
         # position of an accumulator -> ("x", input position) or ("p", parameter position)
         self.leaves: dict[int, tuple[str, int]] = {}
         self.param_accumulators: dict[int, Node] = {}  # parameter position -> its accumulator
@@ -399,31 +409,47 @@ class _Graph:
             if edge.node not in position:
                 position[edge.node] = len(nodes)
                 nodes.append(edge.node)
-        at = 0
-        while at < len(nodes):
-            kids = []
-            for child, _ in nodes[at].next_functions:
+        signature: list = []
+        find, found, note = position.get, nodes.append, signature.append
+        for node in nodes:  # the list grows while it is walked: breadth first
+            note(type(node))
+            for child, _ in node.next_functions:
                 if child is None:
-                    kids.append(-1)
+                    note(-1)
                     continue
-                j = position.get(child)
+                j = find(child)
                 if j is None:
                     j = position[child] = len(nodes)
-                    nodes.append(child)
+                    found(child)
                     if type(child) is _ACCUMULATE_GRAD:
                         role = roles.get(id(child.variable))
                         if role is not None:
                             self.leaves[j] = role
                             if role[0] == "p":
                                 self.param_accumulators[role[1]] = child
-                kids.append(j)
-            self.children.append(tuple(kids))
-            at += 1
+                note(j)
+        self.signature = signature
         self.root_positions = tuple((position[e.node], e.output_nr) for e in root_edges)
+        self._children: list[tuple[int, ...]] | None = None
+
+    @property
+    def children(self) -> list[tuple[int, ...]]:
+        """Each node's children by position, in the order of its edges (-1: an edge to nothing)."""
+        if self._children is None:
+            children: list[tuple[int, ...]] = []
+            kids: list[int] = []
+            for entry in self.signature[1:] + [type]:  # a type closes the node before it
+                if isinstance(entry, int):
+                    kids.append(entry)
+                else:
+                    children.append(tuple(kids))
+                    kids = []
+            self._children = children
+        return self._children
 
     def shape_key(self) -> tuple:
         """What :meth:`plan` depends on: two graphs with equal keys get equal plans."""
-        return (tuple(map(type, self.nodes)), tuple(self.children), self.root_positions, tuple(self.leaves.items()))
+        return tuple(self.signature), self.root_positions, tuple(self.leaves.items())
 
     def plan(self) -> _Plan:
         """The parameter groups of [Note: split backward in the runtime], or a plan without groups when an output
@@ -503,9 +529,9 @@ class _Graph:
     def groups(self, plan: _Plan, params: Sequence[torch.Tensor], root_grads: Sequence[torch.Tensor]
                ) -> list[tuple[_Group, bool]]:
         """``plan``'s groups on this graph's nodes and tensors, each with whether ``I`` computes it."""
-        return [(_Group([params[k] for k in ps], [GradientEdge(self.param_accumulators[k], 0) for k in ps],
-                        [self.nodes[j] for j in nodes], [(self.root_edges[i], root_grads[i]) for i in outs], linear),
-                 in_i)
+        accumulators, graph_nodes = self.param_accumulators, self.nodes
+        return [(_Group([params[k] for k in ps], [accumulators[k] for k in ps], [graph_nodes[j] for j in nodes],
+                        [(self.root_edges[i], root_grads[i]) for i in outs] if outs else [], linear), in_i)
                 for ps, nodes, outs, in_i, linear in plan.groups]
 
 
