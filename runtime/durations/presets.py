@@ -222,12 +222,20 @@ def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, fl
 # -- the presets (figures and sources: docs/workloads.md) ----------------------------------------
 
 # [Note: split backward cost by preset]
-#     What a split backward costs, ``(I + W) / B``, on the real models of this repository: medians over
-#     the stages that compute an input gradient, in traces of ``rrfp run`` (``benchmarks/split_cost.py``, its
-#     run part, the same command as before; docs/benchmarks/split-cost.md), on a 2-core CPU, with the split
-#     ``W`` starting from the gradients ``I`` saved (f5e1052; until then 1.57 and 1.65: ``W`` walked the whole
-#     graph again). No device was lent when they were measured: CUDA figures are not in them.
-#     ([Note: split backward durations] in runtime.durations.variability has the run and its quartiles). Every
+#     What a split backward costs, ``(I + W) / B``, on the real models of this repository, at 84ac35e (``W``
+#     starts from the gradients ``I`` saved, a linear layer's ``W`` runs its kernels without an engine call):
+#     the stage that computes an input gradient, ``I`` and ``W`` exactly as a rank runs them (their Python
+#     included) against the fused ``B`` on the same module and inputs, side by side in one thread
+#     (``benchmarks/split_cost.py --no-runs --pairs 25 --warmup 2 --stages 2 --hidden 256 --seq-len 128
+#     --samples 4 --layers-per-stage 2``, with and without ``--accumulate``, two runs each; the median of the
+#     four medians: gpt 1.072-1.126, multimodal 1.084-1.108; docs/benchmarks/split-cost.md). Until 84ac35e
+#     the defaults came from the run part of the same script (``(I + W) / B`` of the tasks in ``rrfp run``
+#     traces: 1.14 and 1.33 at 97ce934, 1.57 and 1.65 for the split before f5e1052); on the 2-core VM two
+#     ranks and their transport threads share the cores, and three identical run parts at 84ac35e gave gpt
+#     1.074, 1.140, 1.107 and multimodal 1.153, 1.217, 0.911: too wide to set a default to a few percent,
+#     while the side-by-side kernels agree within 0.02-0.05. What a task costs the runtime around its
+#     computation (the decision, recording it, waking) is not the split's: ``--task-overhead`` charges it to
+#     every task. No device was lent when they were measured: CUDA figures are not in them. Every
 #     workload model charges its kind's figure by default, so a zero-bubble hint is not credited with a
 #     free split: language presets (pretrain-packed, sft-chat, legacy-language) the gpt figure,
 #     vision-language presets (vlm-mixed, vlm-video, legacy-multimodal) the multimodal figure. ``uniform``
@@ -235,7 +243,7 @@ def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, fl
 #     the zero-bubble schedules assume), the reference on which schedule structure and the golden
 #     makespans are stated, and no paper row reads it (profiler.bench.matrix.PAPER_KIND). ``--split-overhead F``
 #     overrides any of them; a recorded table keeps what it recorded.
-MEASURED_SPLIT_OVERHEAD = {"gpt": 1.14, "multimodal": 1.33}
+MEASURED_SPLIT_OVERHEAD = {"gpt": 1.08, "multimodal": 1.09}
 _LANGUAGE_SPLIT = MEASURED_SPLIT_OVERHEAD["gpt"]
 _VISION_SPLIT = MEASURED_SPLIT_OVERHEAD["multimodal"]
 

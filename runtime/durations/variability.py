@@ -13,7 +13,7 @@ Units and conventions
 * A backward costs ``backward_ratio`` times its forward. When a hint splits
   backwards, ``I`` takes half of the sampled ``B`` and ``W`` the rest of
   ``split_overhead`` times it (by default the workload's measured figure,
-  1.14 for the language models and 1.33 for the vision-language ones, 1.0,
+  1.08 for the language models and 1.09 for the vision-language ones, 1.0,
   a free split, for ``uniform``; [Note: split backward cost by preset] in
   :mod:`runtime.durations.presets` and [Note: split backward durations] in
   :meth:`Durations.for_graph`).
@@ -339,19 +339,16 @@ class Durations:
         the table's ``B``, or ``I + W`` when only those were recorded.
         ``split_overhead`` (a :class:`VariabilityModel` knob; by default the
         workload's measured figure, 1.0 for ``uniform``: [Note: split backward
-        cost by preset] in :mod:`runtime.durations.presets`) is what splitting costs on
-        real models. ``benchmarks/split_cost.py --stages 2 --iters 6 --rounds 3
-        --hidden 256 --seq-len 128 --layers-per-stage 2`` (2-core CPU, traces
-        of ``rrfp run``, at f5e1052: ``W`` starts from the gradients ``I``
-        saved, [Note: split backward in the runtime] in
-        :mod:`runtime.exec.split_backward`) measured, on the stage with an input
-        gradient, ``(I + W) / B`` medians of 1.14 (gpt, quartiles 1.10-1.17)
-        and 1.33 (multimodal, 1.29-1.39), with ``I`` at 0.60 of ``B`` on both
-        and ``W`` at 0.53 and 0.72. The model keeps ``I = B/2`` and puts the
+        cost by preset] in :mod:`runtime.durations.presets`, which has the
+        measurement) is what splitting costs on real models: at 84ac35e
+        (``W`` starts from the gradients ``I`` saved, [Note: split backward in
+        the runtime] in :mod:`runtime.exec.split_backward`) 1.08 (gpt) and 1.09
+        (multimodal) on the stage with an input gradient, with ``I`` at
+        0.60-0.67 of ``B``. The model keeps ``I = B/2`` and puts the
         overhead on ``W``: it sends the input gradient a little earlier than
-        the real split does (0.6 ``B``), and the total is the measured one.
-        (The runtime's first split, whose ``W`` walked the whole graph again,
-        measured 1.57 and 1.65, ``I`` 0.55 and 0.53, ``W`` 1.01 and 1.12.)
+        the real split does, and the total is the measured one.
+        (Earlier splits: 1.14 and 1.33 at 97ce934; the runtime's first split,
+        whose ``W`` walked the whole graph again, 1.57 and 1.65.)
         Stage 0 computes no input gradient on the real
         models (``I`` about 0, ``(I + W) / B`` 0.97 and 1.18). The emulated
         workload's stage 0 does (its input is a leaf that wants a gradient),
