@@ -88,10 +88,35 @@ Rules (``fixed``, ``greedy``, ``lookahead``: the subclasses below) are chosen th
       position ``q`` keeps it iff ``in_flight + max_{k <= q} s_k <= budget -
       1``, which is monotone in ``q``: if the best-ranked ready forward
       fails, every later one fails too, so the rule is "the best-ranked
-      ready task, skipping forwards once the best ready forward fails". A
-      segment tree over positions (sum, best prefix) answers it in
-      ``O(log n)``; when ``in_flight + max_k s_k <= budget - 1`` any forward
-      passes without a query.
+      ready task, skipping forwards once the best ready forward fails".
+    * *How it is answered, and what it costs.* With ``t`` the rank's head
+      (its lowest not-started position), ``s_k = 0`` for ``k <= t``: the
+      head forward passes iff ``in_flight <= budget - 1``, and otherwise
+      only ``t < k <= q`` matter. Positions in the window ``[t, t + w)``
+      (``w = Arbiter._near``, 16) are read from the hint order's ``d`` and
+      the started flags, a scan of ``min(q - t, w)`` steps. Beyond it a
+      segment tree over positions holds (sum, best prefix) of ``d`` for the
+      hint order with some started positions cleared; its invariant: *every
+      started position at or beyond* ``t + w`` *is cleared or noted*. A
+      start at ``h >= t + w`` is noted (a list append; ``t`` may lag, which
+      only notes more); one below cannot leave the window, since ``t`` only
+      rises. A query that reaches past the window first clears the noted
+      positions still beyond it, ``O(log n)`` each, and forgets the rest
+      (inside the window from then on, never read from the tree again); the
+      tree is then exact over ``[t + w, n)``, and one pass over its nodes
+      (``O(log n)``) gives that part's sum and best prefix, added after the
+      window's. So a start is ``O(1)``, each position is cleared at most
+      once, and a query costs ``O(min(q - t, w))``, plus ``O(log n)`` only
+      when it reaches past the window, as the lookahead rule's test of the
+      whole continuation (``max_k s_k``, :meth:`Arbiter.continuation_peak`)
+      does. In practice the ready forward is the head or next to it: in the
+      1F1B runs of ``benchmarks/foundation.py`` at 256 ranks x 1024
+      microbatches, greedy's queries never reach past the window and the
+      lookahead rule's do for 0.3% of tasks, while 19% of greedy's starts
+      are beyond it (backwards run ahead of a forward head). The tree alone,
+      cleared at every start and walked for every query, cost ``O(log n)``
+      each, about half of a ready rule's time, and grew with the order's
+      length (docs/benchmarks/simulator-speed.md).
 
     Why this cannot deadlock: the invariant holds initially (it is the fixed
     order's peak within the budget) and every start keeps it. At a state
@@ -236,6 +261,9 @@ class Arbiter:
     """
 
     rule: "ArbiterRule"
+    # [Note: safe-state admission]: hint positions within this many of the head are read from the hint order
+    # and the started flags; the tree holds what lies beyond.
+    _near = 16
 
     def __init__(
         self,
@@ -415,8 +443,8 @@ class Arbiter:
         self.started[h] = True
         tid = self._running = self.tids[h]
         block = tid // self._block_size
-        if self.safe and self._sum[self._leaves + h]:
-            self._tree_clear(h)
+        if self.safe and h >= self._head + self._near:  # [Note: safe-state admission]: beyond the window
+            self._far_started.append(h)
         if self._block_forward[block]:
             in_flight = self.in_flight = self.in_flight + 1
             if in_flight > self.peak_in_flight:
@@ -427,60 +455,97 @@ class Arbiter:
 
     # -- [Note: safe-state admission] ------------------------------------------------
     def _tree_build(self, tids: Sequence[int], graph: TaskGraph) -> None:
-        """Per node over hint positions: the sum of ``d`` and its best prefix (the empty one included)."""
+        """``d`` per hint position, and per node over them the sum of ``d`` and its best prefix (the empty one
+        included), for the hint order as given: :meth:`_tree_catch_up` clears what starts beyond the window."""
+        forward, frees = graph.is_forward, graph.frees
+        change = [1 if forward[tid] else (-1 if frees[tid] else 0) for tid in tids]
         leaves = 1
         while leaves < max(1, len(tids)):
             leaves *= 2
-        self._leaves = leaves
-        total = [0] * (2 * leaves)
-        best = [0] * (2 * leaves)
-        forward, frees = graph.is_forward, graph.frees
-        for h, tid in enumerate(tids):
-            d = 1 if forward[tid] else (-1 if frees[tid] else 0)
-            total[leaves + h] = d
-            best[leaves + h] = 1 if d > 0 else 0
+        self._leaves, self._change = leaves, change
+        self._far_started: list[int] = []  # positions started beyond the window, not yet cleared from the tree
+        total = [0] * leaves + change + [0] * (leaves - len(change))
+        best = [0] * leaves + [1 if d > 0 else 0 for d in change] + [0] * (leaves - len(change))
         for node in range(leaves - 1, 0, -1):
-            left = 2 * node
-            total[node] = total[left] + total[left + 1]
-            best[node] = max(best[left], total[left] + best[left + 1])
-        self._sum, self._best = total, best
-
-    def _tree_clear(self, h: int) -> None:
-        """Position ``h`` started: it leaves the continuation."""
-        total, best = self._sum, self._best
-        node = self._leaves + h
-        total[node] = best[node] = 0
-        node >>= 1
-        while node:
             left = 2 * node
             total[node] = total[left] + total[left + 1]
             right = total[left] + best[left + 1]
             best[node] = best[left] if best[left] > right else right
+        self._sum, self._best = total, best
+
+    def _tree_catch_up(self, head: int) -> None:
+        """Clear from the tree every position started beyond the window that is still beyond it (``head``:
+        :attr:`_head`, moved up); the others are never read from the tree again."""
+        total, best, change, leaves = self._sum, self._best, self._change, self._leaves
+        window_end = head + self._near
+        for h in self._far_started:
+            if h < window_end or not change[h]:
+                continue
+            node = leaves + h
+            total[node] = best[node] = 0
             node >>= 1
+            while node:
+                left = 2 * node
+                total[node] = total[left] + total[left + 1]
+                right = total[left] + best[left + 1]
+                best[node] = best[left] if best[left] > right else right
+                node >>= 1
+        self._far_started.clear()
+
+    def _peak_between(self, head: int, end: int) -> int:
+        """``max_k s_k`` over ``head <= k <= end`` (``head``: :attr:`_head`, moved up; ``head <= end <= n``):
+        the window by a scan, what lies beyond it from the tree."""
+        change, started = self._change, self.started
+        middle = head + self._near
+        total = peak = 0
+        for k in range(head, end if end < middle else middle):
+            if not started[k]:
+                total += change[k]
+                if total > peak:
+                    peak = total
+        if end <= middle:
+            return peak
+        # Beyond the window: (sum, best prefix) of [middle, end), nodes combined left to right.
+        if self._far_started:
+            self._tree_catch_up(head)
+        sums, best = self._sum, self._best
+        low, high = middle + self._leaves, end + self._leaves
+        right_nodes = []
+        while low < high:
+            if low & 1:
+                if total + best[low] > peak:
+                    peak = total + best[low]
+                total += sums[low]
+                low += 1
+            if high & 1:
+                high -= 1
+                right_nodes.append(high)
+            low >>= 1
+            high >>= 1
+        for node in reversed(right_nodes):
+            if total + best[node] > peak:
+                peak = total + best[node]
+            total += sums[node]
+        return peak
+
+    def continuation_peak(self) -> int:
+        """``max_k s_k``: the most microbatch-chunks the hint order, continued from here, adds to those in flight."""
+        head, started = self._head, self.started
+        end = len(started)
+        while head < end and started[head]:
+            head += 1
+        self._head = head
+        return self._peak_between(head, end)
 
     def safe_to_start(self, h: int) -> bool:
-        """Whether the forward at hint position ``h`` keeps the continuation within the budget."""
-        room = self.budget - 1 - self.in_flight
-        best = self._best
-        if best[1] <= room:
-            return True
-        total = self._sum
-        node, low, high, before, peak = 1, 0, self._leaves, 0, 0  # max of s_k over k <= h
-        while True:
-            if h >= high:
-                peak = max(peak, before + best[node])
-                break
-            middle = (low + high) // 2
-            left = 2 * node
-            if h <= middle:
-                node, high = left, middle
-            else:
-                peak = max(peak, before + best[left])
-                before += total[left]
-                node, low = left + 1, middle
-            if h <= low:
-                break
-        return peak <= room
+        """Whether the forward at hint position ``h`` (not started) keeps the continuation within the budget."""
+        head, started = self._head, self.started
+        while started[head]:  # h is not started, so head stops at or before it
+            head += 1
+        self._head = head
+        if h == head:  # the hint's head: s_k = 0 for k <= h (the usual case, written out)
+            return self.in_flight < self.budget
+        return self._peak_between(head, h) <= self.budget - 1 - self.in_flight
 
     def _is_done(self, tid: int) -> bool:
         """Whether ``tid`` (a task of this rank) has finished: started, and not the one running."""
@@ -643,7 +708,7 @@ class LookaheadArbiter(ReadyArbiter):
         [Note: safe-state admission]) or exceeds it (the reservation rule: the hint does not keep within it)."""
         if self._holds_every_chunk:
             return False
-        return not self.safe or self.in_flight + self._best[1] >= self.budget
+        return not self.safe or self.in_flight + self.continuation_peak() >= self.budget
 
     def _before(self, now: float, eta: float, deferred: int, fits: bool, firm: bool) -> int | None:
         """The best-ranked runnable task that ends by ``eta``, started; or None: wait for the forward."""
