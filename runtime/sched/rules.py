@@ -155,14 +155,16 @@ def make_arbiter(
     positions: list[int] | None = None,
     estimates: Estimates | None = None,
     safe: bool = False,
+    numbers: Sequence[int] | None = None,
 ) -> Arbiter:
     """Build the arbiter of ``rule`` (see :func:`as_rule`) for ``rank``.
 
     ``budget`` is that rank's slot count. ``positions`` (task id -> hint position) may be one list shared
-    by the arbiters of all ranks of one process (the simulator); each arbiter fills in its own tasks.
+    by the arbiters of all ranks of one process (the simulator); each arbiter fills in its own tasks, with
+    position numbers taken from ``numbers`` (``0, 1, ...``; shared too: see :class:`Arbiter`).
     ``estimates`` (task id -> expected seconds) is needed by the lookahead rule. ``safe``: the hint
     completes in fixed order within every rank's budget, so admission uses [Note: safe-state admission]
     (:func:`runtime.sched.fixed_order.completes_within` decides; the same for every rank).
     """
     return as_rule(rule).arbiter(graph, rank, order, budget=budget, record=record, positions=positions,
-                                 estimates=estimates, safe=safe)
+                                 estimates=estimates, safe=safe, numbers=numbers)

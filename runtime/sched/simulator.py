@@ -128,12 +128,15 @@ def simulate(
                              executed=executed, began=began, compute=compute, peak_in_flight=peak_in_flight,
                              decisions=None)
         # Some rank is stuck: the event loop below finds where, for the report.
-    positions = [0] * len(graph)  # shared by the arbiters: each fills in its own rank's tasks
+    # Shared by the arbiters (see runtime.sched.arbiter.Arbiter): each fills in its own rank's tasks, with
+    # position numbers from one list of ints.
+    positions = [0] * len(graph)
+    numbers = list(range(max(map(len, hint.orders), default=0)))
     # [Note: safe-state admission] in runtime.sched.arbiter
     safe = rule.uses_budget and completes_within(graph, [graph.ids(order) for order in hint.orders], budgets)
     arbiters = [
         make_arbiter(rule, graph, r, hint.orders[r], None if budgets is None else budgets[r], record, positions,
-                     expected_compute, safe)
+                     expected_compute, safe, numbers)
         for r in range(shape.ranks)
     ]
     executed: list[list[int]] = [[] for _ in range(shape.ranks)]
