@@ -106,12 +106,20 @@ def end_to_end(ranks: int, microbatches: int, rule: str) -> float:
 
 def end_to_end_table(repeats: int) -> None:
     print(f"\n### End to end (sample + hint + graph + simulate), 1f1b, multimodal, median of {repeats} "
-          f"({_repeats_for(2 * E2E_SHAPES[0][0] * E2E_SHAPES[0][1], repeats)} at the smallest shape)\n")
+          f"({_repeats_for(2 * E2E_SHAPES[0][0] * E2E_SHAPES[0][1], repeats)} at the smallest shape), "
+          f"the sizes taking turns in {repeats} rounds\n")
     print("| tasks | rule | seconds | us/task |")
     print("|---|---|---|---|")
+    # Rounds, each running every case its share of times, so that a change of the machine's speed during the run
+    # falls on every size alike instead of on whichever size was being measured (the linearity is a ratio of sizes).
+    cases = list(_e2e_cases(repeats))
+    times: dict[tuple[int, str], list[float]] = {(tasks, rule): [] for _, _, tasks, rule, _ in cases}
+    for _ in range(repeats):
+        for ranks, microbatches, tasks, rule, count in cases:
+            times[tasks, rule].extend(end_to_end(ranks, microbatches, rule) for _ in range(count // repeats))
     per_task: dict[tuple[int, str], float] = {}
-    for ranks, microbatches, tasks, rule, count in _e2e_cases(repeats):
-        seconds = statistics.median(end_to_end(ranks, microbatches, rule) for _ in range(count))
+    for ranks, microbatches, tasks, rule, _ in cases:
+        seconds = statistics.median(times[tasks, rule])
         per_task[tasks, rule] = seconds / tasks
         print(f"| {tasks:,} ({ranks} x {microbatches}) | {rule} | {seconds:.3f} | {seconds / tasks * 1e6:.2f} |")
     _print_linearity(per_task)
