@@ -107,16 +107,24 @@ def end_to_end(ranks: int, microbatches: int, rule: str) -> float:
 def end_to_end_table(repeats: int) -> None:
     print(f"\n### End to end (sample + hint + graph + simulate), 1f1b, multimodal, median of {repeats} "
           f"({_repeats_for(2 * E2E_SHAPES[0][0] * E2E_SHAPES[0][1], repeats)} at the smallest shape), "
-          f"the sizes taking turns in {repeats} rounds\n")
+          f"the sizes taking turns in {repeats} rounds, each turn a fresh process after one uncounted run\n")
     print("| tasks | rule | seconds | us/task |")
     print("|---|---|---|---|")
     # Rounds, each running every case its share of times, so that a change of the machine's speed during the run
     # falls on every size alike instead of on whichever size was being measured (the linearity is a ratio of sizes).
+    # Each turn runs in a fresh process, after one run that is not counted: in one process a small case measured
+    # right after a large one paid for the memory and caches the large one left behind (2-3x per task at 8,192
+    # tasks on the 2-core VM, even after a warm-up run), which is no cost of its size.
     cases = list(_e2e_cases(repeats))
     times: dict[tuple[int, str], list[float]] = {(tasks, rule): [] for _, _, tasks, rule, _ in cases}
     for _ in range(repeats):
         for ranks, microbatches, tasks, rule, count in cases:
-            times[tasks, rule].extend(end_to_end(ranks, microbatches, rule) for _ in range(count // repeats))
+            worker = _Worker(ROOT)
+            try:
+                worker.measure(ranks, microbatches, rule)
+                times[tasks, rule].extend(worker.measure(ranks, microbatches, rule) for _ in range(count // repeats))
+            finally:
+                worker.close()
     per_task: dict[tuple[int, str], float] = {}
     for ranks, microbatches, tasks, rule, _ in cases:
         seconds = statistics.median(times[tasks, rule])
