@@ -227,6 +227,10 @@ def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, see
         held["best fixed order"] = evaluator.makespans(result.best_fixed.candidate, "holdout")
     if best.candidate.family in ("built-in", "traced", "baseline"):
         chosen, kept, reason = best, False, f"the best candidate is the built-in {best.candidate.label} itself"
+        if result.best_of("built-in") is None and result.stopped in ("time budget", "evaluations"):
+            # the budget ran out before the race scored any candidate in full: nothing was compared with the reference
+            reason = (f"the {result.stopped} ended the search before any candidate but {best.candidate.label} was "
+                      f"scored in full, so it is kept; give a larger budget")
         gain = {}
     else:
         interval = paired_bootstrap(held["best built-in"], held["tuned"], seed=seed)

@@ -82,6 +82,8 @@ def test_the_references_are_scored_whatever_the_budget():
     assert outcome.search.stopped == "evaluations" and outcome.search.simulations == 6
     assert [s.candidate.family for s in outcome.search.scored] == ["baseline"]
     assert outcome.verdict.chosen.candidate.family == "baseline"
+    # and the verdict says why: nothing else was compared (not "the best candidate is ... itself")
+    assert outcome.verdict.reason.startswith("the evaluations ended the search before any candidate but 1f1b")
 
 
 def test_report_records_the_budgets_the_effort_and_the_command_that_reproduces_it(tmp_path):
