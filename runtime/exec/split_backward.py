@@ -302,18 +302,11 @@ def _linear_weight(group: _Group, saved: dict) -> bool:
         weight_grad = grad.t().mm(mat1)  # mm_mat2_backward's column-major branch, turned back by TBackward0
         if weight_grad.shape != weight.shape:
             return False
-        _accumulate_owned(weight, weight_grad)
-        if bias is not None:
-            _accumulate_owned(bias, grad.sum((0,), keepdim=True).view(bias.shape))  # the engine's sum_to
+        if bias is None:
+            _accumulate([weight], [weight_grad], fresh=True)
+        else:  # the bias's: the engine's sum_to
+            _accumulate([weight, bias], [weight_grad, grad.sum((0,), keepdim=True).view(bias.shape)], fresh=True)
     return True
-
-
-def _accumulate_owned(param: torch.Tensor, grad: torch.Tensor) -> None:
-    """``AccumulateGrad`` for a gradient nobody else holds: taken over, or added in place."""
-    if param.grad is None:
-        param.grad = grad
-    else:
-        param.grad.add_(grad)
 
 
 def _grad(starts: list, targets: list[GradientEdge], grads: list[torch.Tensor], keep_graph: bool,
@@ -344,9 +337,10 @@ def _edge(tensor: torch.Tensor) -> GradientEdge:
     return get_gradient_edge(tensor)
 
 
-def _accumulate(params: Sequence[torch.Tensor], grads) -> None:
+def _accumulate(params: Sequence[torch.Tensor], grads, fresh: bool = False) -> None:
     """Add ``grads`` into the parameters' ``.grad`` as autograd's own accumulator does: the first gradient is
-    kept as it is, and later ones are added in place into a gradient this function made.
+    kept as it is, and later ones are added in place into a gradient this function made. ``fresh``: the
+    gradients are new tensors nobody else holds (:func:`_linear_weight`'s kernels), so one kept is made ours.
 
     A gradient the engine returns may be another tensor's too (a sum passes its incoming gradient through
     unchanged, to each parameter it adds and to the input), so one kept as it is is never added to in place:
@@ -360,6 +354,8 @@ def _accumulate(params: Sequence[torch.Tensor], grads) -> None:
             held = param.grad
             if held is None:
                 param.grad = grad
+                if fresh:
+                    setattr(grad, _OWNED, True)
             elif getattr(held, _OWNED, False):
                 held.add_(grad)
             else:
