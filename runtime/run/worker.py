@@ -122,8 +122,7 @@ def worker_main(jobs: list[Job], options: WorkerOptions) -> dict[str, Any]:
         ctx.status.finished()
         return results
     except BaseException as err:
-        watchdog.stop()
-        report_error(ctx, err)
+        report_failure(ctx, err, watchdog)
         raise
     finally:
         if dist.is_initialized() and not _bootstrap_running():  # not under a thread still using the group
@@ -200,6 +199,26 @@ def _while_signals_are_handled(call):
     if "error" in outcome:
         raise outcome["error"]
     return outcome.get("value")
+
+
+def report_failure(ctx: RankContext, err: BaseException, watchdog: Watchdog) -> None:
+    """Write this rank's report of ``err``, which ended it, whole: interrupts are ignored from here on.
+
+    [Note: a failed rank's report is written whole]
+        A rank's failure ends its neighbours' transports, and the elastic agent, which sees the first
+        rank exit within 0.1 s, sends every other rank SIGTERM at about the moment their transport errors
+        arrive. Its handler (:func:`interrupted_once`) raised ``Interrupted`` inside the report of the
+        transport error, which was then never written: the rank exited 143 with neither report, and the
+        diagnosis named it, "died without a report", as the root cause in place of the rank that failed
+        first (a CI run of tests/multiproc/test_faults.py). A rank on its way out with a failure
+        therefore ignores later interrupts, as one already interrupted does ([Note: one interrupt, one
+        shutdown] in :mod:`runtime.run.launch`); the agent's SIGKILL after its shutdown timeout still ends
+        one that hangs."""
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, ignore_signal)
+    watchdog.stop()
+    report_error(ctx, err)
 
 
 def interrupted_once(signum: int, frame) -> None:

@@ -6,13 +6,16 @@ end on real ranks: tests/multiproc/test_repeated_interrupts.py.
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
 
 from hints.errors import Interrupted
+from runtime.comm.errors import TransportError
+from runtime.run import health
 from runtime.run.launch import _FirstSignal
-from runtime.run.worker import interrupted_once
+from runtime.run.worker import RankContext, interrupted_once, report_failure
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -67,3 +70,31 @@ def test_a_rank_raises_on_its_first_signal_only(reached):
             signal.raise_signal(later)
         except Interrupted:
             pytest.fail(f"a later {later.name} cut the rank's shutdown short")
+
+
+def test_a_failed_rank_writes_its_report_whole_through_the_agents_sigterm(reached, tmp_path, monkeypatch):
+    """[Note: a failed rank's report is written whole] in runtime/run/worker.py: the agent's SIGTERM lands while
+    a rank writes the report of the transport error its neighbour's failure caused; the report is still
+    written, so the diagnosis does not take this rank for one that died without a report."""
+    for s in SIGNALS:
+        signal.signal(s, interrupted_once)
+    write = health.write_text
+
+    def sigterm_then_write(path, text):
+        signal.raise_signal(signal.SIGTERM)  # the agent, which saw the failed rank exit
+        write(path, text)
+
+    monkeypatch.setattr(health, "write_text", sigterm_then_write)
+    ctx = RankContext(0, 3, 0, "cpu", tmp_path)
+    ctx.current.update(job="ready-1f1b@1f1b", iteration=2)
+    try:
+        raise TransportError("rank 0: the link from rank 1 closed")
+    except TransportError as err:
+        try:
+            report_failure(ctx, err, health.Watchdog(10.0, lambda seconds: None, lambda: None))
+        except Interrupted:
+            pytest.fail("the agent's SIGTERM cut the report short")
+    report = json.loads((tmp_path / "failures" / "rank0-error.json").read_text())
+    assert report["kind"] == "transport" and report["iteration"] == 2 and "closed" in report["error"]
+    signal.raise_signal(signal.SIGINT)  # and later ones change nothing: the rank is on its way out
+    assert reached == []
