@@ -300,8 +300,8 @@ def by_priority(
         missing = next((t for t in tasks if t not in priorities), None)
         if missing is not None:
             raise HintError(f"no priority for task {missing}")
-        position = {task: i for i, task in enumerate(tasks)}
-        orders.append(sorted(tasks, key=lambda t: (tuple(-x for x in priorities[t]), position[t])))
+        # descending keys; a stable sort keeps equal ones in task-id order, reversed or not
+        orders.append(sorted(tasks, key=priorities.__getitem__, reverse=True))
     return orders
 
 

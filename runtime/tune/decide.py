@@ -140,13 +140,15 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
     if static:
         candidates = as_static(candidates, shape, mean)
     # What follows the search in the same clock budget: each family's best, the references and the best fixed
-    # order on every held-out scenario (in the pool), and with auto the memory sweep and a new evaluator (here).
+    # order on every held-out scenario (in the pool: counted by the search as it scores families,
+    # ``reserve_each``), and with auto the memory sweep and a new evaluator (here, one process).
     held_out = len(scenarios.holdout) * (len({c.family for c in candidates} | {"local search"}) + 2)
-    after = held_out + (len(AUTO_BUDGETS) * len(scenarios.tuning) + held_out) * jobs if explore else held_out
+    after = (len(AUTO_BUDGETS) * len(scenarios.tuning) + held_out) * jobs if explore else 0
     # Besides simulations: five paired bootstraps of 2,000 resamples of the held-out scenarios, the report's text
     # and its files (measured on the development machine: about 3 ms per held-out scenario, and 50 ms).
     config = SearchConfig(objective, rules, evaluations, seed, jobs, seconds=time_budget, started=clock.started,
-                          reserve=after, reserve_s=0.05 + 0.003 * len(scenarios.holdout))
+                          reserve=after, reserve_each=0 if explore else len(scenarios.holdout),
+                          reserve_s=0.05 + 0.003 * len(scenarios.holdout))
     with Search(evaluator, config, progress) as search:
         result = search.run(candidates)
         if result.interrupt is None and not explore:

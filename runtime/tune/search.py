@@ -19,7 +19,9 @@ scenarios only; the held-out ones are for the verdict
    candidate: it is the baseline every verdict compares with.
 2. **Racing**: every candidate is first scored on a few scenarios; only the
    best quarter is scored on all of them (and always fixed 1F1B, the traced
-   hint and the best built-in, which the verdict compares with).
+   hint and the best built-in, which the verdict compares with). The race's
+   leader is scored on all of them even when a budget cuts the race
+   ([Note: a race the budget cut]).
 3. **Local search** (:func:`local_search`) from the best few static
    candidates, by late-acceptance hill climbing (Burke and Bykov 2017):
    swap or insert two tasks of one rank's order. Only pairs of tasks that
@@ -82,7 +84,8 @@ class SearchConfig:
     ``seconds`` (wall clock from ``started``, a ``time.monotonic()``; None: when :meth:`Search.run` starts),
     whichever ends first; None is no limit, but one of them must be given. ``reserve``: the simulations that
     follow the search inside the same clock budget (the verdict's and the report's, on held-out scenarios),
-    run ``jobs`` at a time."""
+    run ``jobs`` at a time; ``reserve_each``: and as many again for each candidate the verdict will hold out,
+    counted as the search goes (the best of each family it scored in full, and the best fixed order)."""
 
     objective: Objective
     rules: tuple[str, ...]  # the rules candidates run under (greedy/lookahead, or fixed)
@@ -92,6 +95,7 @@ class SearchConfig:
     seconds: float | None = None
     started: float | None = None
     reserve: int = 0
+    reserve_each: int = 0
     reserve_s: float = 0.0  # and seconds kept back for what follows that is not a simulation
     race_first: int = 6  # scenarios a newcomer is scored on before the rest
     local_starts: int = 3
@@ -287,6 +291,19 @@ def apply_move(hint: HintOrder, move: tuple[str, int, Task, Task], name: str) ->
 #     simulations take at the rate measured so far (``reserve``), so the command as a whole keeps to the
 #     budget. The references every verdict compares with (fixed 1F1B, the traced hint) are scored on every
 #     tuning scenario first, whatever the budgets: a budget smaller than that overruns by their cost.
+#
+# [Note: a race the budget cut]
+#     A budget that ends the first race (every candidate on a few scenarios) used to leave nothing but the
+#     references scored in full: on a large shape with a budget of seconds (32 ranks x 128 microbatches, 5-20 s
+#     on a 2-core machine), ``tune-hint`` returned fixed 1F1B, the slowest candidate, though the race had found
+#     faster ones. So the first race keeps room, in both budgets, for the rest of the tuning scenarios of one
+#     candidate (``Search._held_back``: simulations the work budget does not hand out, and time the clock keeps
+#     back at the rate measured so far), and when a budget cuts it, the candidate that led it so far is scored
+#     on them: the search ends with it scored in full beside the references. The leader is scored so whether
+#     a budget cut the race or not (it is the first of the second race, :meth:`Search.score_all`), and whether
+#     or not it beats the references: a search cut by the clock after ``S`` simulations, the leader's
+#     included, is then still the search ``evaluations = S`` runs (its first race stops where the room for
+#     the leader begins, wherever the clock cut it).
 
 _EVALUATOR: Evaluator | None = None  # the forked workers' copy (set in the parent before forking)
 _QUIET = (signal.SIGINT, signal.SIGTERM)
@@ -452,6 +469,8 @@ class Search:
         self.seconds = 0.0  # the search's own wall time, once it ended
         self._sim_seconds = 0.0  # wall time of the simulations timed so far, where they ran, and how many
         self._sims_timed = 0
+        self._slowest = 0.0  # seconds per simulation of the slowest job so far (a candidate built per scenario)
+        self._held_back = 0  # simulations the clock keeps room for besides the reserve (a race's leader)
         self._pool: _Workers | None = None
 
     def __enter__(self) -> "Search":
@@ -481,23 +500,33 @@ class Search:
         if self.config.seconds is None:
             return math.inf
         per_simulation = self._sim_seconds / self._sims_timed if self._sims_timed else 0.0
-        after = self.config.reserve * per_simulation / max(1, self.config.jobs) + self.config.reserve_s
+        # the verdict holds out the best of each family scored so far, the best fixed order, and the best of
+        # a family the next job may add; any of them may be as slow as the slowest candidate seen (``cp``,
+        # built anew from each scenario's costs, takes ten simulations' time on a large shape)
+        families = len({s.candidate.family for s in self.scored}) + 2
+        held_out = self.config.reserve + self.config.reserve_each * families
+        after = ((held_out * per_simulation + (self.config.reserve_each + self._held_back) * self._slowest)
+                 / max(1, self.config.jobs) + self.config.reserve_s)
         return self.started + self.config.seconds - after - time.monotonic()
 
     def _fitting(self, jobs: list) -> tuple[list, bool]:
-        """The jobs the work budget has room for, a prefix; whether it cut any."""
+        """The jobs the work budget has room for, less what it keeps back, a prefix; whether it cut any."""
         if self.config.evaluations is None:
             return jobs, False
-        room = self.config.evaluations - self.spent
+        room = self.config.evaluations - self.spent - self._held_back
         for k, (_, _, indices) in enumerate(jobs):
             if len(indices) > room:
                 return jobs[:k], True
             room -= len(indices)
         return jobs, False
 
-    def _timed(self, seconds: float, simulations: int) -> None:
+    def _timed(self, seconds: float, simulations: int, whole: bool = True) -> None:
+        """``simulations`` more took ``seconds``; ``whole``: they are a whole job (or a worker's part of one),
+        whose rate says how slow a candidate can be (one simulation alone may be a collection's pause)."""
         self._sim_seconds += seconds
         self._sims_timed += simulations
+        if whole and simulations:
+            self._slowest = max(self._slowest, seconds / simulations)
 
     # -- scoring ---------------------------------------------------------------
     def _map(self, jobs: list[tuple[Candidate, str, tuple[int, ...]]], required: bool = False
@@ -511,13 +540,16 @@ class Search:
         done: list[list[float]] = []
         if self._pool is None:
             for candidate, which, indices in jobs:
-                makespans = []
+                makespans, job_seconds = [], 0.0
                 for index in indices:
                     if not required and self.time_left() <= 0:
                         return done, "time budget"
                     began = time.perf_counter()
                     makespans += self.evaluator.makespans(candidate, which, (index,))
-                    self._timed(time.perf_counter() - began, 1)
+                    seconds = time.perf_counter() - began
+                    job_seconds += seconds
+                    self._timed(seconds, 1, whole=False)
+                self._slowest = max(self._slowest, job_seconds / max(1, len(indices)))
                 done.append(makespans)
                 self.spent += len(indices)
             return done, stop
@@ -560,9 +592,21 @@ class Search:
         self._keep(list(scored.values()), "references")
         others = [k for k in range(len(candidates)) if k not in scored]
         early = {k: s.makespans[:len(first)] for k, s in scored.items()}
-        done, stop = self._map([(candidates[k], "tuning", first) for k in others])
+        self._held_back = len(rest)  # [Note: a race the budget cut]
+        try:
+            done, stop = self._map([(candidates[k], "tuning", first) for k in others])
+        finally:
+            self._held_back = 0
         early.update(zip(others, done))
+        raced = others[:len(done)]
+        leader = min(raced, key=lambda k: (objective(early[k]), k), default=None)
+        if leader is not None and rest:  # in the room kept for it, whatever the budgets
+            (more,), _ = self._map([(candidates[leader], "tuning", rest)], required=True)
+            scored[leader] = self._scored(candidates[leader], early[leader] + more)
         if stop:
+            if not rest:  # the first scenarios were all of them: every candidate raced is scored in full
+                scored.update((k, self._scored(candidates[k], early[k])) for k in raced)
+            self._keep([scored[k] for k in raced if k in scored], "race")
             raise _Stop(stop)
         ranked = sorted(range(len(candidates)), key=lambda k: (objective(early[k]), k))
         keep = ranked[:max(4, math.ceil(len(ranked) / 4))] if rest else ranked
@@ -625,7 +669,7 @@ class Search:
                 raise _Stop("time budget")
             began = time.perf_counter()
             pairs += ready_pairs(self.evaluator, candidate, (index,))
-            self._timed(time.perf_counter() - began, 1)
+            self._timed(time.perf_counter() - began, 1, whole=False)
         self.spent += count
         return sorted(set(pairs))
 

@@ -128,3 +128,33 @@ def test_an_error_in_a_worker_is_one_line_and_every_worker_ends_quietly(tmp_path
         "internal error: ValueError: a simulation went wrong (rerun with RRFP_DEBUG=1 for a traceback)"], done.stderr
     assert "Traceback" not in capfd.readouterr().err  # what the workers wrote to the process's own stderr
     assert not (tmp_path / "x").exists()
+
+
+def _more_scenarios():
+    """Ten tuning scenarios: the race scores a newcomer on the first six, the best quarter on the other four."""
+    return from_model(VariabilityModel(workload="multimodal", jitter=0.1), PipelineShape(4, 1, 8), 10, 4, seed=1)
+
+
+def test_a_budget_that_cuts_the_race_still_scores_its_leader_in_full():
+    # [Note: a race the budget cut]: fixed 1F1B (10), one newcomer on the first six, and the room kept for the
+    # leader's other four. Before, such a budget left only fixed 1F1B scored in full: it was what was written out.
+    outcome = tune(_more_scenarios(), "ready", "1f1b", MEAN, evaluations=10 + 6 + 4)
+    assert outcome.search.stopped == "evaluations" and outcome.search.simulations == 20
+    families = {s.candidate.family: s for s in outcome.search.scored}
+    assert set(families) == {"baseline", "built-in"} and len(families["built-in"].makespans) == 10
+    assert "before any candidate" not in outcome.verdict.reason  # the verdict compared the two
+    # one simulation less: no room for a newcomer and its leader's rest, so nothing is raced
+    less = tune(_more_scenarios(), "ready", "1f1b", MEAN, evaluations=19)
+    assert less.search.simulations == 10 and [s.candidate.family for s in less.search.scored] == ["baseline"]
+
+
+def test_a_race_cut_by_the_clock_is_reproduced_by_its_evaluations(monkeypatch):
+    _slower(monkeypatch, 0.03)  # the race is cut a few candidates in, on any machine
+    scenarios = _more_scenarios()
+    timed = tune(scenarios, "ready", "1f1b", MEAN, time_budget=1.5, seed=2)
+    assert timed.search.stopped == "time budget"
+    scored = {s.candidate.family for s in timed.search.scored}
+    assert scored == {"baseline", "built-in"}, scored  # cut in the first race, its leader scored in full
+    again = tune(scenarios, "ready", "1f1b", MEAN, evaluations=timed.search.simulations, seed=2)
+    assert again.search.stopped == "evaluations" and again.search.simulations == timed.search.simulations
+    assert _search(again) == _search(timed)
