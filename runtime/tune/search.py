@@ -304,8 +304,28 @@ def apply_move(hint: HintOrder, move: tuple[str, int, Task, Task], name: str) ->
 #     or not it beats the references: a search cut by the clock after ``S`` simulations, the leader's
 #     included, is then still the search ``evaluations = S`` runs (its first race stops where the room for
 #     the leader begins, wherever the clock cut it).
+#
+#     The time kept back is priced per candidate, at each one's own rate so far: a candidate built anew
+#     from each scenario's costs (``cp`` tries seven splits per scenario) takes about ten simulations' time
+#     on a large shape (0.5 s against 0.05 s at 32 ranks x 128 microbatches), so a race that ``cp`` leads
+#     needs ten times the room for its leader's rest and for its hold-out. The clock keeps back, for the
+#     leader's rest, the rate of the candidate leading the race so far, and for the verdict's hold-out the
+#     rate of the best of each family scored in full, plus the mean rate for the best fixed order and for
+#     one family more. A candidate of a built-in built per scenario could lead before it is raced, and then
+#     the race has no room left for it: so each such built-in is built once on the first tuning scenario
+#     before the race (the evaluator keeps it for the race), and a job of it starts only if the clock has
+#     room for it to lead (its rate: that build plus a mean simulation). A race that cannot afford ``cp``
+#     leading stops before ``cp``'s job, keeping to the budget; a larger budget races it. Which
+#     candidate leads is the clock's estimate only: what the search does next depends on the simulations'
+#     results, never on their times, so a search the clock cut is still the search its evaluations run.
 
 _EVALUATOR: Evaluator | None = None  # the forked workers' copy (set in the parent before forking)
+
+
+def _rate_key(candidate: Candidate) -> Any:
+    """Whose rate a candidate's simulations share: a built-in built per scenario is built once per scenario
+    for every rule (the evaluator keeps it), so the first of its candidates pays for it; others each their own."""
+    return ("built", candidate.builtin) if candidate.builtin is not None else id(candidate)
 _QUIET = (signal.SIGINT, signal.SIGTERM)
 
 
@@ -381,9 +401,12 @@ class _Workers:
         child_end.close()
         return process, parent_end
 
-    def run(self, function: Callable, jobs: Sequence, time_left: Callable[[], float]) -> tuple[list, bool]:
-        """``function`` on a prefix of ``jobs``, results in order; True when the clock (``time_left``) cut it:
-        the workers still in the middle of a job are then stopped."""
+    def run(self, function: Callable, jobs: Sequence, time_left: Callable[[], float],
+            arrived: Callable[[int, Any], None] | None = None, may_start: Callable[[int], bool] | None = None
+            ) -> tuple[list, bool]:
+        """``function`` on a prefix of ``jobs``, results in order; True when the clock (``time_left``, or
+        ``may_start(index)`` before a job is handed out) cut it: the workers still in the middle of a job are
+        then stopped. ``arrived(index, result)`` is called as each result comes in, in any order."""
         pending = list(enumerate(jobs))[::-1]
         idle = list(range(len(self._workers)))
         busy: dict[int, int] = {}  # worker -> job
@@ -391,6 +414,9 @@ class _Workers:
         done: list = []
         while len(done) < len(jobs):
             while idle and pending:
+                if may_start is not None and not may_start(pending[-1][0]):
+                    self._replace(busy)
+                    return done, True
                 worker = idle.pop()
                 job = pending.pop()
                 self._workers[worker][1].send((function, job[1]))
@@ -412,8 +438,11 @@ class _Workers:
                                        f"exit code {self._workers[worker][0].exitcode}") from None
                 if not ok:
                     raise value
-                results[busy.pop(worker)] = value
+                index = busy.pop(worker)
+                results[index] = value
                 idle.append(worker)
+                if arrived is not None:
+                    arrived(index, value)
         return done, False
 
     def _replace(self, busy: dict[int, int]) -> None:
@@ -469,8 +498,11 @@ class Search:
         self.seconds = 0.0  # the search's own wall time, once it ended
         self._sim_seconds = 0.0  # wall time of the simulations timed so far, where they ran, and how many
         self._sims_timed = 0
-        self._slowest = 0.0  # seconds per simulation of the slowest job so far (a candidate built per scenario)
+        self._rates: dict[Any, float] = {}  # _rate_key(candidate) -> seconds per simulation of its slowest job
         self._held_back = 0  # simulations the clock keeps room for besides the reserve (a race's leader)
+        self._racing: dict[int, tuple[int, int]] | None = None  # id(candidate) -> (job, scenarios) in a race
+        self._leader: tuple[float, int, Any] | None = None  # the race so far: (objective, job, its rate's key)
+        self._unraced: dict[Any, float] = {}  # built-ins built per scenario not raced yet: seconds to build one
         self._pool: _Workers | None = None
 
     def __enter__(self) -> "Search":
@@ -495,18 +527,24 @@ class Search:
         _EVALUATOR = None
 
     # -- the budgets ---------------------------------------------------------------
-    def time_left(self) -> float:
-        """Seconds the search may still run: the clock budget less the reserve at the rate measured so far."""
+    def time_left(self, starting: Candidate | None = None) -> float:
+        """Seconds the search may still run: the clock budget less the reserve at the rates measured so far;
+        ``starting``: before a job of this candidate starts, which may lead the race once it is done."""
         if self.config.seconds is None:
             return math.inf
-        per_simulation = self._sim_seconds / self._sims_timed if self._sims_timed else 0.0
-        # the verdict holds out the best of each family scored so far, the best fixed order, and the best of
-        # a family the next job may add; any of them may be as slow as the slowest candidate seen (``cp``,
-        # built anew from each scenario's costs, takes ten simulations' time on a large shape)
-        families = len({s.candidate.family for s in self.scored}) + 2
-        held_out = self.config.reserve + self.config.reserve_each * families
-        after = ((held_out * per_simulation + (self.config.reserve_each + self._held_back) * self._slowest)
-                 / max(1, self.config.jobs) + self.config.reserve_s)
+        mean = self._sim_seconds / self._sims_timed if self._sims_timed else 0.0
+        # Each at its own rate ([Note: a race the budget cut]): the verdict holds out the best of each family
+        # scored so far, the best fixed order (at the mean rate) and the best of a family the next job may add
+        # (the race's leader so far, else at the mean rate), and the race keeps room for its leader's rest.
+        best_of: dict[str, float] = {}
+        for scored in self.scored:  # best first
+            best_of.setdefault(scored.candidate.family, self._rates.get(_rate_key(scored.candidate), mean))
+        coming = self._rates.get(self._leader[2], mean) if self._leader is not None else mean
+        if starting is not None and _rate_key(starting) in self._unraced:
+            coming = max(coming, self._unraced[_rate_key(starting)] + mean)
+        seconds = (self.config.reserve * mean + self.config.reserve_each * (sum(best_of.values()) + mean + coming)
+                   + self._held_back * coming)
+        after = seconds / max(1, self.config.jobs) + self.config.reserve_s
         return self.started + self.config.seconds - after - time.monotonic()
 
     def _fitting(self, jobs: list) -> tuple[list, bool]:
@@ -520,13 +558,39 @@ class Search:
             room -= len(indices)
         return jobs, False
 
-    def _timed(self, seconds: float, simulations: int, whole: bool = True) -> None:
-        """``simulations`` more took ``seconds``; ``whole``: they are a whole job (or a worker's part of one),
-        whose rate says how slow a candidate can be (one simulation alone may be a collection's pause)."""
+    def _timed(self, seconds: float, simulations: int) -> None:
         self._sim_seconds += seconds
         self._sims_timed += simulations
-        if whole and simulations:
-            self._slowest = max(self._slowest, seconds / simulations)
+
+    def _job_timed(self, candidate: Candidate, seconds: float, simulations: int) -> None:
+        """A job of ``candidate`` (or a worker's part of one) took ``seconds`` for ``simulations``: its rate, if
+        the slowest yet for its key ([Note: a race the budget cut])."""
+        if simulations:
+            key = _rate_key(candidate)
+            self._rates[key] = max(self._rates.get(key, 0.0), seconds / simulations)
+            self._unraced.pop(key, None)
+
+    def _price_builds(self, candidates: Sequence[Candidate]) -> None:
+        """Time building each built-in that is built per scenario on the first tuning scenario (the evaluator
+        keeps it, so the race reuses it; before the workers fork, so they share it): until it is raced, the
+        clock keeps room for it to lead the race ([Note: a race the budget cut])."""
+        if self.config.seconds is None:
+            return
+        for candidate in candidates:
+            key = _rate_key(candidate)
+            if candidate.builtin is not None and key not in self._unraced and self.time_left() > 0:
+                began = time.perf_counter()
+                self.evaluator.hint_for(candidate, "tuning", 0)
+                self._unraced[key] = time.perf_counter() - began
+
+    def _raced(self, candidate: Candidate, makespans: list[float]) -> None:
+        """A job of the race is done: its candidate leads if it is the best so far (ties: the earlier job)."""
+        job = self._racing.get(id(candidate)) if self._racing is not None else None
+        if job is None or len(makespans) < job[1]:
+            return
+        entry = (self.config.objective(makespans), job[0], _rate_key(candidate))
+        if self._leader is None or entry[:2] < self._leader[:2]:
+            self._leader = entry
 
     # -- scoring ---------------------------------------------------------------
     def _map(self, jobs: list[tuple[Candidate, str, tuple[int, ...]]], required: bool = False
@@ -542,14 +606,15 @@ class Search:
             for candidate, which, indices in jobs:
                 makespans, job_seconds = [], 0.0
                 for index in indices:
-                    if not required and self.time_left() <= 0:
+                    if not required and self.time_left(None if makespans else candidate) <= 0:
                         return done, "time budget"
                     began = time.perf_counter()
                     makespans += self.evaluator.makespans(candidate, which, (index,))
                     seconds = time.perf_counter() - began
+                    self._timed(seconds, 1)
                     job_seconds += seconds
-                    self._timed(seconds, 1, whole=False)
-                self._slowest = max(self._slowest, job_seconds / max(1, len(indices)))
+                self._job_timed(candidate, job_seconds, len(indices))
+                self._raced(candidate, makespans)
                 done.append(makespans)
                 self.spent += len(indices)
             return done, stop
@@ -560,12 +625,23 @@ class Search:
         for k, (candidate, which, indices) in enumerate(jobs):
             size = max(1, math.ceil(len(indices) / parts))
             pieces += [(k, (candidate, which, indices[i:i + size])) for i in range(0, len(indices), size)]
-        results, cut = self._pool.run(_score, [piece for _, piece in pieces],
-                                      (lambda: math.inf) if required else self.time_left)
-        makespans_of: dict[int, list[float]] = {}
-        for (k, (_, _, indices)), (makespans, seconds) in zip(pieces, results):
+        of_piece: dict[int, list[float]] = {}
+
+        def arrived(i: int, result: tuple[list[float], float]) -> None:  # as each piece's result comes in
+            _, (candidate, _, indices) = pieces[i]
+            of_piece[i], seconds = result
             self._timed(seconds, len(indices))
-            makespans_of.setdefault(k, []).extend(makespans)
+            self._job_timed(candidate, seconds, len(indices))
+            if parts == 1:
+                self._raced(candidate, of_piece[i])
+
+        _, cut = self._pool.run(_score, [piece for _, piece in pieces],
+                                (lambda: math.inf) if required else self.time_left, arrived,
+                                None if required else lambda i: self.time_left(pieces[i][1][0]) > 0)
+        makespans_of: dict[int, list[float]] = {}
+        for i, (k, _) in enumerate(pieces):  # a job's pieces in order, whichever came in first
+            if i in of_piece:
+                makespans_of.setdefault(k, []).extend(of_piece[i])
         for k, (_, _, indices) in enumerate(jobs):
             if len(makespans_of.get(k, ())) < len(indices):
                 break  # cut by the clock in the middle of this job: it and the rest are abandoned
@@ -593,20 +669,23 @@ class Search:
         others = [k for k in range(len(candidates)) if k not in scored]
         early = {k: s.makespans[:len(first)] for k, s in scored.items()}
         self._held_back = len(rest)  # [Note: a race the budget cut]
+        self._racing = {id(candidates[k]): (k, len(first)) for k in others}
         try:
             done, stop = self._map([(candidates[k], "tuning", first) for k in others])
         finally:
-            self._held_back = 0
+            self._held_back, self._racing, self._leader = 0, None, None
+            self._unraced.clear()
         early.update(zip(others, done))
         raced = others[:len(done)]
         leader = min(raced, key=lambda k: (objective(early[k]), k), default=None)
         if leader is not None and rest:  # in the room kept for it, whatever the budgets
             (more,), _ = self._map([(candidates[leader], "tuning", rest)], required=True)
             scored[leader] = self._scored(candidates[leader], early[leader] + more)
+            self._keep([scored[leader]], "race")  # the clock keeps back its hold-out from now on
         if stop:
             if not rest:  # the first scenarios were all of them: every candidate raced is scored in full
                 scored.update((k, self._scored(candidates[k], early[k])) for k in raced)
-            self._keep([scored[k] for k in raced if k in scored], "race")
+                self._keep([scored[k] for k in raced], "race")
             raise _Stop(stop)
         ranked = sorted(range(len(candidates)), key=lambda k: (objective(early[k]), k))
         keep = ranked[:max(4, math.ceil(len(ranked) / 4))] if rest else ranked
@@ -669,7 +748,7 @@ class Search:
                 raise _Stop("time budget")
             began = time.perf_counter()
             pairs += ready_pairs(self.evaluator, candidate, (index,))
-            self._timed(time.perf_counter() - began, 1, whole=False)
+            self._timed(time.perf_counter() - began, 1)
         self.spent += count
         return sorted(set(pairs))
 
@@ -734,6 +813,7 @@ class Search:
     def run(self, candidates: Sequence[Candidate]) -> SearchResult:
         stopped, interrupt = "search complete", None
         try:
+            self._price_builds(candidates)
             if self.config.jobs > 1:
                 self._open_pool()
             self.score_all(candidates)
