@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/foundation.py [--repeats 5]
     .venv/bin/python benchmarks/foundation.py --against REV [--repeats 5]
+    .venv/bin/python benchmarks/foundation.py --calls
 
 Prints one Markdown table per measurement (medians over repeats) for
 BENCHMARKS.md. Timings are wall-clock on whatever machine runs it; compare
@@ -18,6 +19,11 @@ End to end is what ``rrfp simulate`` pays for one hint: sample the durations
 (``TaskGraph.build``) and simulate (``simulate``, which maps the durations onto
 the graph with ``Durations.for_graph``), from nothing, with the cyclic garbage
 collector on (collected before each repeat, outside the timing).
+
+``--calls`` counts the work instead of timing it: one end-to-end run per rule at the smallest and the largest
+size under ``cProfile``, the Python function calls per task and the profiled time per task (the profiler's
+cost per call dominates it, so it follows the calls, not the memory hierarchy). Equal counts per task at both
+sizes say the simulation is linear as an algorithm; what the timed table shows beyond that is the machine.
 """
 
 from __future__ import annotations
@@ -285,11 +291,36 @@ def cli_startup(repeats: int) -> None:
         print(f"| rrfp {' '.join(args)} | {statistics.median(times):.3f} s | {'yes' if torch_loaded else 'no'} |")
 
 
+def calls_per_task() -> None:
+    """--calls: Python function calls and profiled time per task, smallest and largest end-to-end size."""
+    import cProfile
+    import pstats
+
+    print("\n### End to end under cProfile: function calls per task (the algorithm's work), smallest and largest "
+          "size\n")
+    print("| rule | tasks | calls per task | profiled us per task | the ten most called, per task |")
+    print("|---|---|---|---|---|")
+    for rule in E2E_RULES:
+        for ranks, microbatches in (E2E_SHAPES[0], E2E_SHAPES[-1]):
+            profile = cProfile.Profile()
+            profile.enable()
+            end_to_end(ranks, microbatches, rule)
+            profile.disable()
+            stats = pstats.Stats(profile).stats
+            tasks = 2 * ranks * microbatches
+            calls = sum(row[1] for row in stats.values())
+            spent = sum(row[2] for row in stats.values())
+            top = sorted(((row[1], name) for (_, _, name), row in stats.items()), reverse=True)[:10]
+            listed = ", ".join(f"{name} {count / tasks:.2f}" for count, name in top)
+            print(f"| {rule} | {tasks:,} | {calls / tasks:.2f} | {spent / tasks * 1e6:.2f} | {listed} |", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--against", metavar="REV", help="compare end to end with git revision REV, side by side")
     parser.add_argument("--e2e-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--calls", action="store_true", help="count function calls per task instead of timing")
     args = parser.parse_args()
     if args.e2e_worker:
         _worker_main()
@@ -298,6 +329,9 @@ def main() -> None:
           f"{os.cpu_count()} CPUs")
     if args.against:
         against(args.against, args.repeats)
+        return
+    if args.calls:
+        calls_per_task()
         return
     simulator_throughput(args.repeats)
     end_to_end_table(args.repeats)
