@@ -41,6 +41,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -202,7 +203,7 @@ def _while_signals_are_handled(call):
 
 
 def report_failure(ctx: RankContext, err: BaseException, watchdog: Watchdog) -> None:
-    """Write this rank's report of ``err``, which ended it, whole: interrupts are ignored from here on.
+    """Write this rank's report of ``err``, which ended it, whole: an interrupt that comes meanwhile waits for it.
 
     [Note: a failed rank's report is written whole]
         A rank's failure ends its neighbours' transports, and the elastic agent, which sees the first
@@ -210,15 +211,34 @@ def report_failure(ctx: RankContext, err: BaseException, watchdog: Watchdog) -> 
         arrive. Its handler (:func:`interrupted_once`) raised ``Interrupted`` inside the report of the
         transport error, which was then never written: the rank exited 143 with neither report, and the
         diagnosis named it, "died without a report", as the root cause in place of the rank that failed
-        first (a CI run of tests/multiproc/test_faults.py). A rank on its way out with a failure
-        therefore ignores later interrupts, as one already interrupted does ([Note: one interrupt, one
-        shutdown] in :mod:`runtime.run.launch`); the agent's SIGKILL after its shutdown timeout still ends
-        one that hangs."""
-    if threading.current_thread() is threading.main_thread():
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, ignore_signal)
-    watchdog.stop()
-    report_error(ctx, err)
+        first (a CI run of tests/multiproc/test_faults.py). So SIGINT and SIGTERM are held while the report
+        is written (:func:`_interrupts_held`) and delivered to the rank's handlers once it is on disk: the
+        rank then stops at once, as before, but with its report. Ignoring them instead would leave a rank
+        that then hangs (in ``destroy_process_group`` after a peer died) to the agent's SIGKILL, 5 s later
+        under ``rrfp run`` and 30 s under ``torchrun``."""
+    with _interrupts_held():
+        watchdog.stop()
+        report_error(ctx, err)
+
+
+@contextmanager
+def _interrupts_held():
+    """SIGINT and SIGTERM wait until the block ends, then reach the handlers that were in place (the first one
+    that came; a rank's handler ignores any after it). Only in the main thread, where handlers can be set."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    came: list[int] = []
+    saved = {signum: signal.getsignal(signum) for signum in (signal.SIGINT, signal.SIGTERM)}
+    for signum in saved:
+        signal.signal(signum, lambda got, frame: came.append(got))
+    try:
+        yield
+    finally:
+        for signum, handler in saved.items():
+            signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+        if came:
+            signal.raise_signal(came[0])
 
 
 def interrupted_once(signum: int, frame) -> None:

@@ -75,7 +75,8 @@ def test_a_rank_raises_on_its_first_signal_only(reached):
 def test_a_failed_rank_writes_its_report_whole_through_the_agents_sigterm(reached, tmp_path, monkeypatch):
     """[Note: a failed rank's report is written whole] in runtime/run/worker.py: the agent's SIGTERM lands while
     a rank writes the report of the transport error its neighbour's failure caused; the report is still
-    written, so the diagnosis does not take this rank for one that died without a report."""
+    written whole, so the diagnosis does not take this rank for one that died without a report, and the
+    SIGTERM then stops the rank as it would have."""
     for s in SIGNALS:
         signal.signal(s, interrupted_once)
     write = health.write_text
@@ -90,11 +91,19 @@ def test_a_failed_rank_writes_its_report_whole_through_the_agents_sigterm(reache
     try:
         raise TransportError("rank 0: the link from rank 1 closed")
     except TransportError as err:
-        try:
+        with pytest.raises(Interrupted) as caught:  # once the report is on disk
             report_failure(ctx, err, health.Watchdog(10.0, lambda seconds: None, lambda: None))
-        except Interrupted:
-            pytest.fail("the agent's SIGTERM cut the report short")
+    assert caught.value.signum == signal.SIGTERM
     report = json.loads((tmp_path / "failures" / "rank0-error.json").read_text())
     assert report["kind"] == "transport" and report["iteration"] == 2 and "closed" in report["error"]
-    signal.raise_signal(signal.SIGINT)  # and later ones change nothing: the rank is on its way out
+    signal.raise_signal(signal.SIGINT)  # and later ones change nothing: one interrupt, one shutdown
     assert reached == []
+
+
+def test_without_an_interrupt_a_failed_rank_keeps_its_handlers(reached, tmp_path):
+    for s in SIGNALS:
+        signal.signal(s, interrupted_once)
+    ctx = RankContext(0, 3, 0, "cpu", tmp_path)
+    report_failure(ctx, RuntimeError("boom"), health.Watchdog(10.0, lambda seconds: None, lambda: None))
+    assert json.loads((tmp_path / "failures" / "rank0-error.json").read_text())["kind"] == "error"
+    assert all(signal.getsignal(s) is interrupted_once for s in SIGNALS)  # a later SIGTERM still stops it
