@@ -294,7 +294,7 @@ def apply_move(hint: HintOrder, move: tuple[str, int, Task, Task], name: str) ->
 #
 # [Note: a race the budget cut]
 #     A budget that ends the first race (every candidate on a few scenarios) used to leave nothing but the
-#     references scored in full: on a large shape with a budget of seconds (32 ranks x 128 microbatches, 5-20 s
+#     references scored in full: on a large shape with a budget of seconds (32 ranks x 128 microbatches, 10-40 s
 #     on a 2-core machine), ``tune-hint`` returned fixed 1F1B, the slowest candidate, though the race had found
 #     faster ones. So the first race keeps room, in both budgets, for the rest of the tuning scenarios of one
 #     candidate (``Search._held_back``: simulations the work budget does not hand out, and time the clock keeps
@@ -326,6 +326,8 @@ def _rate_key(candidate: Candidate) -> Any:
     """Whose rate a candidate's simulations share: a built-in built per scenario is built once per scenario
     for every rule (the evaluator keeps it), so the first of its candidates pays for it; others each their own."""
     return ("built", candidate.builtin) if candidate.builtin is not None else id(candidate)
+
+
 _QUIET = (signal.SIGINT, signal.SIGTERM)
 
 
