@@ -330,7 +330,8 @@ def _search_effort(outcome: TuneOutcome) -> dict:
             "cpu_s": process + children, "cpu_s_main": process, "cpu_s_workers": children,
             "simulations_per_second": rate,
             "simulations_per_second_per_worker": rate / jobs if rate is not None else None,
-            "candidates_scored": len(search.scored), "trace": search.trace}
+            "candidates_scored": len(search.scored), "candidates_raced": search.raced,
+            "candidates": search.candidates, "trace": search.trace}
 
 
 def _best_fixed(search: SearchResult, evaluator: Evaluator) -> dict | None:
@@ -513,8 +514,13 @@ def render_markdown(data: dict) -> str:
         if abs(replay["worst_error"]) > 0.05:
             lines.append("**Warning: above 5%: predictions from these scenarios are less reliable.**")
     search = data["search"]
+    raced = ""
+    if search.get("candidates") and search.get("candidates_raced", 0) < search["candidates"]:
+        raced = (f" The first race got through {search['candidates_raced']} of the portfolio's {search['candidates']} "
+                 f"candidates before it stopped" + ("; a larger budget races the rest." if search["stopped"] in
+                                                    ("time budget", "evaluations") else "."))
     lines += ["", "## Search", "", f"{search['simulations']:,} scenario simulations, {search['candidates_scored']} "
-              f"candidates scored in full; stopped: {search['stopped']}."]
+              f"candidates scored in full; stopped: {search['stopped']}.{raced}"]
     if "budgets" in search:  # wall and CPU time are in report.json only: with --evaluations this text is the same
         given = search["budgets"]  # on every machine, every time
         budgets = [f"{given['time_budget_s']:g} s" if given["time_budget_s"] else "",

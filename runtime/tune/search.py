@@ -117,6 +117,8 @@ class SearchResult:
     trace: list[tuple[int, float]] = field(default_factory=list)  # (simulations, best value so far)
     interrupt: KeyboardInterrupt | None = None  # what stopped it (Ctrl-C or SIGTERM), to re-raise once saved
     seconds: float = 0.0  # wall time from the clock's start to the search's end
+    raced: int = 0  # candidates the first race scored on its first scenarios (the references included)
+    candidates: int = 0  # of the portfolio's
 
     @property
     def best(self) -> Scored:
@@ -502,6 +504,7 @@ class Search:
         self._sims_timed = 0
         self._rates: dict[Any, float] = {}  # _rate_key(candidate) -> seconds per simulation of its slowest job
         self._held_back = 0  # simulations the clock keeps room for besides the reserve (a race's leader)
+        self.raced = 0  # candidates the first race got through, the references included
         self._racing: dict[int, tuple[int, int]] | None = None  # id(candidate) -> (job, scenarios) in a race
         self._leader: tuple[float, int, Any] | None = None  # the race so far: (objective, job, its rate's key)
         self._unraced: dict[Any, float] = {}  # built-ins built per scenario not raced yet: seconds to build one
@@ -679,6 +682,7 @@ class Search:
             self._unraced.clear()
         early.update(zip(others, done))
         raced = others[:len(done)]
+        self.raced = len(references) + len(raced)
         leader = min(raced, key=lambda k: (objective(early[k]), k), default=None)
         if leader is not None and rest:  # in the room kept for it, whatever the budgets
             (more,), _ = self._map([(candidates[leader], "tuning", rest)], required=True)
@@ -836,7 +840,7 @@ class Search:
         finally:
             self.seconds = time.monotonic() - self.started
         return SearchResult(sorted(self.scored, key=lambda s: s.value), self.spent, stopped, self.trace, interrupt,
-                            self.seconds)
+                            self.seconds, self.raced, len(candidates))
 
     def hold_out(self, candidates: Sequence[Candidate]) -> None:
         """Simulate ``candidates`` on every held-out scenario in the pool (with ``jobs`` > 1; without, the

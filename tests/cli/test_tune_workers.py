@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -84,7 +86,17 @@ def test_target_torch_imports_torch_inside_its_time_budget(tmp_path):
     finally:
         process.kill()
     assert process.returncode == 0, stderr
-    # the interpreter's start-up (outside the budget) and the files: up to 2 s on a loaded 2-core machine (4.4 s
-    # seen with other work beside the suite); the import after the search came at 5.8 s on an idle one
-    assert written <= 3.0 + 2.0, written
+    # The budget, or the import when that alone takes longer (4.6 s on a slow 2-core VM: nothing can keep 3 s
+    # then), plus the interpreter's start-up and the files (up to 1.5 s on a loaded machine). The import after
+    # the search made it budget + import: 5.8 s where importing took 2.5 s.
+    importing = _import_seconds()
+    assert written <= max(3.0, importing + 1.0) + 1.5, (written, importing)
     _quiet(stderr)
+
+
+def _import_seconds() -> float:
+    """How long a fresh interpreter takes here, now, to import what the CSV's check imports."""
+    began = time.monotonic()
+    subprocess.run([sys.executable, "-c", "import torch.distributed.pipelining.schedules"], check=True,
+                   capture_output=True)
+    return time.monotonic() - began

@@ -142,6 +142,7 @@ def test_a_budget_that_cuts_the_race_still_scores_its_leader_in_full():
     assert outcome.search.stopped == "evaluations" and outcome.search.simulations == 20
     families = {s.candidate.family: s for s in outcome.search.scored}
     assert set(families) == {"baseline", "built-in"} and len(families["built-in"].makespans) == 10
+    assert outcome.search.raced == 2 and outcome.search.candidates > 2  # fixed 1F1B and one newcomer
     assert "before any candidate" not in outcome.verdict.reason  # the verdict compared the two
     # one simulation less: no room for a newcomer and its leader's rest, so nothing is raced
     less = tune(_more_scenarios(), "ready", "1f1b", MEAN, evaluations=19)
@@ -158,3 +159,14 @@ def test_a_race_cut_by_the_clock_is_reproduced_by_its_evaluations(monkeypatch):
     again = tune(scenarios, "ready", "1f1b", MEAN, evaluations=timed.search.simulations, seed=2)
     assert again.search.stopped == "evaluations" and again.search.simulations == timed.search.simulations
     assert _search(again) == _search(timed)
+
+
+def test_the_report_says_how_far_the_race_got(tmp_path):
+    done = run_cli(tmp_path, "tune-hint", "--workload", "multimodal", "-p", "4", "-m", "8", "--jitter", "0.1",
+                   "--scenarios", "10", "--evaluations", "20", "--out", "cut", "--json")
+    assert done.returncode == 0, done.stderr
+    search = json.loads(done.stdout)["search"]
+    assert search["candidates_raced"] == 2 and search["candidates"] > 2 and search["candidates_scored"] == 2
+    report = (tmp_path / "cut" / "report.md").read_text()
+    assert (f"The first race got through 2 of the portfolio's {search['candidates']} candidates before it "
+            "stopped; a larger budget races the rest.") in report
