@@ -503,6 +503,7 @@ class Search:
         self._sim_seconds = 0.0  # wall time of the simulations timed so far, where they ran, and how many
         self._sims_timed = 0
         self._rates: dict[Any, float] = {}  # _rate_key(candidate) -> seconds per simulation of its slowest job
+        self._held_out: list[Any] = []  # the rate keys of the best scored in full of each family (see _keep)
         self._held_back = 0  # simulations the clock keeps room for besides the reserve (a race's leader)
         self.raced = 0  # candidates the first race got through, the references included
         self._racing: dict[int, tuple[int, int]] | None = None  # id(candidate) -> (job, scenarios) in a race
@@ -541,13 +542,11 @@ class Search:
         # Each at its own rate ([Note: a race the budget cut]): the verdict holds out the best of each family
         # scored so far, the best fixed order (at the mean rate) and the best of a family the next job may add
         # (the race's leader so far, else at the mean rate), and the race keeps room for its leader's rest.
-        best_of: dict[str, float] = {}
-        for scored in self.scored:  # best first
-            best_of.setdefault(scored.candidate.family, self._rates.get(_rate_key(scored.candidate), mean))
+        held_out = sum(self._rates.get(key, mean) for key in self._held_out)
         coming = self._rates.get(self._leader[2], mean) if self._leader is not None else mean
         if starting is not None and _rate_key(starting) in self._unraced:
             coming = max(coming, self._unraced[_rate_key(starting)] + mean)
-        seconds = (self.config.reserve * mean + self.config.reserve_each * (sum(best_of.values()) + mean + coming)
+        seconds = (self.config.reserve * mean + self.config.reserve_each * (held_out + mean + coming)
                    + self._held_back * coming)
         after = seconds / max(1, self.config.jobs) + self.config.reserve_s
         return self.started + self.config.seconds - after - time.monotonic()
@@ -718,6 +717,10 @@ class Search:
         """``scored`` joins the candidates scored in full (kept sorted: best first)."""
         self.scored += scored
         self.scored.sort(key=lambda s: s.value)
+        best_of: dict[str, Any] = {}  # what the verdict will hold out, for the clock (time_left, a hot path)
+        for kept in self.scored:  # best first
+            best_of.setdefault(kept.candidate.family, _rate_key(kept.candidate))
+        self._held_out = list(best_of.values())
         if self.scored:
             self._improved(self.scored[0].value, note)
 
