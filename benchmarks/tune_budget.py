@@ -34,6 +34,9 @@ def one_run(shape: tuple[str, ...], seconds: float, jobs: int, out: Path) -> dic
     done = subprocess.run([sys.executable, "-m", "rrfp_cli", "tune-hint", *shape, "--time-budget", f"{seconds:g}s",
                            "--jobs", str(jobs), "--out", str(out), "--json"], env=env, capture_output=True, text=True)
     wall = time.perf_counter() - began
+    if done.returncode == 2:  # bad input (a workload, a budget): rrfp's own one line, and the same exit code
+        print(done.stderr.strip(), file=sys.stderr)
+        raise SystemExit(2)
     if done.returncode != 0 or "Traceback" in done.stderr:
         raise SystemExit(f"tune-hint --jobs {jobs} failed ({done.returncode}):\n{done.stderr}")
     data = json.loads(done.stdout)
