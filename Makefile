@@ -15,7 +15,8 @@ STAMP := $(VENV)/.rrfp-installed
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+# setup.py and the C file: the optional compiled trace reader (docs/traces.md), rebuilt when either changes
+$(STAMP): pyproject.toml setup.py profiler/trace/_fastread.c
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check -e '.[test,hf]'
@@ -28,4 +29,4 @@ test: $(STAMP)
 	$(BIN)/python -m pytest
 
 clean:
-	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) *.egg-info .pytest_cache .hypothesis build profiler/trace/_fastread*.so

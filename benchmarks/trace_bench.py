@@ -10,15 +10,18 @@
 2. Reader: a synthetic trace of about `--events` TrackEvent packets written
    by the real TraceRecorder (no processes), then read into frames. The
    reader's CPU time as a multiple of a plain protobuf parse of the same file
-   (`Trace.FromString`), the steps taking turns for `--repeats` rounds on the
-   same machine, medians, with the absolute figure beside it; and, between
-   the two, a pass that only reads each packet's type, track and time (what
+   (`Trace.FromString`), its packets walked by the compiled reader (where it
+   was built: [Note: the compiled reader] in profiler/trace/reader.py) and in
+   Python (`RRFP_TRACE_COMPILED=0`), the steps taking turns for `--repeats`
+   rounds on the same machine, medians, with the absolute figure beside it;
+   and, for the Python walk's floors, a pass that only reads each packet's type, track and time (what
    any reader over the perfetto classes' Python objects pays before its first
    annotation), a pass that also reads every annotation's name and value (what
    decoding them into those objects costs before any row), and the first step
    of a reader on the raw bytes instead (each packet's bytes from protobuf's C
    framing, split into its fields by one regex pass; nothing decoded). Target
-   (issue 26): the reader at most 3x the plain parse.
+   (issue 26): the reader at most 3x the plain parse, judged on the walk
+   `rrfp trace` runs on this machine.
    The reader runs with the frames cache off; a last step times what a
    second ``rrfp trace`` command on the same run pays: the cache's load
    (hashing the file included, [Note: the frames cache] in
@@ -41,7 +44,7 @@ import torch
 
 from hints.tasks import Task
 from profiler.trace.cache import keep
-from profiler.trace.reader import read_trace
+from profiler.trace.reader import compiled_reader, read_trace
 from profiler.trace.recorder import TraceRecorder, merge_run_traces
 from runtime.comm.inbox import Arrival
 from runtime.comm.links import Sent
@@ -198,15 +201,18 @@ def reader_speed(args, out: Path) -> None:
     keep(frames)  # the frames cache the last step loads ([Note: the frames cache])
     rows = sum(f.height for f in frames.frames().values())
     load = os.getloadavg()
+    compiled = compiled_reader() is not None
     steps = {"plain protobuf parse of the whole file (`Trace.FromString`)": lambda: Trace.FromString(path.read_bytes()),
              "parse + each packet's type, track and time (`_walk`: no annotations, no rows)": lambda: _walk(path),
              "parse + `_walk` + each annotation's name and value (`_walk_annotations`: no rows)":
                  lambda: _walk_annotations(path),
              "bytes instead of objects: framing, then one regex pass splitting each packet into its fields "
              "(`_split_raw`: nothing decoded)": lambda: _split_raw(path),
-             "read_trace (parse + frames)": lambda: read_trace(path, cache=False),
-             "read_trace, the frames cache beside the trace loaded (a later `rrfp trace` command)":
-                 lambda: read_trace(path, cache=True)}
+             PYTHON_READ: lambda: _read_walking(path, compiled=False)}
+    if compiled:
+        steps[COMPILED_READ] = lambda: _read_walking(path, compiled=True)
+    steps["read_trace, the frames cache beside the trace loaded (a later `rrfp trace` command)"] = \
+        lambda: read_trace(path, cache=True)
     times = _interleaved(steps, args.repeats)
     plain = times[next(iter(steps))][1]
     load = f"{load[0]:.1f} before, {os.getloadavg()[0]:.1f} after"
@@ -222,11 +228,36 @@ def reader_speed(args, out: Path) -> None:
         cpu = statistics.median(cpus)
         print(f"| {name} | {statistics.median(walls):.2f} s | {cpu:.2f} s | {cpu / frames.packets * 1e6:.2f} us | "
               f"{statistics.median(ratios):.2f}x ({ratios[0]:.2f}-{ratios[-1]:.2f}x) |")
-    read = sorted(cpu / base for cpu, base in zip(times["read_trace (parse + frames)"][1], plain))
-    print(f"\nread_trace: {statistics.median(read):.2f}x a plain parse of the same file "
-          f"({statistics.median(times['read_trace (parse + frames)'][1]):.2f} s CPU for {frames.packets:,} packets); "
-          f"target at most {READER_TARGET:g}x: {'met' if statistics.median(read) <= READER_TARGET else 'not met'}; "
-          "the cached load does not decode the trace at all, so it is not a reader's multiple")
+    print()
+    for name, what in ((COMPILED_READ, "the compiled walk"), (PYTHON_READ, "the Python walk")):
+        if name not in times:
+            print("read_trace, the compiled walk: not in use here (not built, for want of a C compiler at install, "
+                  "or turned off by RRFP_TRACE_COMPILED=0: docs/traces.md); the reader walks in Python")
+            continue
+        read = statistics.median(cpu / base for cpu, base in zip(times[name][1], plain))
+        user = name == (COMPILED_READ if compiled else PYTHON_READ)
+        print(f"read_trace, {what}{' (what `rrfp trace` runs here)' if user else ''}: {read:.2f}x a plain parse of "
+              f"the same file ({statistics.median(times[name][1]):.2f} s CPU for {frames.packets:,} packets)"
+              + (f"; target at most {READER_TARGET:g}x: {'met' if read <= READER_TARGET else 'not met'}" if user
+                 else ""))
+    print("The cached load does not decode the trace at all, so it is not a reader's multiple.")
+
+
+PYTHON_READ = "read_trace, the packets walked in Python (`RRFP_TRACE_COMPILED=0`)"
+COMPILED_READ = "read_trace, the packets walked by the compiled reader (the default where it is built)"
+
+
+def _read_walking(path: Path, compiled: bool):
+    """read_trace with the frames cache off, its packets walked in C or in Python ([Note: the compiled reader])."""
+    before = os.environ.get("RRFP_TRACE_COMPILED")
+    os.environ["RRFP_TRACE_COMPILED"] = "1" if compiled else "0"
+    try:
+        return read_trace(path, cache=False)
+    finally:
+        if before is None:
+            del os.environ["RRFP_TRACE_COMPILED"]
+        else:
+            os.environ["RRFP_TRACE_COMPILED"] = before
 
 
 def main() -> None:

@@ -35,11 +35,47 @@ not parse although its framing is intact is skipped and counted.
     read from protobuf's Python objects costs a wrapper object, so reading
     each packet's type, track and time alone is about 3x, and reading each
     annotation's name and value besides about 6x, before any row is built;
-    the read is about 10x. That is why issue 26's 3x is out of reach over
-    these objects. Skipping them does not get there either in pure Python:
-    framing the file into packet bytes and splitting each packet into its
-    fields with one regular expression pass is already about 2.2x, with
-    nothing decoded.
+    this walk is about 10x. Skipping the objects does not get under 3x in
+    pure Python either: framing the file into packet bytes and splitting each
+    packet into its fields with one regular expression pass is already about
+    2.2x, with nothing decoded. Hence the compiled walk below.
+
+[Note: the compiled reader]
+    ``profiler/trace/_fastread.c`` walks the packets' bytes in C and builds
+    the frames' columns directly, a Python object per value and none per
+    field read: about 2x a plain parse where the Python walk is about 10x
+    (issue 26's target is 3x). It is optional: ``setup.py`` builds it at
+    install where a C compiler is at hand (``optional=True``: the install
+    goes on without one) and ``RRFP_TRACE_COMPILED=0`` turns it off; without
+    it every trace is walked in Python, with the same result.
+
+    The same result is the rule it is held to, frames, metadata, warnings
+    and errors alike (tests/unit/test_trace_compiled.py, including a fuzz of
+    valid traces edited at the protobuf level). Three things make that hold:
+
+    * It only walks files protobuf's own parser takes whole (``parses_whole``:
+      that parse is part of the read, about 1x), so a damaged file, whose
+      packets the Python walk frames, parses and counts one by one, never
+      reaches it. Its walk then mirrors ``_consume`` and the slice handlers
+      line by line, with protobuf's rules for what it reads: the last of a
+      repeated scalar wins, a oneof holds its last member, a closed enum's
+      unknown value is no value, uint32 fields are truncated.
+    * Where protobuf would give the Python walk something it cannot mirror
+      cheaply (a string that is not UTF-8, which protobuf hands over as
+      bytes; a nested annotation value; an unknown event type; a field with
+      an unexpected wire type; an event in a packet that also holds another
+      of ``data``'s members; ...), it declines the whole read (returns
+      None) and the Python walk reads every file instead, in file order, as
+      if it had never been tried.
+    * It decodes a slice's annotations when the slice ends, with the names
+      in force then, which is what the Python walk's batches amount to
+      ([Note: reading fast]); a receive without its send is decoded at the
+      end, with the names in force at the end, as ``_lone_recv`` does.
+
+    Both walks drop a row holding an integer that no Int64 column holds
+    (protobuf's uint64 reaches 2**64 - 1) and count it with the malformed
+    events (``_table``), where such a value used to end the read in polars'
+    TypeError.
 
 Frames (:class:`TraceFrames`), times in ns of rank 0's clock:
 
@@ -81,10 +117,12 @@ one-line ``UserError``): never a raw protobuf or index error.
 from __future__ import annotations
 
 import gc
+import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import polars as pl
 
@@ -136,12 +174,20 @@ def _empty(schema: dict) -> pl.DataFrame:
     return pl.DataFrame(schema=schema)
 
 
+_INT64_MIN, _INT64_MAX = -(2**63), 2**63 - 1
+
+
+def _columns_frame(columns, schema: dict) -> pl.DataFrame:
+    """The frame of ``columns`` (sequences in ``schema``'s column order)."""
+    if not columns or not len(columns[0]):
+        return _empty(schema)
+    return pl.DataFrame(dict(zip(schema, columns)), schema=schema)
+
+
 def _frame(rows: list[tuple], schema: dict) -> pl.DataFrame:
     """The frame of ``rows`` (tuples in ``schema``'s column order), handed to polars a column at a time: about
     half the time of its row orientation on a million-packet trace ([Note: reading fast])."""
-    if not rows:
-        return _empty(schema)
-    return pl.DataFrame(dict(zip(schema, zip(*rows))), schema=schema)
+    return _columns_frame(list(zip(*rows)), schema)
 
 
 @dataclass
@@ -247,6 +293,8 @@ def _read(path: str | Path) -> TraceFrames:
     reader = _Reader(str(path))
     if note:
         reader.warnings.append(note)
+    walk = compiled_reader()
+    whole: list[tuple[str, bytes]] | None = [] if walk else None  # files for the compiled walk, while all parse
     for file in paths:
         try:
             data = file.read_bytes()
@@ -255,8 +303,44 @@ def _read(path: str | Path) -> TraceFrames:
         if not data and len(paths) > 1:
             reader.warnings.append(f"{file} is empty (that rank finished no traced iteration)")
             continue
+        if whole is not None:
+            if reader.parses_whole(data):
+                whole.append((str(file), data))
+                continue
+            for name, earlier in whole:  # a damaged file: the whole trace walked in Python, in file order
+                reader.feed(earlier, name)
+            whole = None
         reader.feed(data, str(file))
+    if whole and not reader.take_compiled(walk, [data for _, data in whole]):
+        for name, data in whole:
+            reader.feed(data, name)
     return reader.finish()
+
+
+def compiled_reader() -> Callable | None:
+    """The compiled packet walk (``profiler.trace._fastread.read``, [Note: the compiled reader]), or None: not
+    built here (no C compiler at install), or turned off with ``RRFP_TRACE_COMPILED=0``."""
+    if os.environ.get("RRFP_TRACE_COMPILED", "1") == "0":
+        return None
+    try:
+        from profiler.trace._fastread import read
+    except ImportError:
+        return None
+    return read
+
+
+@cache
+def _data_members() -> bytes:
+    """One byte per TracePacket field number, 1 for the members of its ``data`` oneof (``track_event`` and
+    the other payloads a packet holds one of): the compiled walk leaves a packet holding two of them to
+    Python, where whichever comes last clears the other."""
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket
+
+    numbers = [member.number for member in TracePacket.DESCRIPTOR.oneofs_by_name["data"].fields]
+    members = bytearray(max(numbers) + 1)
+    for number in numbers:
+        members[number] = 1
+    return bytes(members)
 
 
 _NO_KEYS: dict[int, str] = {}
@@ -308,8 +392,29 @@ class _Reader:
         # slices ended and not yet decoded, per track kind with a handler; and each open track's list of them
         self.ended: dict[str, list[tuple]] = {kind: [] for kind in _SLICE_HANDLERS}
         self.queues: dict[int, list[tuple] | None] = {}
+        self.columns: dict[str, Any] | None = None  # the compiled walk's frames ([Note: the compiled reader])
 
     # -- framing -----------------------------------------------------------
+    def parses_whole(self, data: bytes) -> bool:
+        """Whether protobuf's parser takes ``data`` whole, with at least one packet: what the compiled walk
+        needs to give the frames :meth:`feed` would ([Note: the compiled reader])."""
+        try:
+            return len(self.Trace.FromString(data).packet) > 0
+        except Exception:  # protobuf's DecodeError
+            return False
+
+    def take_compiled(self, walk: Callable, files: list[bytes]) -> bool:
+        """The frames of ``files`` (each one :meth:`parses_whole`) from the compiled walk; False (nothing taken)
+        where a file holds what the walk leaves to Python."""
+        columns = walk(files, decode_track_uuid, _data_members(), SCHEMA)
+        if columns is None:
+            return False
+        self.columns = columns
+        self.packets += columns["packets"]
+        self.malformed += columns["malformed"]
+        self.meta.update(columns["meta"])
+        return True
+
     def feed(self, data: bytes, where: str) -> None:
         if not data:
             raise TraceError("empty file", where)
@@ -523,29 +628,45 @@ class _Reader:
         self._decode_queued()
         self._check_found()
         self._check_meta()
+        table = self._table  # before the warnings: a row dropped there is counted in them
+        tasks = table("compute", TASK_SCHEMA)
+        tasks = tasks.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
+        tables = {"tasks": tasks.sort("rank", "start_ns"),
+                  "decisions": table("decisions", DECISION_SCHEMA).sort("rank", "time_ns"),
+                  "transfers": table("transfers", TRANSFER_SCHEMA).sort("src", "dst", "sequence"),
+                  "counters": table("counters", COUNTER_SCHEMA),
+                  "iterations": table("iterations", ITERATION_SCHEMA).sort("iteration", "rank"),
+                  "steps": table("step", STEP_SCHEMA).sort("iteration", "rank"),
+                  "rendezvous": table("rendezvous", RENDEZVOUS_SCHEMA).sort("rank", "start_ns")}
         unfinished = sum(len(stack) for stack in self.open.values())
+        if self.columns is not None:
+            unfinished += self.columns["unfinished"]
         if unfinished:
             self.warnings.append(f"{unfinished} slices were begun but never ended (dropped)")
         if self.corrupt:
             self.warnings.append(f"{self.corrupt} corrupt packets (framed correctly, not a TracePacket) skipped")
         if self.malformed:
             self.warnings.append(f"{self.malformed} events with missing or mistyped fields (dropped)")
-        tasks = _frame(self.rows["compute"], TASK_SCHEMA)
-        tasks = tasks.with_columns((pl.col("end_ns") - pl.col("start_ns")).alias("duration_ns"))
-        frames = TraceFrames(
-            path=self.name,
-            tasks=tasks.sort("rank", "start_ns"),
-            decisions=_frame(self.rows["decisions"], DECISION_SCHEMA).sort("rank", "time_ns"),
-            transfers=self._transfers(),
-            counters=_frame(self.rows["counters"], COUNTER_SCHEMA),
-            iterations=_frame(self.rows["iterations"], ITERATION_SCHEMA).sort("iteration", "rank"),
-            steps=_frame(self.rows["step"], STEP_SCHEMA).sort("iteration", "rank"),
-            rendezvous=_frame(self.rows["rendezvous"], RENDEZVOUS_SCHEMA).sort("rank", "start_ns"),
-            meta=dict(sorted(self.meta.items())),
-            warnings=self.warnings,
-            packets=self.packets,
-        )
+        frames = TraceFrames(path=self.name, **tables, meta=dict(sorted(self.meta.items())), warnings=self.warnings,
+                             packets=self.packets)
         return _pipeline_slice(frames)
+
+    def _table(self, kind: str, schema: dict) -> pl.DataFrame:
+        """One frame: from the rows the packet loop built, or from the compiled walk's columns. A row holding an
+        integer that no 64-bit column holds (a corrupt time or annotation: protobuf's uint64 reaches 2**64 - 1)
+        is dropped and counted as malformed; only a frame that holds one pays for the check."""
+        if self.columns is not None:
+            columns = self.columns[kind]
+        else:
+            columns = list(zip(*(self._transfer_rows() if kind == "transfers" else self.rows[kind])))
+        try:
+            return _columns_frame(columns, schema)
+        except (TypeError, OverflowError):  # polars: an int out of Int64's range
+            ints = [i for i, dtype in enumerate(schema.values()) if dtype == I64]
+            rows = [row for row in zip(*columns) if all(row[i] is None or _INT64_MIN <= row[i] <= _INT64_MAX
+                                                        for i in ints)]
+            self.malformed += len(columns[0]) - len(rows)
+            return _columns_frame(list(zip(*rows)), schema)
 
     def _check_found(self) -> None:
         if not self.packets and self.corrupt:
@@ -568,7 +689,7 @@ class _Reader:
             if meta.get("placement", LOOPING) not in PLACEMENTS:  # absent before placement was recorded: looping
                 raise TraceError(f"rank {rank}'s metadata has no valid 'placement' (corrupt trace?)", self.name)
 
-    def _transfers(self) -> pl.DataFrame:
+    def _transfer_rows(self) -> list[tuple]:
         rows = []
         for flow in self.sends.keys() | self.recvs.keys():
             send = self.sends.get(flow)
@@ -581,7 +702,7 @@ class _Reader:
             rows.append((src, dst, values["sequence"], values["iteration"], name, values["bytes"],
                          _whole(send[2].get("queued_ns")) if send else None,
                          send[4] if send else None, send[5] if send else None, *received))
-        return _frame(rows, TRANSFER_SCHEMA).sort("src", "dst", "sequence")
+        return rows
 
 
 # One handler per slice track kind, unbound: bound methods kept on the reader would make it a reference cycle,

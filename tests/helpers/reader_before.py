@@ -1,6 +1,10 @@
 """The trace reader as it was at 27d0fea, before issue 26's rework ([Note: reading fast] in profiler.trace.reader),
-kept verbatim (bar this docstring) so tests/unit/test_trace_reader_before.py can show the rework changed no frame,
-warning or error. Delete both when the reader's output is meant to change."""
+kept verbatim (bar this docstring and one fix since) so tests/unit/test_trace_reader_before.py can show the rework
+changed no frame, warning or error. Delete both when the reader's output is meant to change.
+
+The fix: a receive slice whose send is missing and whose annotations are unusable (say the packet that interned
+their names was lost) is dropped; it is now counted in the warning that counts dropped events, where the transfers
+used to be built after that warning was written and the drop went unsaid. ``finish`` builds the transfers first."""
 
 from __future__ import annotations
 
@@ -390,6 +394,7 @@ class _Reader:
     def finish(self) -> TraceFrames:
         self._check_found()
         self._check_meta()
+        transfers = self._transfers()  # the fix (module docstring): its drops counted in the warnings
         unfinished = sum(len(stack) for stack in self.open.values())
         if unfinished:
             self.warnings.append(f"{unfinished} slices were begun but never ended (dropped)")
@@ -403,7 +408,7 @@ class _Reader:
             path=self.name,
             tasks=tasks.sort("rank", "start_ns"),
             decisions=_frame(self.rows["decisions"], DECISION_SCHEMA).sort("rank", "time_ns"),
-            transfers=self._transfers(),
+            transfers=transfers,
             counters=_frame(self.rows["counters"], COUNTER_SCHEMA),
             iterations=_frame(self.rows["iterations"], ITERATION_SCHEMA).sort("iteration", "rank"),
             steps=_frame(self.rows["step"], STEP_SCHEMA).sort("iteration", "rank"),

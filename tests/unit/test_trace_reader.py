@@ -71,3 +71,25 @@ def test_merge_keeps_the_complete_packets_of_a_cut_rank_file_and_every_later_ran
     assert frames.ranks == 4 and sorted(frames.tasks["rank"].unique()) == [0, 1, 2, 3]
     assert frames.tasks.filter(frames.tasks["rank"] == 3).height == 8  # both iterations of the last rank
     assert not [w for w in frames.warnings if "truncated" in w]  # the merged file itself is whole
+
+
+@pytest.mark.parametrize("compiled", ["0", "1"])
+def test_an_integer_no_64_bit_column_holds_drops_its_row_and_counts_it(trace, tmp_path, monkeypatch, compiled):
+    """protobuf's uint64 fields reach 2**64 - 1, the frames' Int64 columns 2**63 - 1: a corrupt task end (or any
+    such value) drops that row and is counted, where it used to end the read in polars' TypeError. Both walks
+    ([Note: the compiled reader]); the compiled one where it was built."""
+    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
+
+    if compiled == "1":
+        pytest.importorskip("profiler.trace._fastread", reason="the compiled reader was not built here")
+    monkeypatch.setenv("RRFP_TRACE_COMPILED", compiled)
+    whole = read_trace(trace, cache=False)
+    packets = Trace.FromString(trace.read_bytes())
+    end = next(p for p in packets.packet if p.track_event.type == 2  # a compute slice's end
+               and (p.track_event.track_uuid >> 16) & 0xFFFF == 1)
+    end.timestamp = 2**63
+    path = tmp_path / "huge.pftrace"
+    path.write_bytes(packets.SerializeToString())
+    frames = read_trace(path, cache=False)
+    assert frames.tasks.height == whole.tasks.height - 1
+    assert any(w == "1 events with missing or mistyped fields (dropped)" for w in frames.warnings), frames.warnings
