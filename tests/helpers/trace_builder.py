@@ -151,3 +151,15 @@ def build_taskless_run(root: Path, ranks: int = 2) -> Path:
         recorder.close()
     merge_run_traces(root)
     return root
+
+
+def sample_runs(root: Path) -> dict[str, Path]:
+    """The runs tests hold one reader to another on: 1F1B over three iterations, a misaligned run with optimizer
+    steps and a held-back admission, a run whose rank 1 was killed, and a run that traced no task."""
+    return {
+        "1f1b": build_run(root / "1f1b", **ONE_F_ONE_B, iterations=3, period_us=200),
+        "misaligned": build_run(root / "misaligned", **MISALIGNED, iterations=2, period_us=200,
+                                steps={0: (116, 120, 130), 1: (93, 97, 130)}, held_back={"0F1": ("0F1",)}),
+        "killed": build_run(root / "killed", **ONE_F_ONE_B, iterations=2, period_us=200, killed_rank=1),
+        "taskless": build_taskless_run(root / "taskless"),
+    }

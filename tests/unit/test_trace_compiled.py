@@ -14,36 +14,20 @@ from hypothesis import strategies as st
 
 from profiler.trace import reader
 from profiler.trace.schema import SCHEMA, decode_track_uuid
-from tests.helpers.trace_builder import MISALIGNED, ONE_F_ONE_B, build_run, build_taskless_run, packet_bounds
+from tests.helpers.trace_builder import packet_bounds, sample_runs
+from tests.helpers.trace_compare import assert_same, reading, trace_bytes
+from tests.helpers.trace_compare import packets as packets_of
 
 fastread = pytest.importorskip("profiler.trace._fastread", reason="the compiled reader was not built here")
 
-FRAMES = ("tasks", "decisions", "transfers", "counters", "iterations", "steps", "rendezvous", "members",
-          "member_decisions", "member_transfers")
-
-
 def _reading(path, monkeypatch, compiled: bool):
     monkeypatch.setenv("RRFP_TRACE_COMPILED", "1" if compiled else "0")
-    try:
-        frames = reader.read_trace(path, cache=False)
-    except reader.TraceError as err:
-        return ("error", str(err))
-    return ({name: getattr(frames, name) for name in FRAMES}, frames.meta, frames.member_meta, frames.warnings,
-            frames.packets, frames.path)
+    return reading(lambda p: reader.read_trace(p, cache=False), path)
 
 
 def assert_same_both_ways(path, monkeypatch) -> None:
-    python, compiled = _reading(path, monkeypatch, False), _reading(path, monkeypatch, True)
-    if python[0] == "error" or compiled[0] == "error":
-        assert python == compiled
-        return
-    for name in FRAMES:
-        old, new = python[0][name], compiled[0][name]
-        assert old.schema == new.schema, name
-        if name.endswith("transfers"):  # sorted by (src, dst, sequence): ties come in either walk's own order
-            old, new = old.sort(old.columns, nulls_last=True), new.sort(new.columns, nulls_last=True)
-        assert old.equals(new, null_equal=True), (name, old, new)
-    assert python[1:] == compiled[1:]
+    assert_same(_reading(path, monkeypatch, False), _reading(path, monkeypatch, True),
+                unordered=("transfers", "member_transfers"))  # sorted by (src, dst, sequence), which may tie
 
 
 def walked(data: bytes):
@@ -53,20 +37,7 @@ def walked(data: bytes):
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("compiled")
-    return {
-        "1f1b": build_run(root / "1f1b", **ONE_F_ONE_B, iterations=3, period_us=200),
-        "misaligned": build_run(root / "misaligned", **MISALIGNED, iterations=2, period_us=200,
-                                steps={0: (116, 120, 130), 1: (93, 97, 130)}, held_back={"0F1": ("0F1",)}),
-        "killed": build_run(root / "killed", **ONE_F_ONE_B, iterations=2, period_us=200, killed_rank=1),
-        "taskless": build_taskless_run(root / "taskless"),
-    }
-
-
-def _packets(data: bytes):
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
-
-    return list(Trace.FromString(data).packet)
+    return sample_runs(tmp_path_factory.mktemp("compiled"))
 
 
 def _varint(value: int) -> bytes:
@@ -75,14 +46,6 @@ def _varint(value: int) -> bytes:
         out.append(value & 0x7F | 0x80)
         value >>= 7
     return bytes(out + bytes([value]))
-
-
-def _trace(packets) -> bytes:
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
-
-    trace = Trace()
-    trace.packet.extend(packets)
-    return trace.SerializeToString()
 
 
 @pytest.mark.parametrize("name", ["1f1b", "misaligned", "killed", "taskless"])
@@ -110,14 +73,14 @@ def test_what_the_walk_leaves_to_python_reads_the_same(runs, tmp_path, monkeypat
     """Each case is one the compiled walk declines (it returns None) and the reader then reads in Python."""
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket
 
-    packets = _packets((runs["1f1b"] / "trace.pftrace").read_bytes())
+    packets = packets_of((runs["1f1b"] / "trace.pftrace").read_bytes())
     begin = next(i for i, p in enumerate(packets) if p.track_event.type == 1 and p.track_event.debug_annotations
                  and (p.track_event.track_uuid >> 16) & 0xFFFF == 1)  # rank 0's first compute slice
 
     def edited(edit) -> bytes:
         copy = [TracePacket.FromString(p.SerializeToString()) for p in packets]
         body = edit(copy[begin])  # the packet's new bytes, or None: the edited object's
-        blob = _trace(copy)
+        blob = trace_bytes(copy)
         if body is not None:
             start, end = packet_bounds(blob)[begin]
             blob = blob[:start] + b"\x0a" + _varint(len(body)) + body + blob[end:]
@@ -223,12 +186,12 @@ def _edit_packet(packet, data, uuids) -> None:
 @given(data=st.data())
 def test_edited_valid_traces_read_the_same_both_ways(runs, tmp_path_factory, monkeypatch, data):
     name = data.draw(st.sampled_from(["1f1b", "misaligned"]))
-    packets = _packets((runs[name] / "trace.pftrace").read_bytes())
+    packets = packets_of((runs[name] / "trace.pftrace").read_bytes())
     uuids = sorted({p.track_event.track_uuid for p in packets if p.HasField("track_event")})
     for _ in range(data.draw(st.integers(1, 6))):
         _edit_packet(packets[data.draw(st.integers(0, len(packets) - 1))], data, uuids)
     path = tmp_path_factory.mktemp("edited") / "trace.pftrace"
-    path.write_bytes(_trace(packets))
+    path.write_bytes(trace_bytes(packets))
     assert_same_both_ways(path, monkeypatch)
 
 

@@ -10,47 +10,18 @@ from hypothesis import strategies as st
 
 from profiler.trace import reader
 from tests.helpers import reader_before
-from tests.helpers.trace_builder import MISALIGNED, ONE_F_ONE_B, build_run, build_taskless_run, packet_bounds
-
-FRAMES = ("tasks", "decisions", "transfers", "counters", "iterations", "steps", "rendezvous", "members",
-          "member_decisions", "member_transfers")
-
-
-def _read(read, path):
-    """What a reader makes of ``path``: its frames and everything else it says, or its error."""
-    try:
-        frames = read(path)
-    except reader_before.TraceError as err:
-        return ("error", str(err))
-    except reader.TraceError as err:
-        return ("error", str(err))
-    return ({name: getattr(frames, name) for name in FRAMES}, frames.meta, frames.member_meta, frames.warnings,
-            frames.packets, frames.path)
+from tests.helpers.trace_builder import packet_bounds, sample_runs
+from tests.helpers.trace_compare import assert_same, reading, trace_bytes
+from tests.helpers.trace_compare import packets as packets_of
 
 
 def assert_same_reading(path) -> None:
-    before, now = _read(reader_before.read_trace, path), _read(reader.read_trace, path)
-    if before[0] == "error" or now[0] == "error":
-        assert before == now
-        return
-    for name in FRAMES:
-        old, new = before[0][name], now[0][name]
-        assert old.schema == new.schema, name
-        assert old.equals(new, null_equal=True), (name, old, new)
-    assert before[1:] == now[1:]
+    assert_same(reading(reader_before.read_trace, path), reading(reader.read_trace, path))
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    root = tmp_path_factory.mktemp("before")
-    return {
-        "1f1b": build_run(root / "1f1b", **ONE_F_ONE_B, iterations=3, period_us=200),
-        "misaligned": build_run(root / "misaligned", **MISALIGNED, iterations=2, period_us=200,
-                                steps={0: (116, 120, 130), 1: (93, 97, 130)},
-                                held_back={"0F1": ("0F1",)}),
-        "killed": build_run(root / "killed", **ONE_F_ONE_B, iterations=2, period_us=200, killed_rank=1),
-        "taskless": build_taskless_run(root / "taskless"),
-    }
+    return sample_runs(tmp_path_factory.mktemp("before"))
 
 
 @pytest.mark.parametrize("name", ["1f1b", "misaligned", "killed", "taskless"])
@@ -70,26 +41,12 @@ def test_unmerged_rank_files_read_as_before(runs, tmp_path):
     assert_same_reading(unmerged.parent)
 
 
-def _packets(data: bytes):
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
-
-    return list(Trace.FromString(data).packet)
-
-
-def _trace(packets) -> bytes:
-    from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace
-
-    trace = Trace()
-    trace.packet.extend(packets)
-    return trace.SerializeToString()
-
-
 def test_names_interned_again_after_a_slice_name_it_as_when_it_ended(runs, tmp_path):
     """A slice is named and annotated with the interned names in force when it ended: names interned again, or
     the sequence's state cleared, after its end change only the slices after them."""
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import TracePacket
 
-    packets = _packets((runs["1f1b"] / "trace.pftrace").read_bytes())
+    packets = packets_of((runs["1f1b"] / "trace.pftrace").read_bytes())
     begin = next(i for i, p in enumerate(packets) if p.track_event.type == 1 and p.track_event.debug_annotations
                  and (p.track_event.track_uuid >> 16) & 0xFFFF == 1)  # rank 0's first compute slice
     slice_begin, slice_end = packets[begin], packets[begin + 1]
@@ -115,7 +72,7 @@ def test_names_interned_again_after_a_slice_name_it_as_when_it_ended(runs, tmp_p
              copy(slice_begin, later + 20), copy(slice_end, later + 30), cleared,
              copy(slice_begin, later + 40), copy(slice_end, later + 50)]
     path = tmp_path / "renamed.pftrace"
-    path.write_bytes(_trace(packets + extra))
+    path.write_bytes(trace_bytes(packets + extra))
     assert_same_reading(path)
     cut = tmp_path / "renamed-cut.pftrace"  # the same, walked packet by packet (the file is cut short)
     cut.write_bytes(path.read_bytes()[:-1])
@@ -124,7 +81,7 @@ def test_names_interned_again_after_a_slice_name_it_as_when_it_ended(runs, tmp_p
 
 def test_malformed_slices_are_dropped_and_counted_as_before(runs, tmp_path):
     """Ends before their begins, ends without a begin, begins never ended, a counter on an unknown track."""
-    packets = _packets((runs["1f1b"] / "trace.pftrace").read_bytes())
+    packets = packets_of((runs["1f1b"] / "trace.pftrace").read_bytes())
     for index, packet in enumerate(packets):
         event = packet.track_event
         if event.type == 2 and index % 3 == 0:
@@ -134,7 +91,7 @@ def test_malformed_slices_are_dropped_and_counted_as_before(runs, tmp_path):
         elif event.type == 4 and index % 2:
             event.track_uuid = 7  # no rrfp track
     path = tmp_path / "malformed.pftrace"
-    path.write_bytes(_trace(packets))
+    path.write_bytes(trace_bytes(packets))
     assert_same_reading(path)
 
 
