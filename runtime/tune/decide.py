@@ -101,6 +101,9 @@ class TuneOutcome:
     clock: Stopwatch = field(default_factory=Stopwatch)
 
 
+ROW_BOUND_SCENARIOS = 4  # held-out scenarios each report row's bubble fraction and bound ratios are averaged on
+
+
 def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objective: Objective,
          time_budget: float | None = None, jobs: int = 1, seed: int = 0, overhead: float = 0.0, cost_model=None,
          traced: Candidate | None = None, progress: Callable[[int, float, str], None] | None = None,
@@ -145,10 +148,15 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
     held_out = len(scenarios.holdout) * (len({c.family for c in candidates} | {"local search"}) + 2)
     after = (len(AUTO_BUDGETS) * len(scenarios.tuning) + held_out) * jobs if explore else 0
     # Besides simulations: five paired bootstraps of 2,000 resamples of the held-out scenarios, the report's text
-    # and its files (measured on the development machine: about 3 ms per held-out scenario, and 50 ms).
+    # and its files (measured on the development machine: about 3 ms per held-out scenario, and 50 ms), and each
+    # report row's lower bounds on its first held-out scenarios: computed now for the first (kept for the
+    # report) and timed, so the clock keeps back the rest (at 32 x 128 about 0.5 s a scenario).
+    bounds_s = 0.0
+    if time_budget is not None:  # with auto, a new evaluator after the sweep computes them all again
+        bounds_s = evaluator.price_bounds() * (min(ROW_BOUND_SCENARIOS, len(scenarios.holdout)) - (not explore))
     config = SearchConfig(objective, rules, evaluations, seed, jobs, seconds=time_budget, started=clock.started,
                           reserve=after, reserve_each=0 if explore else len(scenarios.holdout),
-                          reserve_s=0.05 + 0.003 * len(scenarios.holdout))
+                          reserve_s=0.05 + 0.003 * len(scenarios.holdout) + bounds_s)
     with Search(evaluator, config, progress) as search:
         result = search.run(candidates)
         if result.interrupt is None and not explore:
@@ -404,7 +412,7 @@ def _row(label: str, candidate: Candidate, tuning: list[float], holdout: list[fl
          reference: dict[str, list[float]], evaluator: Evaluator) -> dict:
     peaks = evaluator.peak_in_flight(candidate, "holdout")
     bubble, over_bound, over_universal, family = [], [], [], None
-    for index in range(min(4, len(evaluator.sets["holdout"]))):
+    for index in range(min(ROW_BOUND_SCENARIOS, len(evaluator.sets["holdout"]))):
         figures = evaluator.outcome(candidate, "holdout", index)
         if figures.bubble_fraction is not None:
             bubble.append(figures.bubble_fraction)

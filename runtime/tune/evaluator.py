@@ -46,6 +46,7 @@ from __future__ import annotations
 import math
 import random
 import statistics
+import time
 from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
@@ -278,12 +279,25 @@ class Evaluator:
     def bounds(self, candidate: Candidate, which: str, index: int) -> tuple[float, float, str]:
         """Scenario ``index`` of ``which``'s lower bound for ``candidate``'s hint family, the universal one, and
         the family's name ([Note: bound per hint family] in runtime.sched.bounds)."""
+        return self._bounds_of(which, index, self.hint_for(candidate, which, index).shape)
+
+    def price_bounds(self, which: str = "holdout") -> float:
+        """Compute and keep the bounds of scenario 0 of ``which`` for the hints that split no backward and for those
+        that split every one (most rows'); the seconds it took: what the report's bounds cost per scenario, for a
+        clock budget to keep back (runtime.tune.decide)."""
+        if not self.sets[which]:
+            return 0.0
+        began = time.perf_counter()
+        for split in (False, True):
+            self._bounds_of(which, 0, self.shape.with_split(split))
+        return time.perf_counter() - began
+
+    def _bounds_of(self, which: str, index: int, shape: PipelineShape) -> tuple[float, float, str]:
         from runtime.sched.bounds import bound_family, hint_bound, split_bound
 
-        shape = self.hint_for(candidate, which, index).shape
-        table = self.sets[which][index].table
         key = (which, index, shape)
         if key not in self._bounds:
+            table = self.sets[which][index].table
             self._bounds[key] = (hint_bound(shape, table, self.graph(shape)).value, split_bound(shape, table).value,
                                  bound_family(shape))
         return self._bounds[key]

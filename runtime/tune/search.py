@@ -313,15 +313,32 @@ def apply_move(hint: HintOrder, move: tuple[str, int, Task, Task], name: str) ->
 #     needs ten times the room for its leader's rest and for its hold-out. The clock keeps back, for the
 #     leader's rest, the rate of the candidate leading the race so far, and for the verdict's hold-out the
 #     rate of the best of each family scored in full, plus the mean rate for the best fixed order and for
-#     one family more. A candidate of a built-in built per scenario could lead before it is raced, and then
-#     the race has no room left for it: so each such built-in is built once on the first tuning scenario
-#     before the race (the evaluator keeps it for the race), and a job of it starts only if the clock has
-#     room for it to lead (its rate: that build plus a mean simulation). A race that cannot afford ``cp``
-#     leading stops before ``cp``'s job, keeping to the budget; a larger budget races it. Which
+#     one family more; from the start of the second race, which scores the kept quarter in full (and with it
+#     always the best built-in), each family it may add or change the best of at its slowest candidate's
+#     rate (``_second_race``: at 32 x 128 with an 80 s budget, ``cp``'s hold-out, 25 s, was priced only once
+#     that race was done, and the command ran 104 s). A candidate of a built-in built per scenario could
+#     lead before it is raced, and then the race has no room left for it: so each such built-in is built on
+#     the first tuning scenario before the race (the evaluator keeps it for the race), and a job of it
+#     starts only if the clock has room for it to lead (its rate: twice that build, plus a mean simulation;
+#     ``cp``'s builds vary 0.45-0.86 s a scenario there); once raced, its rate counts the build its job
+#     reused. ``cp`` races last (``_races_last``: a structural rule, the same for both
+#     budgets): a race that cannot afford it leading ends there, keeping to the budget, with every other
+#     candidate raced (at 80 s: `zb lightest first`, 3.07x over fixed 1F1B, in 53 s; raced where it came,
+#     fourth, the race stopped at it after 15 s with `1f1b-light`, 2.40x); a larger budget races it. Which
 #     candidate leads is the clock's estimate only: what the search does next depends on the simulations'
 #     results, never on their times, so a search the clock cut is still the search its evaluations run.
 
 _EVALUATOR: Evaluator | None = None  # the forked workers' copy (set in the parent before forking)
+# An unraced built-in's build, priced at this much its build on the first tuning scenario (cp at 32 x 128: 0.45-0.86
+# s a scenario, median 0.67 s; [Note: a race the budget cut])
+_BUILD_MARGIN = 2.0
+
+
+def _races_last(candidate: Candidate) -> bool:
+    """A built-in computed from each scenario's task graph (``cp``: critical-path priorities, several splits tried),
+    about ten simulations' time a scenario on a large shape: the race scores it after every other candidate, so a
+    budget that cannot afford it ends the race there, not before the candidates behind it."""
+    return candidate.builtin is not None and BUILTIN_HINTS[candidate.builtin].takes_priorities
 
 
 def _rate_key(candidate: Candidate) -> Any:
@@ -503,12 +520,15 @@ class Search:
         self._sim_seconds = 0.0  # wall time of the simulations timed so far, where they ran, and how many
         self._sims_timed = 0
         self._rates: dict[Any, float] = {}  # _rate_key(candidate) -> seconds per simulation of its slowest job
-        self._held_out: list[Any] = []  # the rate keys of the best scored in full of each family (see _keep)
+        # per family the verdict will hold out the best of, the rate keys it may be priced at (the slowest counts):
+        # its best scored in full (see _keep), and during the second race each candidate that may become it
+        self._held_out: list[tuple[Any, ...]] = []
         self._held_back = 0  # simulations the clock keeps room for besides the reserve (a race's leader)
         self.raced = 0  # candidates the first race got through, the references included
         self._racing: dict[int, tuple[int, int]] | None = None  # id(candidate) -> (job, scenarios) in a race
         self._leader: tuple[float, int, Any] | None = None  # the race so far: (objective, job, its rate's key)
         self._unraced: dict[Any, float] = {}  # built-ins built per scenario not raced yet: seconds to build one
+        self._prebuilt: dict[Any, float] = {}  # seconds spent building them before the race, which it reuses
         self._pool: _Workers | None = None
 
     def __enter__(self) -> "Search":
@@ -542,7 +562,8 @@ class Search:
         # Each at its own rate ([Note: a race the budget cut]): the verdict holds out the best of each family
         # scored so far, the best fixed order (at the mean rate) and the best of a family the next job may add
         # (the race's leader so far, else at the mean rate), and the race keeps room for its leader's rest.
-        held_out = sum(self._rates.get(key, mean) for key in self._held_out)
+        rates = self._rates
+        held_out = sum(max(rates.get(key, mean) for key in keys) for keys in self._held_out)
         coming = self._rates.get(self._leader[2], mean) if self._leader is not None else mean
         if starting is not None and _rate_key(starting) in self._unraced:
             coming = max(coming, self._unraced[_rate_key(starting)] + mean)
@@ -571,13 +592,14 @@ class Search:
         the slowest yet for its key ([Note: a race the budget cut])."""
         if simulations:
             key = _rate_key(candidate)
+            seconds += self._prebuilt.pop(key, 0.0)  # builds this job reused: its rate would not see them
             self._rates[key] = max(self._rates.get(key, 0.0), seconds / simulations)
             self._unraced.pop(key, None)
 
     def _price_builds(self, candidates: Sequence[Candidate]) -> None:
-        """Time building each built-in that is built per scenario on the first tuning scenario (the evaluator
-        keeps it, so the race reuses it; before the workers fork, so they share it): until it is raced, the
-        clock keeps room for it to lead the race ([Note: a race the budget cut])."""
+        """Time building each built-in that is built per scenario on the first tuning scenario (the evaluator keeps
+        it, so the race reuses it; before the workers fork, so they share it): until it is raced, the clock keeps
+        room for it to lead the race, a build priced at that one with a margin ([Note: a race the budget cut])."""
         if self.config.seconds is None:
             return
         for candidate in candidates:
@@ -585,7 +607,8 @@ class Search:
             if candidate.builtin is not None and key not in self._unraced and self.time_left() > 0:
                 began = time.perf_counter()
                 self.evaluator.hint_for(candidate, "tuning", 0)
-                self._unraced[key] = time.perf_counter() - began
+                self._prebuilt[key] = time.perf_counter() - began
+                self._unraced[key] = _BUILD_MARGIN * self._prebuilt[key]
 
     def _raced(self, candidate: Candidate, makespans: list[float]) -> None:
         """A job of the race is done: its candidate leads if it is the best so far (ties: the earlier job)."""
@@ -670,7 +693,8 @@ class Search:
         full, _ = self._map([(candidates[k], "tuning", first + rest) for k in references], required=True)
         scored = {k: self._scored(candidates[k], makespans) for k, makespans in zip(references, full)}
         self._keep(list(scored.values()), "references")
-        others = [k for k in range(len(candidates)) if k not in scored]
+        # the built-ins computed from each scenario's task graph race last ([Note: a race the budget cut])
+        others = sorted((k for k in range(len(candidates)) if k not in scored), key=lambda k: _races_last(candidates[k]))
         early = {k: s.makespans[:len(first)] for k, s in scored.items()}
         self._held_back = len(rest)  # [Note: a race the budget cut]
         self._racing = {id(candidates[k]): (k, len(first)) for k in others}
@@ -701,6 +725,7 @@ class Search:
             if k not in keep and (k in (best_builtin, best_sorted) or k in scored):
                 keep.append(k)
         late = [k for k in keep if k not in scored]
+        self._second_race([candidates[k] for k in late])
         done, stop = self._map([(candidates[k], "tuning", rest) for k in late]) if rest else ([[]] * len(late), None)
         scored.update((k, self._scored(candidates[k], early[k] + more)) for k, more in zip(late, done))
         # In the racing order (it breaks ties between equal values), the references among them
@@ -709,6 +734,18 @@ class Search:
         if stop:
             raise _Stop(stop)
         return list(self.scored)
+
+    def _second_race(self, late: Sequence[Candidate]) -> None:
+        """Before the second race scores ``late`` in full, the clock keeps back, for each family it may add to the
+        verdict's hold-out or change the best of, the rate of its slowest candidate there: a family's best is
+        known only once the race is done, and ``cp``, always scored in full as the best built-in, costs ten
+        simulations' time on each held-out scenario ([Note: a race the budget cut])."""
+        families: dict[str, set] = {}
+        for kept in self.scored:  # best first: each family's best so far
+            families.setdefault(kept.candidate.family, {_rate_key(kept.candidate)})
+        for candidate in late:
+            families.setdefault(candidate.family, set()).add(_rate_key(candidate))
+        self._held_out = [tuple(keys) for keys in families.values()]
 
     def _scored(self, candidate: Candidate, makespans: list[float]) -> Scored:
         return Scored(candidate, makespans, self._value(candidate, makespans))
@@ -720,7 +757,7 @@ class Search:
         best_of: dict[str, Any] = {}  # what the verdict will hold out, for the clock (time_left, a hot path)
         for kept in self.scored:  # best first
             best_of.setdefault(kept.candidate.family, _rate_key(kept.candidate))
-        self._held_out = list(best_of.values())
+        self._held_out = [(key,) for key in best_of.values()]
         if self.scored:
             self._improved(self.scored[0].value, note)
 

@@ -14,9 +14,11 @@ import pytest
 
 from hints.tasks import PipelineShape
 from runtime.durations.variability import VariabilityModel
+from runtime.sched.budget import MemoryBudget
 from runtime.tune.decide import tune
-from runtime.tune.evaluator import Evaluator, Objective
+from runtime.tune.evaluator import Candidate, Evaluator, Objective
 from runtime.tune.scenarios import from_model
+from runtime.tune.search import Search, SearchConfig
 from tests.helpers.cli import one_error_line, run_cli
 
 MEAN = Objective.parse("mean")
@@ -170,3 +172,54 @@ def test_the_report_says_how_far_the_race_got(tmp_path):
     report = (tmp_path / "cut" / "report.md").read_text()
     assert (f"The first race got through 2 of the portfolio's {search['candidates']} candidates before it "
             "stopped; a larger budget races the rest.") in report
+
+
+def test_the_built_ins_computed_from_each_scenarios_task_graph_race_last(monkeypatch):
+    # [Note: a race the budget cut]: cp (about ten simulations' time a scenario on a large shape) is raced after
+    # every other candidate, so a budget that cannot afford it ends the race there and not before the rest
+    first: list[tuple[str, str]] = []
+    simulate = Evaluator.simulate
+
+    def recording(self, candidate, which, index, record=False):
+        if which == "tuning" and (candidate.name, candidate.rule) not in first:
+            first.append((candidate.name, candidate.rule))
+        return simulate(self, candidate, which, index, record)
+
+    monkeypatch.setattr(Evaluator, "simulate", recording)
+    outcome = tune(_more_scenarios(), "ready", "1f1b", MEAN, evaluations=100_000)
+    raced = first[:outcome.search.raced]  # the references, then the race in its order
+    assert [name for name, _ in raced[-2:]] == ["cp", "cp"] and all(name != "cp" for name, _ in raced[:-2])
+
+
+def _clock(reserve_each: int = 10) -> Search:
+    evaluator = Evaluator(_scenarios(), MemoryBudget.parse("1f1b"), 0.0)
+    search = Search(evaluator, SearchConfig(MEAN, ("lookahead",), seconds=100.0, started=time.monotonic(),
+                                            reserve_each=reserve_each))
+    search._sim_seconds, search._sims_timed = 0.01, 1  # a mean simulation: 10 ms
+    return search
+
+
+CP = Candidate("cp", "built-in", "lookahead", builtin="cp")
+
+
+def test_the_clock_keeps_back_the_hold_out_of_each_family_the_second_race_may_add():
+    # cp, always scored in full by the second race as the best built-in, used to be priced only once that race was
+    # done: at 32 x 128, 25 s of held-out simulations the clock had not kept back (an 80 s budget ran 104 s)
+    search = _clock()
+    search._rates[("built", "cp")] = 0.5
+    before = search.time_left()
+    search._second_race([CP])
+    assert before - search.time_left() == pytest.approx(10 * 0.5, abs=0.05)  # ten held-out scenarios at 0.5 s
+
+
+def test_an_unraced_built_in_is_priced_at_twice_its_build_and_its_rate_counts_the_build_reused(monkeypatch):
+    search = _clock()
+    monkeypatch.setattr(search.evaluator, "hint_for", lambda candidate, which, index: time.sleep(0.05))
+    search._price_builds([CP])
+    assert search._unraced[("built", "cp")] == pytest.approx(2 * 0.05, abs=0.01)
+    assert search._prebuilt[("built", "cp")] == pytest.approx(0.05, abs=0.005)
+    built = search._prebuilt[("built", "cp")]
+    search._job_timed(CP, 1.0, 6)  # six scenarios, the first built before the race: 1.05 s of work, not 1.0
+    assert search._rates[("built", "cp")] == pytest.approx((1.0 + built) / 6)
+    search._job_timed(CP, 0.3, 6)  # the same built-in under another rule, its builds reused: the slower rate stays
+    assert search._rates[("built", "cp")] == pytest.approx((1.0 + built) / 6)
