@@ -323,8 +323,9 @@ def apply_move(hint: HintOrder, move: tuple[str, int, Task, Task], name: str) ->
 #     ``cp``'s builds vary 0.45-0.86 s a scenario there); once raced, its rate counts the build its job
 #     reused. ``cp`` races last (``_races_last``: a structural rule, the same for both
 #     budgets): a race that cannot afford it leading ends there, keeping to the budget, with every other
-#     candidate raced (at 80 s: `zb lightest first`, 3.07x over fixed 1F1B, in 53 s; raced where it came,
-#     fourth, the race stopped at it after 15 s with `1f1b-light`, 2.40x); a larger budget races it. Which
+#     candidate raced (at 80 s with one worker: `zb lightest first`, 3.03x over fixed 1F1B, in 48 s; raced
+#     where it came, fourth, the race stopped at it after 15 s with `1f1b-light`, 2.40x); a larger budget
+#     races it. Which
 #     candidate leads is the clock's estimate only: what the search does next depends on the simulations'
 #     results, never on their times, so a search the clock cut is still the search its evaluations run.
 
