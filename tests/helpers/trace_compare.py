@@ -35,6 +35,30 @@ def assert_same(first, second, unordered: tuple[str, ...] = ()) -> None:
     assert first[1:] == second[1:]
 
 
+def compiled_built() -> bool:
+    """Whether the compiled reader was built here (a C compiler at install)."""
+    import importlib.util
+
+    return importlib.util.find_spec("profiler.trace._fastread") is not None
+
+
+def assert_same_both_ways(path, monkeypatch) -> None:
+    """``path`` reads the same with its packets walked in Python and by the compiled reader ([Note: the compiled
+    reader] in profiler.trace.reader); skips where the compiled reader was not built."""
+    import pytest
+
+    from profiler.trace import reader
+
+    pytest.importorskip("profiler.trace._fastread", reason="the compiled reader was not built here")
+
+    def walked(compiled: bool):
+        monkeypatch.setenv("RRFP_TRACE_COMPILED", "1" if compiled else "0")
+        return reading(lambda p: reader.read_trace(p, cache=False), path)
+
+    # the transfers are sorted by (src, dst, sequence), which may tie: ties come in each walk's own order
+    assert_same(walked(False), walked(True), unordered=("transfers", "member_transfers"))
+
+
 def packets(data: bytes) -> list:
     """A trace file's packets, as protobuf objects."""
     from perfetto.protos.perfetto.trace.perfetto_trace_pb2 import Trace

@@ -54,6 +54,13 @@ def test_only_blocking_ranks_wait_for_receivers(results):
     assert sum(got[rank]["blocking"]["rendezvous_waits"] for rank in range(4)) > 0
 
 
+def test_the_trace_reads_the_same_with_the_compiled_walk(results, monkeypatch):
+    from tests.helpers.trace_compare import assert_same_both_ways
+
+    root, _ = results
+    assert_same_both_ways(root / "run" / "traced", monkeypatch)  # the rendezvous slices among them
+
+
 def test_the_trace_records_the_waits_and_bubbles_name_them(results):
     from profiler.analysis.bubbles import BUBBLE_COLUMNS, bubbles, idle_segments
     from profiler.analysis.summary import summary

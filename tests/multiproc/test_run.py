@@ -15,6 +15,7 @@ import pytest
 from runtime.durations.presets import PRESETS
 from tests.helpers.cli import one_error_line, run_cli, run_rrfp
 from tests.helpers.processes import live_ranks
+from tests.helpers.trace_compare import assert_same_both_ways, compiled_built
 from tests.helpers.warm import run_warm
 
 
@@ -185,7 +186,7 @@ def test_joins_a_torchrun_job(tmp_path):
     assert (tmp_path / "tr" / "metrics.parquet").exists() and (tmp_path / "tr" / "trace.pftrace").exists()
 
 
-def test_auto_policy_records_each_iterations_rule_and_trains_alike(tmp_path):
+def test_auto_policy_records_each_iterations_rule_and_trains_alike(tmp_path, monkeypatch):
     """--policy auto ([Note: the auto policy] in runtime.sched.auto) on the emulated model with unknown variability:
     every iteration's rule and why in metrics and on the trace's iteration slices, the summary counts them, and
     the losses are those of the ready run (the order does not change what is computed)."""
@@ -209,3 +210,5 @@ def test_auto_policy_records_each_iterations_rule_and_trains_alike(tmp_path):
     assert summary["auto"]["switches"] == sum(1 for a, b in zip(decisions, decisions[1:]) if a["rule"] != b["rule"])
     config = json.loads((tmp_path / "a" / "config.json").read_text())
     assert config["policy"] == "auto" and config["unknown"] == "moe=1.5,cost-error=0.2"
+    if compiled_built():  # the iteration slices' rule and why, read by the compiled walk as by the Python one
+        assert_same_both_ways(tmp_path / "a", monkeypatch)

@@ -18,6 +18,7 @@ from runtime.config import RunConfig, run_shape
 from runtime.workloads.make import reference_train
 from tests.helpers.cli import run_cli
 from tests.helpers.jobs import check_whole_against_reference, run_jobs, whole_grads
+from tests.helpers.trace_compare import assert_same_both_ways
 
 TRACE = "profiler.trace.recorder:TraceRecorder"
 RTOL, ATOL = 2e-5, 2e-6  # sharded matmuls sum their partial products in another order than the whole layer
@@ -50,6 +51,13 @@ def test_tp_matches_single_process_with_per_rank_jitter(tp_run):
     jobs, results, _ = tp_run
     for job in jobs:
         check_whole_against_reference(results, job, RTOL, ATOL)
+
+
+def test_tp_traces_read_the_same_with_the_compiled_walk(tp_run, monkeypatch):
+    # every rank's tasks, decisions and messages (members), as a real TP run writes them
+    jobs, _, path = tp_run
+    for job in jobs:
+        assert_same_both_ways(path / "run" / job["name"], monkeypatch)
 
 
 def test_tp_groups_run_one_order_from_the_traces(tp_run):

@@ -15,20 +15,10 @@ from hypothesis import strategies as st
 from profiler.trace import reader
 from profiler.trace.schema import SCHEMA, decode_track_uuid
 from tests.helpers.trace_builder import packet_bounds, sample_runs
-from tests.helpers.trace_compare import assert_same, reading, trace_bytes
+from tests.helpers.trace_compare import assert_same_both_ways, trace_bytes
 from tests.helpers.trace_compare import packets as packets_of
 
 fastread = pytest.importorskip("profiler.trace._fastread", reason="the compiled reader was not built here")
-
-def _reading(path, monkeypatch, compiled: bool):
-    monkeypatch.setenv("RRFP_TRACE_COMPILED", "1" if compiled else "0")
-    return reading(lambda p: reader.read_trace(p, cache=False), path)
-
-
-def assert_same_both_ways(path, monkeypatch) -> None:
-    assert_same(_reading(path, monkeypatch, False), _reading(path, monkeypatch, True),
-                unordered=("transfers", "member_transfers"))  # sorted by (src, dst, sequence), which may tie
-
 
 def walked(data: bytes):
     """The compiled walk over one file, or None where it leaves the file to Python."""
