@@ -523,13 +523,13 @@ class Search:
         self._rates: dict[Any, float] = {}  # _rate_key(candidate) -> seconds per simulation of its slowest job
         # per family the verdict will hold out the best of, the rate keys it may be priced at (the slowest counts):
         # its best scored in full (see _keep), and during the second race each candidate that may become it
-        self._held_out: list[tuple[Any, ...]] = []
+        self._held_out: dict[str, tuple[Any, ...]] = {}
         self._held_back = 0  # simulations the clock keeps room for besides the reserve (a race's leader)
         self.raced = 0  # candidates the first race got through, the references included
         self._racing: dict[int, tuple[int, int]] | None = None  # id(candidate) -> (job, scenarios) in a race
         self._leader: tuple[float, int, Any] | None = None  # the race so far: (objective, job, its rate's key)
-        self._unraced: dict[Any, float] = {}  # built-ins built per scenario not raced yet: seconds to build one
-        self._prebuilt: dict[Any, float] = {}  # seconds spent building them before the race, which it reuses
+        # built-ins built per scenario, not raced yet: the seconds their build before the race took (the race reuses it)
+        self._prebuilt: dict[Any, float] = {}
         self._pool: _Workers | None = None
 
     def __enter__(self) -> "Search":
@@ -564,10 +564,11 @@ class Search:
         # scored so far, the best fixed order (at the mean rate) and the best of a family the next job may add
         # (the race's leader so far, else at the mean rate), and the race keeps room for its leader's rest.
         rates = self._rates
-        held_out = sum(max(rates.get(key, mean) for key in keys) for keys in self._held_out)
+        held_out = sum(max(rates.get(key, mean) for key in keys) for keys in self._held_out.values())
         coming = self._rates.get(self._leader[2], mean) if self._leader is not None else mean
-        if starting is not None and _rate_key(starting) in self._unraced:
-            coming = max(coming, self._unraced[_rate_key(starting)] + mean)
+        built = self._prebuilt.get(_rate_key(starting)) if starting is not None else None
+        if built is not None:  # it may lead once raced: its builds priced at a margin over the first
+            coming = max(coming, _BUILD_MARGIN * built + mean)
         seconds = (self.config.reserve * mean + self.config.reserve_each * (held_out + mean + coming)
                    + self._held_back * coming)
         after = seconds / max(1, self.config.jobs) + self.config.reserve_s
@@ -593,9 +594,8 @@ class Search:
         the slowest yet for its key ([Note: a race the budget cut])."""
         if simulations:
             key = _rate_key(candidate)
-            seconds += self._prebuilt.pop(key, 0.0)  # builds this job reused: its rate would not see them
+            seconds += self._prebuilt.pop(key, 0.0)  # the build this job reused: its rate would not see it
             self._rates[key] = max(self._rates.get(key, 0.0), seconds / simulations)
-            self._unraced.pop(key, None)
 
     def _price_builds(self, candidates: Sequence[Candidate]) -> None:
         """Time building each built-in that is built per scenario on the first tuning scenario (the evaluator keeps
@@ -605,11 +605,10 @@ class Search:
             return
         for candidate in candidates:
             key = _rate_key(candidate)
-            if candidate.builtin is not None and key not in self._unraced and self.time_left() > 0:
+            if candidate.builtin is not None and key not in self._prebuilt and self.time_left() > 0:
                 began = time.perf_counter()
                 self.evaluator.hint_for(candidate, "tuning", 0)
                 self._prebuilt[key] = time.perf_counter() - began
-                self._unraced[key] = _BUILD_MARGIN * self._prebuilt[key]
 
     def _raced(self, candidate: Candidate, makespans: list[float]) -> None:
         """A job of the race is done: its candidate leads if it is the best so far (ties: the earlier job)."""
@@ -703,7 +702,7 @@ class Search:
             done, stop = self._map([(candidates[k], "tuning", first) for k in others])
         finally:
             self._held_back, self._racing, self._leader = 0, None, None
-            self._unraced.clear()
+            self._prebuilt.clear()
         early.update(zip(others, done))
         raced = others[:len(done)]
         self.raced = len(references) + len(raced)
@@ -741,12 +740,10 @@ class Search:
         verdict's hold-out or change the best of, the rate of its slowest candidate there: a family's best is
         known only once the race is done, and ``cp``, always scored in full as the best built-in, costs ten
         simulations' time on each held-out scenario ([Note: a race the budget cut])."""
-        families: dict[str, set] = {}
-        for kept in self.scored:  # best first: each family's best so far
-            families.setdefault(kept.candidate.family, {_rate_key(kept.candidate)})
-        for candidate in late:
-            families.setdefault(candidate.family, set()).add(_rate_key(candidate))
-        self._held_out = [tuple(keys) for keys in families.values()]
+        for candidate in late:  # beside each family's best so far (_keep)
+            keys, key = self._held_out.get(candidate.family, ()), _rate_key(candidate)
+            if key not in keys:
+                self._held_out[candidate.family] = (*keys, key)
 
     def _scored(self, candidate: Candidate, makespans: list[float]) -> Scored:
         return Scored(candidate, makespans, self._value(candidate, makespans))
@@ -755,10 +752,9 @@ class Search:
         """``scored`` joins the candidates scored in full (kept sorted: best first)."""
         self.scored += scored
         self.scored.sort(key=lambda s: s.value)
-        best_of: dict[str, Any] = {}  # what the verdict will hold out, for the clock (time_left, a hot path)
+        self._held_out = {}  # what the verdict will hold out, for the clock (time_left, a hot path)
         for kept in self.scored:  # best first
-            best_of.setdefault(kept.candidate.family, _rate_key(kept.candidate))
-        self._held_out = [(key,) for key in best_of.values()]
+            self._held_out.setdefault(kept.candidate.family, (_rate_key(kept.candidate),))
         if self.scored:
             self._improved(self.scored[0].value, note)
 
