@@ -303,14 +303,15 @@ def _read(path: str | Path) -> TraceFrames:
         if not data and len(paths) > 1:
             reader.warnings.append(f"{file} is empty (that rank finished no traced iteration)")
             continue
+        parses = True  # as far as is known
         if whole is not None:
             if reader.parses_whole(data):
                 whole.append((str(file), data))
                 continue
             for name, earlier in whole:  # a damaged file: the whole trace walked in Python, in file order
                 reader.feed(earlier, name)
-            whole = None
-        reader.feed(data, str(file))
+            whole, parses = None, False
+        reader.feed(data, str(file), parses)
     if whole and not reader.take_compiled(walk, [data for _, data in whole]):
         for name, data in whole:
             reader.feed(data, name)
@@ -415,11 +416,13 @@ class _Reader:
         self.meta.update(columns["meta"])
         return True
 
-    def feed(self, data: bytes, where: str) -> None:
+    def feed(self, data: bytes, where: str, parses: bool = True) -> None:
+        """``parses`` False: :meth:`parses_whole` already found that ``data`` does not parse whole, so it is
+        framed packet by packet at once, not parsed a second time first."""
         if not data:
             raise TraceError("empty file", where)
         try:
-            packets = self.Trace.FromString(data).packet
+            packets = self.Trace.FromString(data).packet if parses else None
         except Exception:  # protobuf's DecodeError: truncated or corrupt; walk it packet by packet
             packets = None
         if packets:
