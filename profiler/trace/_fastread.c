@@ -169,7 +169,9 @@ typedef struct { int which; uint64_t iid; const uint8_t *name; Py_ssize_t name_n
 
 #define KEYCACHE 64
 #define KEYIIDS 256
-typedef struct { uint32_t seq; uint64_t gen; int16_t slot[KEYIIDS]; } KeyCache; /* -2: not looked up */
+#define NO_SLOT (-1)      /* an annotation name no row reads */
+#define UNKNOWN_SLOT (-2) /* a key cache entry not looked up yet */
+typedef struct { uint32_t seq; uint64_t gen; int16_t slot[KEYIIDS]; } KeyCache;
 
 typedef struct {
     PyObject *decode, *schema, *data_oneof; /* data_oneof: bytes, one per field number, 1 for `data`'s members */
@@ -185,7 +187,7 @@ typedef struct {
     KeyCache keycache[KEYCACHE];
     SEntry strs[SCACHE];
     Val vals[N_SLOTS];
-    int touched[N_SLOTS * 4]; int n_touched;
+    int touched[N_SLOTS]; int n_touched; /* the slots this slice set, each once */
 } St;
 
 enum { C_COUNTERS = N_KINDS, C_TRANSFERS = N_KINDS + 1 };
@@ -340,6 +342,14 @@ static int dict_get_iid(PyObject *table, uint64_t iid, PyObject **out) { /* borr
     return (*out == NULL && PyErr_Occurred()) ? ERR : 0;
 }
 
+/* The sequence's interned annotation names (borrowed), or NULL where it has none: `keys.get(sequence) or _NO_KEYS` */
+static int keys_of(St *st, uint32_t seq, PyObject **keys) {
+    *keys = table_of(st->keys, seq);
+    if (!*keys && PyErr_Occurred()) return ERR;
+    if (*keys && PyDict_GET_SIZE(*keys) == 0) *keys = NULL;
+    return 0;
+}
+
 /* `key_of(annotation.name_iid) or annotation.name or "#"` (new reference) */
 static int ann_key(St *st, const Ann *a, PyObject *keys, PyObject **out) {
     PyObject *k;
@@ -350,30 +360,31 @@ static int ann_key(St *st, const Ann *a, PyObject *keys, PyObject **out) {
     return *out ? 0 : ERR;
 }
 
-static int slot_of_key(St *st, PyObject *key) {
-    PyObject *slot = PyDict_GetItemWithError(st->slot_of, key);
-    if (!slot) return PyErr_Occurred() ? ERR - 10 : -1;
-    return (int)PyLong_AsLong(slot);
+/* An annotation name's slot in *slot (NO_SLOT for a name no row reads). */
+static int slot_of_key(St *st, PyObject *key, int *slot) {
+    PyObject *index = PyDict_GetItemWithError(st->slot_of, key);
+    if (!index && PyErr_Occurred()) return ERR;
+    *slot = index ? (int)PyLong_AsLong(index) : NO_SLOT;
+    return 0;
 }
 
-/* An annotation's slot (or -1 for a name no row reads), through a cache per sequence and key table. */
+/* An annotation's slot (or NO_SLOT), through a cache per sequence and key table. */
 static int ann_slot(St *st, const Ann *a, PyObject *keys, uint32_t seq, int *slot) {
     KeyCache *kc = NULL;
     if (a->which != 2 && a->iid < KEYIIDS) {
         kc = &st->keycache[seq % KEYCACHE];
         if (kc->seq != seq || kc->gen != st->keys_gen) {
             kc->seq = seq; kc->gen = st->keys_gen;
-            for (int i = 0; i < KEYIIDS; i++) kc->slot[i] = -2;
+            for (int i = 0; i < KEYIIDS; i++) kc->slot[i] = UNKNOWN_SLOT;
         }
-        if (kc->slot[a->iid] != -2) { *slot = kc->slot[a->iid]; return 0; }
+        if (kc->slot[a->iid] != UNKNOWN_SLOT) { *slot = kc->slot[a->iid]; return 0; }
     }
     PyObject *key;
     TRY(ann_key(st, a, keys, &key));
-    int s = slot_of_key(st, key);
+    int rc = slot_of_key(st, key, slot);
     Py_DECREF(key);
-    if (s < -1) return ERR;
-    if (kc) kc->slot[a->iid] = (int16_t)s;
-    *slot = s;
+    if (rc < 0) return rc;
+    if (kc) kc->slot[a->iid] = (int16_t)*slot;
     return 0;
 }
 
@@ -381,9 +392,8 @@ static int ann_slot(St *st, const Ann *a, PyObject *keys, uint32_t seq, int *slo
 static int slice_values(St *st, const uint8_t *p, const uint8_t *end, uint32_t seq) {
     for (int i = 0; i < st->n_touched; i++) st->vals[st->touched[i]].cls = -1;
     st->n_touched = 0;
-    PyObject *keys = table_of(st->keys, seq);
-    if (!keys && PyErr_Occurred()) return ERR;
-    if (keys && PyDict_GET_SIZE(keys) == 0) keys = NULL;
+    PyObject *keys;
+    TRY(keys_of(st, seq, &keys));
     Cur c = {p, end};
     while (c.p < c.end) {
         uint32_t f; int w; Cur body;
@@ -394,8 +404,8 @@ static int slice_values(St *st, const uint8_t *p, const uint8_t *end, uint32_t s
         Ann a; int slot;
         TRY(parse_annotation(body, &a));
         TRY(ann_slot(st, &a, keys, seq, &slot));
-        if (slot < 0) continue;
-        if (st->vals[slot].cls == -1 && st->n_touched < N_SLOTS * 4) st->touched[st->n_touched++] = slot;
+        if (slot == NO_SLOT) continue;
+        if (st->vals[slot].cls == -1) st->touched[st->n_touched++] = slot;
         st->vals[slot] = a.v;
         if (a.v.cls == V_STR) { /* validated here: the reader would see bytes and drop the value */
             PyObject *s;
@@ -408,9 +418,8 @@ static int slice_values(St *st, const uint8_t *p, const uint8_t *end, uint32_t s
 
 /* An event's annotations as the reader's dict (new reference): the metadata, and lone receives. */
 static int values_dict(St *st, const uint8_t *p, const uint8_t *end, uint32_t seq, PyObject **out) {
-    PyObject *keys = table_of(st->keys, seq);
-    if (!keys && PyErr_Occurred()) return ERR;
-    if (keys && PyDict_GET_SIZE(keys) == 0) keys = NULL;
+    PyObject *keys;
+    TRY(keys_of(st, seq, &keys));
     PyObject *d = PyDict_New();
     if (!d) return ERR;
     Cur c = {p, end};
