@@ -6,15 +6,17 @@ split backward and search (issue 22, part 1; README's "What it gains").
 
 Per workload, rank count (``m = 4p``, one chunk) and seed, one sampled table (jitter 0.1 on top of the
 workload's own variability), the comparison ``rrfp simulate --compare`` makes (every built-in under fixed and
-ready with lookahead, plus the sorted 1F1Bs whose warm-ups fill the budget), at the 1f1b and 2x budgets.
-Each lever is a ratio of makespans on the same table (medians over seeds):
+ready with lookahead, plus the sorted 1F1Bs whose warm-ups fill the budget and the order planned within it:
+[Note: planned orders] in runtime/sched/baselines.py), at the 1f1b and 2x budgets. Each lever is a ratio of
+makespans on the same table (medians over seeds), taken in turn, so that they multiply to the total:
 
 * ordering: the best sorted 1F1B (``1f1b-light`` or ``1f1b-heavy``) in fixed order at 1F1B's memory, over
   fixed 1F1B;
-* memory: the best fixed order within 2x, over the best fixed order within 1f1b;
+* memory: the best fixed order without a split backward within 2x, over the same within 1f1b;
+* the split backward, planned: the best fixed order within the budget (the planned order among them) over the
+  best fixed order without a split (at 1f1b and at 2x): a split-backward order planned before the iteration on
+  the known costs, run fixed: no readiness in it;
 * readiness: the best ready run within the budget over the best fixed order within it (at 1f1b and at 2x);
-* of which the split backward: the best ready run over the best ready run of a hint that does not split
-  (``zb`` and ``cp`` split where it pays);
 * search: ``rrfp tune-hint``'s pick (its library entry point, ready policy, on model scenarios with other
   seeds) scored on the same table, over the best ready built-in (up to ``--tune-max-ranks``).
 
@@ -40,8 +42,10 @@ from runtime.sched.simulator import simulate
 SORTED = ("1f1b-light", "1f1b-heavy")
 
 
-def best(rows, fixed: bool, exclude=()):
-    chosen = [r for r in rows if r.within_budget and (r.rule == "fixed") == fixed and r.hint not in exclude]
+def best(rows, fixed: bool, split: bool = True):
+    """The fastest row within the budget, fixed or ready; ``split`` False: of a hint without a split backward."""
+    chosen = [r for r in rows if r.within_budget and (r.rule == "fixed") == fixed
+              and (split or not r.shape.split_backward)]
     return min(chosen, key=lambda r: r.makespan)
 
 
@@ -58,12 +62,11 @@ def levers(workload: str, ranks: int, seed: int, jitter: float, tune_seconds: fl
     base = next(r.makespan for r in rows["1f1b"] if r.hint == "1f1b" and r.rule == "fixed")
     sorted_fixed = min(r.makespan for r in rows["1f1b"] if r.hint in SORTED and r.rule == "fixed")
     out["ordering"] = base / sorted_fixed
-    out["memory"] = best(rows["1f1b"], True).makespan / best(rows["2x"], True).makespan
+    out["memory"] = best(rows["1f1b"], True, split=False).makespan / best(rows["2x"], True, split=False).makespan
     for spec in ("1f1b", "2x"):
         fixed, ready = best(rows[spec], True), best(rows[spec], False)
         out[f"readiness {spec}"] = fixed.makespan / ready.makespan
-        whole = best(rows[spec], False, exclude=("zb", "cp"))
-        out[f"split {spec}"] = whole.makespan / ready.makespan
+        out[f"split {spec}"] = best(rows[spec], True, split=False).makespan / fixed.makespan
         out[f"total {spec}"] = base / ready.makespan
         out[f"best fixed {spec}"] = fixed.hint
         out[f"best ready {spec}"] = ready.hint
@@ -112,16 +115,18 @@ def main() -> None:
                 return ", ".join(sorted({f[key] for f in found}))
 
             lines.append(f"| {workload} | {ranks} | {seeds} | {med('ordering')} | {med('memory')} | "
+                         f"{med('split 1f1b')} / {med('split 2x')} | "
                          f"{med('readiness 1f1b')} ({names('best ready 1f1b')} / {names('best fixed 1f1b')}) | "
                          f"{med('readiness 2x')} ({names('best ready 2x')} / {names('best fixed 2x')}) | "
-                         f"{med('split 1f1b')} / {med('split 2x')} | {med('search 1f1b')} / {med('search 2x')} | "
+                         f"{med('search 1f1b')} / {med('search 2x')} | "
                          f"{med('total 1f1b')} / {med('total 2x')} |")
     elapsed = time.perf_counter() - began
     print(f"Command: `{' '.join([os.path.basename(sys.executable), *sys.argv])}`; {platform.machine()}, "
           f"Python {platform.python_version()}, {os.cpu_count()} CPUs; {elapsed:.0f} s.\n")
     print("| workload | ranks | seeds | ordering (sorted 1F1B / 1F1B, fixed, 1F1B memory) | memory (best fixed 2x / "
-          "best fixed 1f1b) | readiness @1f1b (best ready / best fixed) | readiness @2x | of which split backward "
-          "@1f1b / @2x | search @1f1b / @2x | total: best ready vs fixed 1F1B @1f1b / @2x |")
+          "best fixed 1f1b, no split) | split backward, planned (best fixed / best fixed without a split) @1f1b / "
+          "@2x | readiness @1f1b (best ready / best fixed) | readiness @2x | search @1f1b / @2x | total: best ready "
+          "vs fixed 1F1B @1f1b / @2x |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     print("\n".join(lines))
 

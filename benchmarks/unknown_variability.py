@@ -8,9 +8,11 @@ For each workload, rank count (``m = 4p``) and point of the sweep (none, then ea
 ``s < --tables`` are simulated with ``rrfp bench``'s own code (``profiler.bench.cells.simulate_table`` and
 ``summarize_cell``) for the rows below, at budgets 1f1b and 2x. Printed per point, medians over the tables:
 
-* the best fixed order within the budget (fixed 1F1B, zero bubble, and 1F1B sorted lightest- or heaviest-first
-  by known cost with warm-ups filling the budget) and readiness over it: with the sorted order as the hint
-  (``ready-1f1b-light``, 1F1B's warm-ups) and with ``cp`` (critical path by known cost, split backward);
+* the best fixed order within the budget (fixed 1F1B, zero bubble, 1F1B sorted lightest- or heaviest-first
+  by known cost with warm-ups filling the budget, and the order planned within the budget on the known costs:
+  [Note: planned orders] in runtime/sched/baselines.py) and readiness over it: with the sorted order as the hint
+  (``ready-1f1b-light``, 1F1B's warm-ups), with ``cp`` (critical path by known cost, split backward) and with
+  the planned order itself as the hint (``ready-planned``; beside it, ready over the same planned order fixed);
 * ``--policy auto`` ([Note: the auto policy] in runtime/sched/auto.py) with the sorted hint fitted to the budget
   (``1f1b-light``; ``1f1b-light @2x`` at 2x) over ``--auto-iterations`` tables taken as consecutive iterations
   (half as many above 32 ranks): the iterations it ran fixed, its switches, and always-ready's total over auto's.
@@ -37,7 +39,8 @@ from runtime.sched.auto import simulate_auto
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.rules import RULES
 
-ROWS = ("fixed-1f1b", "fixed-zb", "fixed-1f1b-light", "fixed-1f1b-heavy", "ready-1f1b-light", "ready-cp")
+ROWS = ("fixed-1f1b", "fixed-zb", "fixed-1f1b-light", "fixed-1f1b-heavy", "fixed-planned", "ready-1f1b-light",
+        "ready-cp", "ready-planned")
 BUDGETS = ("1f1b", "2x")
 
 
@@ -93,30 +96,33 @@ def main() -> None:
     print(f"Command: `{' '.join([os.path.basename(sys.executable), *sys.argv])}`; "
           f"{platform.machine()}, Python {platform.python_version()}; {elapsed:.0f} s.\n")
     print("| ranks | workload | unknown | budget | best fixed | its speedup vs fixed 1F1B | ready 1f1b-light / best "
-          "fixed | ready cp / best fixed | ready cp peak | auto, hint 1f1b-light fitted to the budget: fixed iterations, "
-          "switches, always-ready/auto |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "fixed | ready cp / best fixed | ready planned / best fixed | ready planned / fixed planned | ready peak "
+          "(cp, planned) | auto, hint 1f1b-light fitted to the budget: fixed iterations, switches, always-ready/auto |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     gains = {}
     for ranks, workload, unknown, cells, autos in out:
         for budget in BUDGETS:
             entries = {e["row"]: e for e in cells[budget]["rows"]}
-            light, cp = entries["ready-1f1b-light"], entries["ready-cp"]
+            light, cp, planned = entries["ready-1f1b-light"], entries["ready-cp"], entries["ready-planned"]
             best = light.get("best_fixed", "-")
             speed = entries[best]["speedup_vs_fixed_1f1b"]["median"] if best in entries else float("nan")
             fixed, switches, ratio, count = autos[budget]
-            a, b = light["ready_over_best_fixed"]["median"], cp["ready_over_best_fixed"]["median"]
-            gains.setdefault((ranks, budget), []).append((a, b, workload, unknown or "none"))
+            a, b, c = (e["ready_over_best_fixed"]["median"] for e in (light, cp, planned))
+            own = planned["ready_over_fixed_same_hint"]["median"]
+            gains.setdefault((ranks, budget), []).append((a, b, c, own))
             print(f"| {ranks} | {workload} | {unknown or 'none'} | {budget} | {best} | {speed:.3f}x | {a:.3f}x | "
-                  f"{b:.3f}x | {cp['peak_in_flight']:g} | {fixed} of {count}, {switches}, {ratio:.3f}x |")
-    print("\n| ranks | budget | ready 1f1b-light / best fixed: min, median, max | ready cp / best fixed: min, "
-          "median, max | points with ready cp >= 1.05x |")
-    print("|---|---|---|---|---|")
+                  f"{b:.3f}x | {c:.3f}x | {own:.3f}x | {cp['peak_in_flight']:g}, {planned['peak_in_flight']:g} | "
+                  f"{fixed} of {count}, {switches}, {ratio:.3f}x |")
+    print("\n| ranks | budget | ready 1f1b-light / best fixed | ready cp / best fixed | ready planned / best fixed | "
+          "ready planned / fixed planned | points with the best ready >= 1.05x the best fixed |")
+    print("|---|---|---|---|---|---|---|")
     for (ranks, budget), values in gains.items():
-        light = [v[0] for v in values]
-        cp = [v[1] for v in values]
-        print(f"| {ranks} | {budget} | {min(light):.3f}x, {statistics.median(light):.3f}x, {max(light):.3f}x | "
-              f"{min(cp):.3f}x, {statistics.median(cp):.3f}x, {max(cp):.3f}x | "
-              f"{sum(1 for v in cp if v >= 1.05)} of {len(cp)} |")
+        def spread(k: int) -> str:
+            column = [v[k] for v in values]
+            return f"{min(column):.3f}x, {statistics.median(column):.3f}x, {max(column):.3f}x"
+        wins = sum(1 for v in values if max(v[:3]) >= 1.05)
+        print(f"| {ranks} | {budget} | {spread(0)} | {spread(1)} | {spread(2)} | {spread(3)} | {wins} of {len(values)} |")
+    print("\nEach cell: min, median, max over the points.")
 
 
 if __name__ == "__main__":

@@ -82,10 +82,14 @@ def tune_cell(workload: str, ranks: int, budget: str, settings: Settings) -> Tun
 
 
 def hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, budget: str):
-    from runtime.sched.baselines import sorted_baselines
+    """The hint ``row`` runs on ``table`` at ``budget``; None where the row has no order there (a plan that
+    cannot complete)."""
+    from runtime.sched.baselines import PLANNED, planned_baseline, sorted_baselines
     from runtime.sched.budget import MemoryBudget
     from runtime.sched.evaluate import concrete, resolve
 
+    if row.hint == PLANNED:  # [Note: planned orders] in runtime.sched.baselines
+        return planned_baseline(shape, table, MemoryBudget.parse(budget))
     if row.fills_budget:  # the sorted 1F1B with warm-ups that fill this budget (its built-in at 1F1B's)
         fitted = sorted_baselines(shape, table.expected().microbatch_costs,
                                   MemoryBudget.parse(budget).per_rank(shape), budget)
@@ -145,6 +149,9 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         if hint_key not in hints:
             hints[hint_key] = hint_for(row, shape, table, (tuned or {}).get(budget), budget)
         hint = hints[hint_key]
+        if hint is None:
+            cache[key] = None
+            return None
         if hint.shape not in graphs:
             graphs[hint.shape] = TaskGraph.build(hint.shape)
         graph = graphs[hint.shape]

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from hints.errors import UserError
 from hints.tasks import PipelineShape
 from runtime.durations.ranges import check_number
+from runtime.sched.baselines import PLANNED
 
 # The workload presets the suite runs (names VariabilityModel(workload=...) accepts; docs/workloads.md).
 WORKLOADS: tuple[str, ...] = ("uniform", "pretrain-packed", "sft-chat", "vlm-mixed", "vlm-video", "legacy-language",
@@ -58,7 +59,8 @@ class MatrixRow:
     chunks: int = 1
     p2p: str | None = None  # "blocking": Megatron-style fixed baseline ([Note: rows that need an option])
     about: str = ""
-    fills_budget: bool = False  # a sorted 1F1B whose warm-ups fill each cell's budget (runtime.sched.baselines)
+    fills_budget: bool = False  # a hint made for each cell's budget: a sorted 1F1B whose warm-ups fill it, or the
+    # planned order (runtime.sched.baselines)
 
     @property
     def ready(self) -> bool:
@@ -76,6 +78,9 @@ MATRIX_ROWS: tuple[MatrixRow, ...] = (
               about="fixed-order 1F1B, lightest microbatches first by known cost, warm-ups filling the budget"),
     MatrixRow("fixed-1f1b-heavy", "1f1b-heavy", "fixed", fills_budget=True,
               about="fixed-order 1F1B, heaviest microbatches first by known cost, warm-ups filling the budget"),
+    MatrixRow("fixed-planned", PLANNED, "fixed", fills_budget=True,
+              about="fixed order planned within the budget on the known costs (the split-backward order whose "
+                    "lookahead run on the expected durations is shortest, fixed as it ran)"),
     MatrixRow("ready-1f1b", "1f1b", "lookahead", about="readiness-first, 1f1b hint"),
     MatrixRow("ready-bf", "bf", "lookahead", about="readiness-first, bf hint (breadth first)"),
     MatrixRow("ready-bfw", "bfw", "lookahead", about="readiness-first, bfw hint (heaviest microbatch first)"),
@@ -83,6 +88,9 @@ MATRIX_ROWS: tuple[MatrixRow, ...] = (
               about="readiness-first, 1f1b-light hint (the sorted baseline's order, 1F1B's warm-ups)"),
     MatrixRow("ready-zb", "zb", "lookahead", about="readiness-first, zb hint"),
     MatrixRow("ready-cp", "cp", "lookahead", about="readiness-first, cp hint (critical path first)"),
+    MatrixRow("ready-planned", PLANNED, "lookahead", fills_budget=True,
+              about="readiness-first, the planned order as the hint (ready over fixed-planned: what readiness "
+                    "earns from what the plan could not know)"),
     MatrixRow("ready-tuned", TUNED, "lookahead", about="readiness-first, the hint and rule tune-hint picks"),
 )
 

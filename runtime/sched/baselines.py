@@ -19,8 +19,8 @@ from __future__ import annotations
 from typing import Sequence
 
 from hints.errors import HintError
-from hints.orders import HintOrder, one_f_one_b_warmups, sorted_one_f_one_b
-from hints.tasks import LOOPING, PipelineShape
+from hints.orders import HintOrder, one_f_one_b_warmups, sorted_one_f_one_b, zero_bubble
+from hints.tasks import LOOPING, PipelineShape, Task
 
 SORTED_1F1B = {"1f1b-light": True, "1f1b-heavy": False}  # built-in name -> lightest first
 
@@ -56,4 +56,51 @@ def sorted_baselines(shape: PipelineShape, costs: Sequence[float], slots: Sequen
     return out
 
 
-__all__ = ["SORTED_1F1B", "fitted_warmups", "sorted_baselines"]
+def sorted_zero_bubble(shape: PipelineShape, costs: Sequence[float]) -> HintOrder:
+    """``zb`` (ZB-H1) with microbatches sorted lightest first by ``costs``, as ``1f1b-light`` sorts 1F1B."""
+    order = sorted(range(shape.microbatches), key=lambda mb: (costs[mb], mb))
+    plain = zero_bubble(shape.ranks, shape.chunks, shape.microbatches)
+    orders = tuple(tuple(Task(t.stage, t.kind, order[t.microbatch]) for t in rank) for rank in plain)
+    return HintOrder(PipelineShape(shape.ranks, shape.chunks, shape.microbatches, True, LOOPING), orders, "zb-light",
+                     {"generator": "zb", "lightest_first": True, "costs": [float(c) for c in costs]})
+
+
+PLANNED = "planned"
+
+
+def planned_baseline(shape: PipelineShape, table, budget, label: str | None = None) -> HintOrder | None:
+    """The planned order at ``budget`` (a MemoryBudget, or slots per rank named ``label``; [Note: planned
+    orders]): the split-backward order whose lookahead run on ``table.expected()`` within the budget is
+    shortest, fixed as that run ordered each rank. None where no plan completes."""
+    from runtime.sched.evaluate import resolve
+    from runtime.sched.results import ScheduleDeadlock
+    from runtime.sched.simulator import simulate
+
+    expected = table.expected()
+    sources = []
+    try:
+        sources.append(resolve("cp", shape.ranks, shape.chunks, shape.microbatches, table, shape.placement))
+    except HintError:
+        pass
+    if shape.placement == LOOPING:
+        sources.append(sorted_zero_bubble(shape, expected.microbatch_costs))
+    best = None
+    for source in sources:
+        try:
+            plan = simulate(source, expected, "lookahead", budget)
+        except ScheduleDeadlock:
+            continue
+        if best is None or plan.makespan < best[0].makespan:
+            best = (plan, source)
+    if best is None:
+        return None
+    plan, source = best
+    tasks = plan.graph.tasks
+    orders = tuple(tuple(tasks[tid] for tid in executed) for executed in plan.executed)
+    label = str(budget) if label is None else label
+    return HintOrder(source.shape, orders, f"{PLANNED} @{label}",
+                     {"generator": PLANNED, "from": source.name, "rule": "lookahead", "budget": label,
+                      "planned_makespan": plan.makespan})
+
+
+__all__ = ["PLANNED", "SORTED_1F1B", "fitted_warmups", "planned_baseline", "sorted_baselines", "sorted_zero_bubble"]

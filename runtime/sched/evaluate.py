@@ -114,13 +114,17 @@ def builtin_candidates(shape: PipelineShape, table: Durations, budget: MemoryBud
                        ) -> dict[str, HintOrder]:
     """Every built-in that applies to ``shape``, with ``bfw``, ``cp`` and the sorted 1F1Bs from the table's
     expectation; with a ``budget``, also the sorted 1F1Bs whose warm-ups fill it ([Note: the best fixed order
-    at equal memory] in :mod:`runtime.sched.baselines`)."""
-    from runtime.sched.baselines import sorted_baselines
+    at equal memory] in :mod:`runtime.sched.baselines`) and the order planned within it on the expected
+    durations ([Note: planned orders])."""
+    from runtime.sched.baselines import planned_baseline, sorted_baselines
 
     costs, priorities = _expected_inputs(shape, table, True)
     built = applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)
     if budget is not None:
         built.update(sorted_baselines(shape.with_split(False), costs, budget.per_rank(shape), str(budget)))
+        planned = planned_baseline(shape, table, budget)
+        if planned is not None:
+            built[planned.name] = planned
     return built
 
 

@@ -157,6 +157,7 @@ def test_simulate_compare(tmp_path):
     data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--compare", "--workload", "multimodal")
     expected = set(applicable_builtins(4, 1, 8)) | {"cp"}
     assert expected == {"gpipe", "1f1b", "bf", "bfw", "1f1b-light", "1f1b-heavy", "zb", "cp"}
+    expected.add("planned @1f1b")  # [Note: planned orders]
     pairs = {(row["hint"], row["rule"]) for row in data["rows"]}
     assert pairs == {(name, rule) for name in expected for rule in ("fixed", "greedy", "lookahead")}
     assert len(data["rows"]) == 3 * len(expected)
@@ -286,7 +287,7 @@ def test_simulate_v_placement(tmp_path):
     assert data["peak_in_flight"] == [8] * 4
     compared = ok_json(tmp_path, "simulate", "--placement", "v", "-p", "4", "-m", "8", "--compare")
     assert compared["baseline"] == "zbv fixed" and compared["memory_budget_slots"] == [8] * 4
-    assert {row["hint"] for row in compared["rows"]} == {"gpipe", "bf", "bfw", "zbv", "cp"}
+    assert {row["hint"] for row in compared["rows"]} == {"gpipe", "bf", "bfw", "zbv", "cp", "planned @1f1b"}
     assert "vs ZB-V" in ok(tmp_path, "simulate", "--placement", "v", "-p", "4", "-m", "8", "--compare").stdout
     torch_zbv = ok_json(tmp_path, "simulate", "--hint", "torch:ZBVZeroBubble", "-p", "4", "-m", "8",
                         "--policy", "fixed")

@@ -12,7 +12,7 @@ from hints.orders import builtin_hint, one_f_one_b_warmups, peak_in_flight, sort
 from hints.tasks import PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.durations.variability import VariabilityModel, sample_durations
-from runtime.sched.baselines import fitted_warmups, sorted_baselines
+from runtime.sched.baselines import fitted_warmups, planned_baseline, sorted_baselines, sorted_zero_bubble
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import builtin_candidates, compare, credit
 from runtime.sched.simulator import simulate
@@ -102,6 +102,55 @@ def test_a_fixed_candidate_over_the_budget_is_scored_but_never_chosen():
     assert search._value(light, [0.001]) == 0.001
     baseline = Candidate("gpipe", "baseline", "fixed", builtin_hint("gpipe", 4, 1, 16))
     assert search._value(baseline, [0.001]) == 0.001
+
+
+@pytest.mark.parametrize("chunks,placement,budget", [(1, "looping", "1f1b"), (1, "looping", "2x"),
+                                                     (2, "looping", "1f1b"), (2, "v", "1f1b"), (1, "looping", "6")])
+def test_a_planned_order_keeps_to_its_budget_whatever_the_durations(chunks, placement, budget):
+    """[Note: planned orders]: the plan is made on the expected durations; fixed, it holds what the plan held on
+    every rank (within the budget) on any realized table, and on the expected one it takes the plan's time."""
+    shape = PipelineShape(4, chunks, 8, placement=placement)
+    model = VariabilityModel(workload="vlm-mixed", jitter=0.1)
+    table = sample_durations(model, shape, 3)
+    memory = MemoryBudget.parse(budget)
+    slots = memory.per_rank(shape)
+    plan = planned_baseline(shape, table, memory)
+    assert plan.name == f"planned @{budget}"
+    assert plan.provenance["from"] in ("cp", "zb-light") and plan.shape.split_backward
+    validate_orders(plan.shape, plan.orders, plan.name)
+    expected = simulate(plan, table.expected(), "fixed")
+    assert expected.makespan <= plan.provenance["planned_makespan"] + 1e-9
+    for seed in (3, 4, 5):  # other iterations of the same workload: other realized durations, the same memory
+        realized = simulate(plan, sample_durations(model, shape, seed), "fixed")
+        assert all(peak <= slot for peak, slot in zip(realized.peak_in_flight, slots))
+        assert realized.peak_in_flight == expected.peak_in_flight
+
+
+def test_the_planned_order_is_a_fixed_baseline_readiness_is_credited_against():
+    shape = PipelineShape(8, 1, 32)
+    table = sample_durations(VariabilityModel(workload="sft-chat", jitter=0.1), shape, 0)
+    budget = MemoryBudget.parse("1f1b")
+    comparison = compare(builtin_candidates(shape, table, budget), table, budget, rules=("fixed", "lookahead"))
+    planned = comparison.row("planned @1f1b", "fixed")
+    assert planned is not None and planned.within_budget
+    sorted_fixed = min(comparison.row(name, "fixed").makespan for name in ("1f1b-light", "1f1b-heavy"))
+    assert planned.makespan < sorted_fixed  # the split backward, planned within 1F1B's memory
+    got = comparison.credit
+    assert got.best_fixed.makespan <= planned.makespan
+    # cp in fixed order holds every microbatch: only its ready run keeps to 1F1B's memory, and the planned order
+    # is what that run looks like when it is planned before the iteration.
+    assert not comparison.row("cp", "fixed").within_budget
+
+
+def test_sorted_zero_bubble_is_zb_relabelled_lightest_first():
+    p, m = 4, 8
+    costs = [random.Random(k).uniform(1, 5) for k in range(m)]
+    plain = builtin_hint("zb", p, 1, m)
+    got = sorted_zero_bubble(plain.shape, costs)
+    order = sorted(range(m), key=lambda mb: costs[mb])
+    assert got.orders == tuple(tuple(Task(t.stage, t.kind, order[t.microbatch]) for t in rank)
+                               for rank in plain.orders)
+    assert got.shape == plain.shape
 
 
 def test_warmups_of_1f1b():
