@@ -34,6 +34,7 @@ HINTS = {
     "1f1b": (1, None), "interleaved-1f1b": (2, None), "zb": (1, None), "zbv": (2, "v"), "bf": (1, None),
     "bfw": (1, None), "cp": (1, None), "torch:Interleaved1F1B": (2, None),
     "torch:InterleavedZeroBubble": (2, None), "torch:ZBVZeroBubble": (2, "v"), "torch:DualPipeV": (2, "v"),
+    "planned": (1, None),  # planned at 1F1B's memory ([Note: planned orders] in runtime/sched/baselines.py)
 }
 WORKLOADS = ("vlm-mixed", "sft-chat", "pretrain-packed")
 

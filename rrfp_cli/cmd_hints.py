@@ -69,10 +69,17 @@ def list_hints(json_mode: JsonFlag = False) -> None:
                               Column("order", text=True)],
                     [[row["name"], row["chunks"], "I + W" if row["split_backward"] else "B",
                       ", ".join(row["placements"]), row["summary"]] for row in rows], title="Built-in hints")
-        console.print("Also: " + ", ".join(torch_rows) + " (imported from torch.distributed.pipelining), "
-                      "or a hint file (rrfp-hint/1 JSON, torch CSV).")
+        console.print("Also: " + ", ".join(torch_rows) + " (imported from torch.distributed.pipelining); "
+                      f"{PLANNED_SPEC} ({PLANNED_SUMMARY}); or a hint file (rrfp-hint/1 JSON, torch CSV).")
 
-    Output(json_mode).result({"builtins": rows, "torch": torch_rows}, render)
+    Output(json_mode).result({"builtins": rows, "torch": torch_rows,
+                              "planned": {"name": PLANNED_SPEC, "summary": PLANNED_SUMMARY}}, render)
+
+
+PLANNED_SPEC = "planned"  # runtime.sched.baselines.PLANNED, named here without importing the simulator
+PLANNED_SUMMARY = ("the order the arbiter runs on the known costs within --memory-budget, from cp or zb lightest "
+                   "first, fixed as it ran: a zero-bubble order planned before each iteration (needs workload "
+                   "costs; docs/simulator.md)")
 
 
 @app.command("show")

@@ -94,6 +94,7 @@ def simulate(
     json_mode: JsonFlag = False,
 ) -> None:
     """Simulate one hint and policy, or --compare all built-ins, on sampled or recorded durations."""
+    from runtime.sched.baselines import PLANNED
     from runtime.sched.bounds import bound_family, hint_bound, split_bound
     from runtime.sched.budget import MemoryBudget
     from runtime.sched.evaluate import builtin_candidates, concrete, durations_for, resolve
@@ -108,7 +109,7 @@ def simulate(
     asked = placement_value(placement)
     hint_spec = hint_or_baseline(hint, chunks, asked)
     file_hint = None
-    if hint_spec not in BUILTIN_HINTS and not hint_spec.startswith(TORCH_PREFIX):
+    if hint_spec not in BUILTIN_HINTS and hint_spec != PLANNED and not hint_spec.startswith(TORCH_PREFIX):
         file_hint = resolve_hint(hint_spec, stages, chunks, microbatches, placement=asked)
         stages, chunks, microbatches = (file_hint.shape.ranks, file_hint.shape.chunks,
                                         file_hint.shape.microbatches)
@@ -159,7 +160,7 @@ def simulate(
                     shape, model, seed + i, durations, None if durations is None else (durations_iteration or 0) + i,
                     comm_latency)
                 yield (concrete(file_hint, drawn) if file_hint
-                       else resolve(hint_spec, stages, chunks, microbatches, drawn, placed)), drawn
+                       else resolve(hint_spec, stages, chunks, microbatches, drawn, placed, budget=budget)), drawn
 
         _simulate_auto(out, tables(), rule_for("auto", lookahead_flag(lookahead), hint_spec), budget, source,
                        iters or 8)
@@ -168,7 +169,7 @@ def simulate(
         rule = rule_for(policy.value, lookahead_flag(lookahead), hint_spec)
         check_p2p(p2p_mode, rule)
         order = (concrete(file_hint, table) if file_hint
-                 else resolve(hint_spec, stages, chunks, microbatches, table, placed))
+                 else resolve(hint_spec, stages, chunks, microbatches, table, placed, budget=budget))
         began = time.perf_counter()
         result = run_simulation(order, table, rule, budget, overhead=task_overhead, p2p=p2p_mode)
         elapsed = time.perf_counter() - began

@@ -6,13 +6,15 @@ checks that the hint completes in exactly its order (with ``--p2p blocking``,
 under that rule too), so bad input fails with
 one clear error instead of a hang across processes.
 
-``bfw`` and ``cp`` are built from expected costs, which change every
+``bfw``, ``cp`` and ``planned`` are built from expected costs, which change every
 iteration (new sequence lengths, new image counts): :class:`HintPlan`
 rebuilds them per iteration from what the workload knows before the
 iteration starts (``Workload.expected``); every other hint is built once.
 Which stages ``cp`` splits ([Note: which stages split] in
-:mod:`runtime.sched.split_choice`) is chosen on the first iteration and kept:
-the ranks' task graphs and handlers are built once, for one shape.
+:mod:`runtime.sched.split_choice`), and which order the planned one is planned
+from ([Note: planned orders] in :mod:`runtime.sched.baselines`), is chosen on
+the first iteration and kept: the ranks' task graphs and handlers are built
+once, for one shape.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from hints.errors import UserError, input_name
 from hints.orders import BUILTIN_HINTS, HintOrder
 from hints.tasks import PipelineShape
 from runtime.config import hint_spec, run_shape
+from runtime.sched.baselines import PLANNED
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import concrete, resolve
 
 
 def _per_iteration(spec: str) -> bool:
+    if spec == PLANNED:
+        return True
     builtin = BUILTIN_HINTS.get(spec)
     return builtin is not None and (builtin.takes_costs or builtin.takes_priorities)
 
@@ -44,7 +49,7 @@ class HintPlan:
         c = self.config
         if _per_iteration(self.spec):
             hint = resolve(self.spec, c.ranks, c.chunks, c.microbatches, self.workload.expected(iteration),
-                           c.placement, split=self._split)
+                           c.placement, split=self._split, budget=MemoryBudget.parse(c.memory_budget))
             self._split = hint.shape
             return hint
         if self._static is None:
@@ -58,7 +63,7 @@ def validate_run(config) -> HintOrder:
     """Resolve and check the job's hint and budget; raises ``UserError`` before anything starts."""
     # bfw and cp are checked as built without costs: their shape and validity do not depend on them.
     hint = resolve(hint_spec(config), config.ranks, config.chunks, config.microbatches,
-                   placement=config.placement)
+                   placement=config.placement, budget=MemoryBudget.parse(config.memory_budget))
     shape = hint.shape
     run = run_shape(config)
     if (shape.ranks, shape.chunks, shape.microbatches, shape.placement) != \

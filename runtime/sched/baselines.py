@@ -68,10 +68,12 @@ def sorted_zero_bubble(shape: PipelineShape, costs: Sequence[float]) -> HintOrde
 PLANNED = "planned"
 
 
-def planned_baseline(shape: PipelineShape, table, budget, label: str | None = None) -> HintOrder | None:
+def planned_baseline(shape: PipelineShape, table, budget, label: str | None = None,
+                     keep: PipelineShape | None = None) -> HintOrder | None:
     """The planned order at ``budget`` (a MemoryBudget, or slots per rank named ``label``; [Note: planned
     orders]): the split-backward order whose lookahead run on ``table.expected()`` within the budget is
-    shortest, fixed as that run ordered each rank. None where no plan completes."""
+    shortest, fixed as that run ordered each rank. ``keep``: plan only on this shape (a run's first
+    iteration's: its task graph and handlers are built for one shape). None where no plan completes."""
     from runtime.sched.evaluate import resolve
     from runtime.sched.results import ScheduleDeadlock
     from runtime.sched.simulator import simulate
@@ -79,13 +81,16 @@ def planned_baseline(shape: PipelineShape, table, budget, label: str | None = No
     expected = table.expected()
     sources = []
     try:
-        sources.append(resolve("cp", shape.ranks, shape.chunks, shape.microbatches, table, shape.placement))
+        sources.append(resolve("cp", shape.ranks, shape.chunks, shape.microbatches, table, shape.placement,
+                               split=keep))
     except HintError:
         pass
     if shape.placement == LOOPING:
         sources.append(sorted_zero_bubble(shape, expected.microbatch_costs))
     best = None
     for source in sources:
+        if keep is not None and source.shape != keep:
+            continue
         try:
             plan = simulate(source, expected, "lookahead", budget)
         except ScheduleDeadlock:

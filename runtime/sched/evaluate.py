@@ -6,8 +6,8 @@ does each hint take under each rule, at one memory budget? This module
 answers it once:
 
 * :func:`durations_for` -- sample a table from a model, or load a recorded one.
-* :func:`resolve` -- a hint spec (built-in, file, ``torch:``) for a shape,
-  with ``bfw``'s costs and ``cp``'s priorities taken from the table's
+* :func:`resolve` -- a hint spec (built-in, file, ``torch:``, ``planned``) for a
+  shape, with ``bfw``'s costs, ``cp``'s priorities and the planned order taken from the table's
   *expected* durations ([Note: expected durations] in
   :mod:`runtime.durations.variability`), never from the values being replayed.
 * :func:`compare` -- each hint under each rule on one compiled graph per
@@ -47,6 +47,7 @@ from hints.orders import (
 )
 from hints.tasks import PipelineShape
 from runtime.durations.variability import Durations, VariabilityModel, sample_durations
+from runtime.sched.baselines import PLANNED, planned_baseline
 from runtime.sched.bounds import LowerBound, bound_family, hint_bound, split_bound
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.results import ScheduleDeadlock, SimResult
@@ -67,14 +68,19 @@ def durations_for(shape: PipelineShape, model: VariabilityModel | None = None, s
 
 def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int | None,
             table: Durations | None = None, placement: str | None = None,
-            model: VariabilityModel | None = None, split: PipelineShape | None = None) -> HintOrder:
-    """``spec`` for the shape; ``bfw`` and ``cp`` take their inputs from ``table.expected()``.
+            model: VariabilityModel | None = None, split: PipelineShape | None = None,
+            budget: MemoryBudget | None = None) -> HintOrder:
+    """``spec`` for the shape; ``bfw``, ``cp`` and ``planned`` take their inputs from ``table.expected()``.
 
     Without a table, ``model``'s durations sampled at seed 0 (``rrfp hints show --workload``); without
     either, ``bfw`` and the sorted 1F1Bs keep index order and ``cp`` uses uniform durations. ``split``: the
     stages ``cp`` splits are those of this shape instead of its own choice ([Note: which stages split]; a run keeps its first iteration's).
-    ``placement`` None is the hint's own (see :func:`hints.files.load.resolve_hint`).
+    ``placement`` None is the hint's own (see :func:`hints.files.load.resolve_hint`). ``planned`` ([Note:
+    planned orders] in :mod:`runtime.sched.baselines`) is planned within ``budget`` (default 1f1b), on ``split``'s
+    shape where given.
     """
+    if spec == PLANNED:
+        return _planned(ranks, chunks, microbatches, table, placement, model, split, budget)
     builtin = BUILTIN_HINTS.get(spec)
     if builtin is None or not (builtin.takes_costs or builtin.takes_priorities):
         return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
@@ -88,6 +94,20 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
         table = sample_durations(model or VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
     costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities, split)
     return resolve_hint(spec, ranks, chunks, microbatches, costs, priorities, placement)
+
+
+def _planned(ranks, chunks, microbatches, table, placement, model, keep, budget) -> HintOrder:
+    if ranks is None or microbatches is None:
+        raise UserError(f"hint {PLANNED!r} needs `ranks` and `microbatches`")
+    shape = hint_shape(None, ranks, chunks, microbatches, placement)
+    if table is None:
+        table = sample_durations(model or VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
+    budget = budget if budget is not None else MemoryBudget.parse("1f1b")
+    plan = planned_baseline(shape, table, budget, keep=keep)
+    if plan is None:
+        raise UserError(f"no order could be planned within the memory budget {budget} for {shape.describe()}",
+                        "`hint` planned")
+    return plan
 
 
 def concrete(hint: HintOrder, table: Durations) -> HintOrder:
@@ -116,7 +136,7 @@ def builtin_candidates(shape: PipelineShape, table: Durations, budget: MemoryBud
     expectation; with a ``budget``, also the sorted 1F1Bs whose warm-ups fill it ([Note: the best fixed order
     at equal memory] in :mod:`runtime.sched.baselines`) and the order planned within it on the expected
     durations ([Note: planned orders])."""
-    from runtime.sched.baselines import planned_baseline, sorted_baselines
+    from runtime.sched.baselines import sorted_baselines
 
     costs, priorities = _expected_inputs(shape, table, True)
     built = applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)

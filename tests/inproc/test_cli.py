@@ -63,7 +63,7 @@ def test_hints_list(tmp_path):
     out = ok(tmp_path, "hints", "list").stdout
     for name in BUILTIN_HINTS:
         assert name in out
-    assert "torch:Interleaved1F1B" in out
+    assert "torch:Interleaved1F1B" in out and "planned (" in out
 
 
 def test_hints_list_json(tmp_path):
@@ -71,6 +71,9 @@ def test_hints_list_json(tmp_path):
     assert [row["name"] for row in data["builtins"]] == list(BUILTIN_HINTS)
     assert {row["name"]: row["split_backward"] for row in data["builtins"]}["zb"] is True
     assert "torch:1F1B" in data["torch"]
+    from runtime.sched.baselines import PLANNED
+
+    assert data["planned"]["name"] == PLANNED
 
 
 def test_hints_show(tmp_path):
@@ -146,6 +149,15 @@ def test_simulate_uniform_makespan(tmp_path):
     assert data["busy"] == pytest.approx([0.24] * 4, abs=1e-12)
     assert data["idle"] == pytest.approx([0.09] * 4, abs=1e-12)
     assert data["bubble_fraction"] == pytest.approx(3 / 11, abs=1e-12)  # (p-1) / (m+p-1)
+
+
+def test_simulate_the_planned_order_fixed_keeps_to_its_budget(tmp_path):
+    for budget in ("1f1b", "2x"):
+        data = ok_json(tmp_path, "simulate", "-p", "4", "-m", "8", "--workload", "multimodal", "--hint", "planned",
+                       "--policy", "fixed", "--memory-budget", budget)
+        assert data["hint"] == f"planned @{budget}"
+        slots = [4, 3, 2, 1] if budget == "1f1b" else [8, 6, 4, 2]
+        assert all(peak <= slot for peak, slot in zip(data["peak_in_flight"], slots))
 
 
 def test_simulate_human_output(tmp_path):

@@ -15,6 +15,7 @@ import pytest
 from hints.orders import applicable_builtins, builtin_hint
 from runtime.config import RunConfig, run_shape
 from runtime.sched.baselines import SORTED_1F1B
+from runtime.sched.budget import MemoryBudget
 from tests.helpers.jobs import check_against_reference, check_budget, run_jobs
 
 ITERS = 2
@@ -54,6 +55,13 @@ SORTED_JOBS = [{"name": f"multimodal-v{chunks}-{hint}-{policy}",
                 "config": dict(workload="multimodal", ranks=4, chunks=chunks, microbatches=8, hint=hint, policy=policy,
                                iters=ITERS, seed=4)}
                for chunks, hint, policy in ((1, "1f1b-light", "fixed"), (2, "1f1b-heavy", "ready"))]
+# The planned order ([Note: planned orders] in runtime.sched.baselines): planned per iteration on its expected
+# costs within the budget, a split backward in an order of the plan's own; fixed and ready, two budgets.
+PLANNED_JOBS = [{"name": f"{workload}-v{chunks}-planned-{policy}-{budget}",
+                 "config": dict(workload=workload, ranks=4, chunks=chunks, microbatches=8, hint="planned",
+                                policy=policy, memory_budget=budget, iters=ITERS, seed=4)}
+                for workload, chunks, policy, budget in (("multimodal", 1, "fixed", "1f1b"), ("gpt", 2, "ready", "2x"),
+                                                         ("multimodal", 2, "fixed", "2x"))]
 V_SHAPES = [(2, 4, ("gpt", "emulated", "multimodal")), (4, 8, ("gpt",))]
 
 
@@ -108,7 +116,7 @@ def mixed_split_jobs(root) -> list[dict]:
 def four_ranks(tmp_path_factory):
     """Every 4-rank job of this module, in one launch: the matrix, V placement, a hint splitting some stages."""
     root = tmp_path_factory.mktemp("four")
-    jobs = [*matrix(4, 8), *v_jobs(*V_SHAPES[1]), *mixed_split_jobs(root), *SORTED_JOBS]
+    jobs = [*matrix(4, 8), *v_jobs(*V_SHAPES[1]), *mixed_split_jobs(root), *SORTED_JOBS, *PLANNED_JOBS]
     return SimpleNamespace(root=root, results=run_jobs(root, 4, jobs, limit=900))
 
 
@@ -135,6 +143,20 @@ def test_sorted_1f1b_matches_single_process(four_ranks):
     for job in SORTED_JOBS:
         check_against_reference(four_ranks.results, job)
         check_budget(four_ranks.results, job)
+
+
+def test_the_planned_order_matches_single_process_within_its_budget(four_ranks):
+    for job in PLANNED_JOBS:
+        check_against_reference(four_ranks.results, job)
+        check_budget(four_ranks.results, job)
+        config = job["config"]
+        slots = MemoryBudget.parse(config["memory_budget"]).per_rank(run_shape(RunConfig(**config)))
+        executed = []
+        for rank, rank_results in four_ranks.results.items():
+            result = rank_results[job["name"]]
+            assert result["peak_in_flight"] <= slots[rank], job["name"]  # in fixed order too
+            executed += result["executed"]
+        assert any("W" in task for task in executed), job["name"]  # a split backward
 
 
 def test_a_hint_splitting_some_stages_matches_single_process(four_ranks):

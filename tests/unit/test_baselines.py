@@ -142,6 +142,26 @@ def test_the_planned_order_is_a_fixed_baseline_readiness_is_credited_against():
     assert not comparison.row("cp", "fixed").within_budget
 
 
+def test_the_planned_hint_resolves_per_table_and_keeps_the_first_shape():
+    """``--hint planned`` ([Note: planned orders]): resolve plans at the budget given (1F1B's by default); a run
+    passes its first iteration's shape (``split``) so later plans keep it."""
+    from runtime.sched.evaluate import resolve
+
+    shape = PipelineShape(4, 1, 8)
+    model = VariabilityModel(workload="multimodal", jitter=0.1)
+    tables = [sample_durations(model, shape, seed) for seed in (0, 1, 2)]
+    two = MemoryBudget.parse("2x")
+    first = resolve("planned", 4, 1, 8, tables[0], budget=two)
+    assert first.orders == planned_baseline(shape, tables[0], two).orders and first.name == "planned @2x"
+    assert resolve("planned", 4, 1, 8, tables[0]).name == "planned @1f1b"
+    for table in tables[1:]:
+        later = resolve("planned", 4, 1, 8, table, split=first.shape, budget=two)
+        assert later.shape == first.shape
+        validate_orders(later.shape, later.orders, later.name)
+    uniform = resolve("planned", 4, 1, 8)  # no table: uniform durations, as cp
+    assert uniform.shape.split_backward
+
+
 def test_sorted_zero_bubble_is_zb_relabelled_lightest_first():
     p, m = 4, 8
     costs = [random.Random(k).uniform(1, 5) for k in range(m)]
