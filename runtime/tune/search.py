@@ -72,7 +72,8 @@ from hints.priorities import list_priorities
 from hints.tasks import LOOPING, PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.durations.variability import Durations
-from runtime.sched.baselines import SORTED_1F1B, sorted_baselines
+from runtime.sched.baselines import PLANNED, SORTED_1F1B, planned_baseline, sorted_baselines
+from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import resolve
 from runtime.sched.split_choice import choose_split
 from runtime.tune.evaluator import Candidate, Evaluator, Objective
@@ -166,6 +167,11 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
         for name, hint in sorted_baselines(shape.with_split(False), slots_heavy_first, slots, budget).items():
             ranked = as_cost_ranked(hint, slots_heavy_first, name, cost_model)
             candidates.append(Candidate(name, "sorted 1F1B", "fixed", ranked))
+        # The order planned within the budget on each scenario's expected durations ([Note: planned orders] in
+        # runtime.sched.baselines), built per scenario as cp is: a hint under the rules searched, and in fixed order
+        # the best fixed order a user could run at this memory.
+        for rule in (*rules, *(() if "fixed" in rules else ("fixed",))):
+            candidates.append(Candidate(PLANNED, "planned", rule, builtin=PLANNED))
 
     if placement == LOOPING:  # the 1F1B family places stages looping (zbv is V's counterpart, a built-in)
         for offset in (-2, -1, 1, 2, 4):
@@ -199,15 +205,20 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
     return candidates
 
 
-def as_static(candidates: Sequence[Candidate], shape: PipelineShape, mean: Durations) -> list[Candidate]:
+def as_static(candidates: Sequence[Candidate], shape: PipelineShape, mean: Durations,
+              slots: Sequence[int] | None = None, budget: str = "1f1b") -> list[Candidate]:
     """Every candidate as one index order under the fixed rule ([Note: one order every step]), without copies
     (the built-ins, the baseline and the traced hint are kept whatever they equal: the verdict compares with
-    them by name)."""
+    them by name); the planned order is planned on ``mean`` within ``slots``."""
     static: list[Candidate] = []
     seen: set = set()
     for candidate in candidates:
         hint = candidate.hint
-        if candidate.builtin is not None:
+        if candidate.builtin == PLANNED:
+            hint = planned_baseline(shape, mean, slots if slots is not None else MemoryBudget.parse(budget), budget)
+            if hint is None:
+                continue
+        elif candidate.builtin is not None:
             hint = resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, mean, shape.placement)
         elif hint is not None and hint.cost_ranked:
             hint = resolve_cost_ranked(hint, mean.microbatch_costs)
@@ -337,8 +348,11 @@ _BUILD_MARGIN = 2.0
 
 def _races_last(candidate: Candidate) -> bool:
     """A built-in computed from each scenario's task graph (``cp``: critical-path priorities, several splits tried),
-    about ten simulations' time a scenario on a large shape: the race scores it after every other candidate, so a
-    budget that cannot afford it ends the race there, not before the candidates behind it."""
+    about ten simulations' time a scenario on a large shape; the planned order, which plans from ``cp`` with two
+    more): the race scores it after every other candidate, so a budget that cannot afford it ends the race there,
+    not before the candidates behind it."""
+    if candidate.builtin == PLANNED:
+        return True
     return candidate.builtin is not None and BUILTIN_HINTS[candidate.builtin].takes_priorities
 
 
