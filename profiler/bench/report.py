@@ -13,10 +13,12 @@ from pathlib import Path
 from hints.outputs import Outputs
 from profiler.bench.matrix import MATRIX_ROWS, PAPER_KIND, PAPER_ROWS, PaperRow
 from profiler.draw.charts import BarChart, Bars, LineChart, Series, save_chart
+from runtime.sched.baselines import PLANNED
 
 HINT_COLOURS = {"1f1b": (31, 119, 180), "interleaved-1f1b": (140, 86, 75), "zb": (44, 160, 44),
                 "bf": (255, 127, 14), "bfw": (148, 103, 189), "cp": (214, 39, 40), "tuned": (23, 190, 207),
-                "1f1b-blocking": (127, 127, 127), "1f1b-light": (188, 189, 34), "1f1b-heavy": (227, 119, 194)}
+                "1f1b-blocking": (127, 127, 127), "1f1b-light": (188, 189, 34), "1f1b-heavy": (227, 119, 194),
+                "planned": (0, 95, 115)}
 CAUSE_COLOURS = {"fill": (205, 205, 205), "drain": (165, 165, 165), "dependency": (120, 120, 120),
                  "budget_held": (40, 90, 200), "misalignment": (215, 35, 35), "dispatch": (20, 20, 20)}
 CAUSES = ("fill", "drain", "dependency", "budget_held", "misalignment", "dispatch")
@@ -72,7 +74,8 @@ CREDIT = ("`vs 1F1B`: fixed 1F1B's makespan over the row's, per table. `same hin
           "fixed order, vs 1F1B. `ready/fixed`: the fixed-order makespan of the same hint over the row's (what "
           "readiness adds); `*`: that fixed order holds more than the budget, not at equal memory. `ready/best "
           "fixed`: the fastest fixed row within the budget (median; the sorted 1F1B rows `fixed-1f1b-light`/`-heavy` "
-          "sort microbatches by known cost and deepen warm-ups to fill the budget) over the row's: what readiness "
+          "sort microbatches by known cost and deepen warm-ups to fill the budget; `fixed-planned` is the order the "
+          "arbiter runs on the known costs within the budget, fixed) over the row's: what readiness "
           "earns over the best fixed order a user could run at that memory. `peak`: most "
           "microbatches any rank held activations for (ready row / the same hint fixed). `/bound`: makespan over "
           "the lower bound of the row's hint family (the hint's own task graph: full backwards for 1F1B-like hints, "
@@ -154,7 +157,9 @@ def variability_table(data: dict, workload: str) -> list[str]:
     return lines + [""]
 
 
-UNKNOWN_ROWS = ("ready-1f1b-light", "ready-cp", "ready-bfw", "ready-zb")  # the ready rows the sweep reports
+UNKNOWN_ROWS = ("ready-planned", "ready-1f1b-light", "ready-cp", "ready-bfw", "ready-zb")  # the ready rows the sweep
+# reports; ready-planned first: ready over the best fixed order with the planned order as the hint, the fixed order
+# it is credited against being (mostly) that same plan ([Note: planned orders] in runtime.sched.baselines)
 
 
 def _unknown_points(data: dict, workload: str, budget: str) -> list[dict]:
@@ -472,7 +477,7 @@ def _speedup_series(entries_by_x: list[tuple[float, dict | None]], rows=MATRIX_R
                                  [(e["speedup_vs_fixed_1f1b"]["p10"], e["speedup_vs_fixed_1f1b"]["p90"])
                                   for _, e in points], colour=colour))
             fixed = [(x, e["fixed_same_hint_speedup"]["median"]) for x, e in points if e.get("fixed_same_hint_speedup")]
-            if fixed and row.hint not in ("zb",):  # fixed zb is its own row
+            if fixed and row.hint not in ("zb", PLANNED):  # fixed zb and fixed planned are rows of their own
                 series.append(Series(f"fixed {row.hint} (same hint)", fixed, dashed=True, colour=colour))
         else:
             series.append(Series(row.name, [(x, e["speedup_vs_fixed_1f1b"]["median"]) for x, e in points],
