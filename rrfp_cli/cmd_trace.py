@@ -304,7 +304,8 @@ def _render_sensitivity(console: Console, result, data: dict) -> None:
     sentence = result.credit.sentence(lambda seconds: f"{seconds * 1e3:.2f} ms")
     if sentence:
         console.print(f"[dim]{sentence} (1f1b-light/heavy: 1F1B with microbatches sorted by known cost; "
-                      f"@budget: warm-ups that fill the budget.)[/]")
+                      f"1f1b-light @budget: warm-ups that fill the budget; planned @budget: the order the arbiter "
+                      f"runs on the known costs (the trace's per-stage means) within the budget, fixed.)[/]")
 
 
 def _needs_decisions(frames, run: Path) -> None:
