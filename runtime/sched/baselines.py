@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hints.errors import HintError
-from hints.orders import HintOrder, one_f_one_b_warmups, sorted_one_f_one_b, zero_bubble
+from hints.orders import HintOrder, builtin_hint, one_f_one_b_warmups, sorted_one_f_one_b, zero_bubble
 from hints.tasks import LOOPING, PipelineShape, Task
 
 SORTED_1F1B = {"1f1b-light": True, "1f1b-heavy": False}  # built-in name -> lightest first
@@ -74,15 +74,18 @@ def planned_baseline(shape: PipelineShape, table, budget, label: str | None = No
     orders]): the split-backward order whose lookahead run on ``table.expected()`` within the budget is
     shortest, fixed as that run ordered each rank. ``keep``: plan only on this shape (a run's first
     iteration's: its task graph and handlers are built for one shape). None where no plan completes."""
-    from runtime.sched.evaluate import resolve
+    from hints.priorities import cp_priorities
     from runtime.sched.results import ScheduleDeadlock
     from runtime.sched.simulator import simulate
+    from runtime.sched.split_choice import split_and_priorities
 
     expected = table.expected()
     sources = []
+    # cp as runtime.sched.evaluate.resolve builds it: priorities on the stages where a split pays (or on keep's)
+    priorities = cp_priorities(keep, expected) if keep is not None else split_and_priorities(shape, expected)[1]
     try:
-        sources.append(resolve("cp", shape.ranks, shape.chunks, shape.microbatches, table, shape.placement,
-                               split=keep))
+        sources.append(builtin_hint("cp", shape.ranks, shape.chunks, shape.microbatches, priorities=priorities,
+                                    placement=shape.placement))
     except HintError:
         pass
     if shape.placement == LOOPING:
