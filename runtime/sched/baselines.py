@@ -69,25 +69,28 @@ PLANNED = "planned"
 
 
 def planned_baseline(shape: PipelineShape, table, budget, label: str | None = None,
-                     keep: PipelineShape | None = None) -> HintOrder | None:
+                     keep: PipelineShape | None = None, cp: HintOrder | None = None) -> HintOrder | None:
     """The planned order at ``budget`` (a MemoryBudget, or slots per rank named ``label``; [Note: planned
     orders]): the split-backward order whose lookahead run on ``table.expected()`` within the budget is
     shortest, fixed as that run ordered each rank. ``keep``: plan only on this shape (a run's first
-    iteration's: its task graph and handlers are built for one shape). None where no plan completes."""
+    iteration's: its task graph and handlers are built for one shape). ``cp``: that hint already built for
+    ``table`` (its choice of split stages simulates several; ``--compare`` has it). None where no plan
+    completes."""
     from hints.priorities import cp_priorities
     from runtime.sched.results import ScheduleDeadlock
     from runtime.sched.simulator import simulate
     from runtime.sched.split_choice import split_and_priorities
 
     expected = table.expected()
-    sources = []
-    # cp as runtime.sched.evaluate.resolve builds it: priorities on the stages where a split pays (or on keep's)
-    priorities = cp_priorities(keep, expected) if keep is not None else split_and_priorities(shape, expected)[1]
-    try:
-        sources.append(builtin_hint("cp", shape.ranks, shape.chunks, shape.microbatches, priorities=priorities,
-                                    placement=shape.placement))
-    except HintError:
-        pass
+    sources = [cp] if cp is not None else []
+    if cp is None:
+        # cp as runtime.sched.evaluate.resolve builds it: priorities on the stages where a split pays (or keep's)
+        priorities = cp_priorities(keep, expected) if keep is not None else split_and_priorities(shape, expected)[1]
+        try:
+            sources.append(builtin_hint("cp", shape.ranks, shape.chunks, shape.microbatches, priorities=priorities,
+                                        placement=shape.placement))
+        except HintError:
+            pass
     if shape.placement == LOOPING:
         sources.append(sorted_zero_bubble(shape, expected.microbatch_costs))
     best = None

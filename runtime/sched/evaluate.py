@@ -142,7 +142,7 @@ def builtin_candidates(shape: PipelineShape, table: Durations, budget: MemoryBud
     built = applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)
     if budget is not None:
         built.update(sorted_baselines(shape.with_split(False), costs, budget.per_rank(shape), str(budget)))
-        planned = planned_baseline(shape, table, budget)
+        planned = planned_baseline(shape, table, budget, cp=built.get("cp"))
         if planned is not None:
             built[planned.name] = planned
     return built
