@@ -17,12 +17,19 @@ For each workload, rank count (``m = 4p``) and point of the sweep (none, then ea
   (``1f1b-light``; ``1f1b-light @2x`` at 2x) over ``--auto-iterations`` tables taken as consecutive iterations
   (half as many above 32 ranks): the iterations it ran fixed, its switches, and always-ready's total over auto's.
 
+``--oracle`` adds a yardstick: the order planned on each table's *realized* durations (perfect knowledge, which no
+scheduler has), run fixed, over the planned order (made on the expected durations) run fixed; beside it, ready
+``planned``'s gain over fixed ``planned`` as a share of it (in log terms). Not a bound: the planner is a heuristic
+(the lookahead arbiter run offline), and readiness can beat a plan made with perfect knowledge.
+
 Rank counts above 32 run ``--large-levels`` (one level per kind by default): a 128-rank table takes about
 20 s per row set on a 2-core machine.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import os
 import platform
 import statistics
@@ -65,6 +72,28 @@ def auto_over(workload: str, ranks: int, jitter: float, unknown: str, seeds: lis
     return fixed, policy.switches, sum(r.ready for r in rows) / sum(r.makespan for r in rows), len(rows)
 
 
+def oracle_over_planned(workload: str, ranks: int, jitter: float, unknown: str, seeds: list[int], budget: str
+                        ) -> float:
+    """Median over the tables of the planned order's makespan (planned on the expected durations) over the order
+    planned on the realized durations, both fixed: what knowing every duration in advance would be worth."""
+    from runtime.sched.baselines import planned_baseline
+    from runtime.sched.simulator import simulate
+
+    shape = PipelineShape(ranks, 1, MICROBATCHES_PER_RANK * ranks)
+    model = VariabilityModel(workload=workload, jitter=jitter, unknown=unknown)
+    memory = MemoryBudget.parse(budget)
+    ratios = []
+    for seed in seeds:
+        table = sample_durations(model, shape, seed)  # the same table simulate_table draws
+        known = dataclasses.replace(table, microbatch_costs=[
+            sum(table.forward[s][k] + table.backward[s][k] for s in range(table.stages))
+            for k in range(table.microbatches)])
+        known.expectation = known  # the oracle expects what happens
+        planned, oracle = planned_baseline(shape, table, memory), planned_baseline(shape, known, memory)
+        ratios.append(simulate(planned, table, "fixed").makespan / simulate(oracle, table, "fixed").makespan)
+    return statistics.median(ratios)
+
+
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[32, 128])
@@ -76,6 +105,8 @@ def main() -> None:
     parser.add_argument("--auto-iterations", type=int, default=8, help="iterations of the auto runs (half above 32 "
                         "ranks); their tables are seed 1000 s + 1, apart from the others")
     parser.add_argument("--large-levels", default="moe=1.7,cost-error=0.2,slow-rank=0.3,inter-node=1")
+    parser.add_argument("--oracle", action="store_true", help="add the ceiling: the order planned on the realized "
+                        "durations, fixed, over the planned order, fixed")
     args = parser.parse_args()
     rows = [r for r in MATRIX_ROWS if r.name in ROWS]
     seeds = [1000 * s for s in range(args.tables)]
@@ -91,7 +122,9 @@ def main() -> None:
                 runs = args.auto_iterations if ranks <= 32 else max(3, args.auto_iterations // 2)
                 autos = {b: auto_over(workload, ranks, args.jitter, unknown, [1000 * s + 1 for s in range(runs)], b)
                          for b in BUDGETS}
-                out.append((ranks, workload, unknown, cells, autos))
+                oracles = ({b: oracle_over_planned(workload, ranks, args.jitter, unknown, seeds, b) for b in BUDGETS}
+                           if args.oracle else {})
+                out.append((ranks, workload, unknown, cells, autos, oracles))
     elapsed = time.perf_counter() - began
     print(f"Command: `{' '.join([os.path.basename(sys.executable), *sys.argv])}`; "
           f"{platform.machine()}, Python {platform.python_version()}; {elapsed:.0f} s.\n")
@@ -100,7 +133,8 @@ def main() -> None:
           "(cp, planned) | auto, hint 1f1b-light fitted to the budget: fixed iterations, switches, always-ready/auto |")
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     gains = {}
-    for ranks, workload, unknown, cells, autos in out:
+    oracle_lines = []
+    for ranks, workload, unknown, cells, autos, oracles in out:
         for budget in BUDGETS:
             entries = {e["row"]: e for e in cells[budget]["rows"]}
             light, cp, planned = entries["ready-1f1b-light"], entries["ready-cp"], entries["ready-planned"]
@@ -113,6 +147,11 @@ def main() -> None:
             print(f"| {ranks} | {workload} | {unknown or 'none'} | {budget} | {best} | {speed:.3f}x | {a:.3f}x | "
                   f"{b:.3f}x | {c:.3f}x | {own:.3f}x | {cp['peak_in_flight']:g}, {planned['peak_in_flight']:g} | "
                   f"{fixed} of {count}, {switches}, {ratio:.3f}x |")
+            if oracles:
+                ceiling = oracles[budget]
+                share = f"{math.log(own) / math.log(ceiling):.0%}" if ceiling > 1.005 else "-"
+                oracle_lines.append(f"| {ranks} | {workload} | {unknown or 'none'} | {budget} | {ceiling:.3f}x | "
+                                    f"{own:.3f}x | {share} |")
     print("\n| ranks | budget | ready 1f1b-light / best fixed | ready cp / best fixed | ready planned / best fixed | "
           "ready planned / fixed planned | points with the best ready >= 1.05x the best fixed |")
     print("|---|---|---|---|---|---|---|")
@@ -123,6 +162,11 @@ def main() -> None:
         wins = sum(1 for v in values if max(v[:3]) >= 1.05)
         print(f"| {ranks} | {budget} | {spread(0)} | {spread(1)} | {spread(2)} | {spread(3)} | {wins} of {len(values)} |")
     print("\nEach cell: min, median, max over the points.")
+    if oracle_lines:
+        print("\n| ranks | workload | unknown | budget | perfect knowledge: planned on the realized durations, fixed, "
+              "over planned fixed | ready planned / fixed planned | readiness's gain as a share of it (-: under 0.5%) |")
+        print("|---|---|---|---|---|---|---|")
+        print("\n".join(oracle_lines))
 
 
 if __name__ == "__main__":
