@@ -116,6 +116,7 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     """
     from hints.deps import TaskGraph
     from runtime.durations.variability import VariabilityModel, sample_durations
+    from runtime.sched.baselines import PLANNED, planned_baseline
     from runtime.sched.bounds import bound_family, hint_bound, split_bound
     from runtime.sched.budget import MemoryBudget
     from runtime.sched.results import ScheduleDeadlock
@@ -146,6 +147,12 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         shape = PipelineShape(ranks, row.chunks, m)
         table = table_for(row.chunks)
         hint_key = (row.hint, row.chunks, hint_budget)
+        if hint_key not in hints and row.hint == PLANNED:  # planned from the cp the ready-cp row runs: built once
+            cp_key = ("cp", row.chunks, None)
+            if cp_key not in hints:
+                hints[cp_key] = hint_for(MatrixRow("ready-cp", "cp", "lookahead", chunks=row.chunks), shape, table,
+                                         None, budget)
+            hints[hint_key] = planned_baseline(shape, table, MemoryBudget.parse(budget), cp=hints[cp_key])
         if hint_key not in hints:
             hints[hint_key] = hint_for(row, shape, table, (tuned or {}).get(budget), budget)
         hint = hints[hint_key]
