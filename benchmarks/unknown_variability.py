@@ -76,7 +76,7 @@ def oracle_over_planned(workload: str, ranks: int, jitter: float, unknown: str, 
                         ) -> float:
     """Median over the tables of the planned order's makespan (planned on the expected durations) over the order
     planned on the realized durations, both fixed: what knowing every duration in advance would be worth."""
-    from runtime.sched.baselines import planned_baseline
+    from runtime.sched.evaluate import planned_baseline
     from runtime.sched.simulator import simulate
 
     shape = PipelineShape(ranks, 1, MICROBATCHES_PER_RANK * ranks)

@@ -25,6 +25,7 @@ from hints.outputs import Outputs
 from rrfp_cli.helpscreen import App
 from rrfp_cli.options import Chunks, JsonFlag, Microbatches, Placement, Ranks, SplitOverhead, Workload, placement_value
 from rrfp_cli.output import Column, Output, check_new_file, print_table
+from runtime.sched.baselines import PLANNED
 
 app = App(help="Hint orders: list the built-ins, draw one, check a file, export to torch.",
           no_args_is_help=True)
@@ -70,13 +71,12 @@ def list_hints(json_mode: JsonFlag = False) -> None:
                     [[row["name"], row["chunks"], "I + W" if row["split_backward"] else "B",
                       ", ".join(row["placements"]), row["summary"]] for row in rows], title="Built-in hints")
         console.print("Also: " + ", ".join(torch_rows) + " (imported from torch.distributed.pipelining); "
-                      f"{PLANNED_SPEC} ({PLANNED_SUMMARY}); or a hint file (rrfp-hint/1 JSON, torch CSV).")
+                      f"{PLANNED} ({PLANNED_SUMMARY}); or a hint file (rrfp-hint/1 JSON, torch CSV).")
 
     Output(json_mode).result({"builtins": rows, "torch": torch_rows,
-                              "planned": {"name": PLANNED_SPEC, "summary": PLANNED_SUMMARY}}, render)
+                              "planned": {"name": PLANNED, "summary": PLANNED_SUMMARY}}, render)
 
 
-PLANNED_SPEC = "planned"  # runtime.sched.baselines.PLANNED, named here without importing the simulator
 PLANNED_SUMMARY = ("the order the arbiter runs on the known costs within --memory-budget, from cp or zb lightest "
                    "first, fixed as it ran: a zero-bubble order planned before each iteration (needs workload "
                    "costs; docs/simulator.md)")

@@ -84,9 +84,9 @@ def tune_cell(workload: str, ranks: int, budget: str, settings: Settings) -> Tun
 def hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, budget: str):
     """The hint ``row`` runs on ``table`` at ``budget``; None where the row has no order there (a plan that
     cannot complete)."""
-    from runtime.sched.baselines import PLANNED, planned_baseline, sorted_baselines
+    from runtime.sched.baselines import PLANNED, sorted_baselines
     from runtime.sched.budget import MemoryBudget
-    from runtime.sched.evaluate import concrete, resolve
+    from runtime.sched.evaluate import concrete, planned_baseline, resolve
 
     if row.hint == PLANNED:  # [Note: planned orders] in runtime.sched.baselines
         return planned_baseline(shape, table, MemoryBudget.parse(budget))
@@ -116,9 +116,10 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     """
     from hints.deps import TaskGraph
     from runtime.durations.variability import VariabilityModel, sample_durations
-    from runtime.sched.baselines import PLANNED, planned_baseline
+    from runtime.sched.baselines import PLANNED
     from runtime.sched.bounds import bound_family, hint_bound, split_bound
     from runtime.sched.budget import MemoryBudget
+    from runtime.sched.evaluate import planned_baseline
     from runtime.sched.results import ScheduleDeadlock
     from runtime.sched.simulator import simulate
 

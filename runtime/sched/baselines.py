@@ -19,7 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 from hints.errors import HintError
-from hints.orders import HintOrder, builtin_hint, one_f_one_b_warmups, sorted_one_f_one_b, zero_bubble
+from hints.orders import HintOrder, one_f_one_b_warmups, sorted_one_f_one_b, zero_bubble
 from hints.tasks import LOOPING, PipelineShape, Task
 
 SORTED_1F1B = {"1f1b-light": True, "1f1b-heavy": False}  # built-in name -> lightest first
@@ -68,50 +68,4 @@ def sorted_zero_bubble(shape: PipelineShape, costs: Sequence[float]) -> HintOrde
 PLANNED = "planned"
 
 
-def planned_baseline(shape: PipelineShape, table, budget, label: str | None = None,
-                     keep: PipelineShape | None = None, cp: HintOrder | None = None) -> HintOrder | None:
-    """The planned order at ``budget`` (a MemoryBudget, or slots per rank named ``label``; [Note: planned
-    orders]): the split-backward order whose lookahead run on ``table.expected()`` within the budget is
-    shortest, fixed as that run ordered each rank. ``keep``: plan only on this shape (a run's first
-    iteration's: its task graph and handlers are built for one shape). ``cp``: that hint already built for
-    ``table`` (its choice of split stages simulates several; ``--compare`` has it). None where no plan
-    completes."""
-    from hints.priorities import cp_priorities
-    from runtime.sched.results import ScheduleDeadlock
-    from runtime.sched.simulator import simulate
-    from runtime.sched.split_choice import split_and_priorities
-
-    expected = table.expected()
-    sources = [cp] if cp is not None else []
-    if cp is None:
-        # cp as runtime.sched.evaluate.resolve builds it: priorities on the stages where a split pays (or keep's)
-        priorities = cp_priorities(keep, expected) if keep is not None else split_and_priorities(shape, expected)[1]
-        try:
-            sources.append(builtin_hint("cp", shape.ranks, shape.chunks, shape.microbatches, priorities=priorities,
-                                        placement=shape.placement))
-        except HintError:
-            pass
-    if shape.placement == LOOPING:
-        sources.append(sorted_zero_bubble(shape, expected.microbatch_costs))
-    best = None
-    for source in sources:
-        if keep is not None and source.shape != keep:
-            continue
-        try:
-            plan = simulate(source, expected, "lookahead", budget)
-        except ScheduleDeadlock:
-            continue
-        if best is None or plan.makespan < best[0].makespan:
-            best = (plan, source)
-    if best is None:
-        return None
-    plan, source = best
-    tasks = plan.graph.tasks
-    orders = tuple(tuple(tasks[tid] for tid in executed) for executed in plan.executed)
-    label = str(budget) if label is None else label
-    return HintOrder(source.shape, orders, f"{PLANNED} @{label}",
-                     {"generator": PLANNED, "from": source.name, "rule": "lookahead", "budget": label,
-                      "planned_makespan": plan.makespan})
-
-
-__all__ = ["PLANNED", "SORTED_1F1B", "fitted_warmups", "planned_baseline", "sorted_baselines", "sorted_zero_bubble"]
+__all__ = ["PLANNED", "SORTED_1F1B", "fitted_warmups", "sorted_baselines", "sorted_zero_bubble"]

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hints.deps import TaskGraph
-from hints.errors import UserError
+from hints.errors import HintError, UserError
 from hints.files.load import hint_shape, resolve_hint
 from hints.orders import (
     BUILTIN_HINTS,
@@ -45,9 +45,9 @@ from hints.orders import (
     baseline_hint_name,
     resolve_cost_ranked,
 )
-from hints.tasks import PipelineShape
+from hints.tasks import LOOPING, PipelineShape
 from runtime.durations.variability import Durations, VariabilityModel, sample_durations
-from runtime.sched.baselines import PLANNED, planned_baseline
+from runtime.sched.baselines import PLANNED, sorted_baselines, sorted_zero_bubble
 from runtime.sched.bounds import LowerBound, bound_family, hint_bound, split_bound
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.results import ScheduleDeadlock, SimResult
@@ -79,35 +79,67 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
     planned orders] in :mod:`runtime.sched.baselines`) is planned within ``budget`` (default 1f1b), on ``split``'s
     shape where given.
     """
-    if spec == PLANNED:
-        return _planned(ranks, chunks, microbatches, table, placement, model, split, budget)
+    planned = spec == PLANNED
     builtin = BUILTIN_HINTS.get(spec)
-    if builtin is None or not (builtin.takes_costs or builtin.takes_priorities):
+    if not planned and (builtin is None or not (builtin.takes_costs or builtin.takes_priorities)):
         return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
     if ranks is None or microbatches is None:
         raise UserError(f"hint {spec!r} needs `ranks` and `microbatches`")
-    shape = hint_shape(spec, ranks, chunks, microbatches, placement)
+    shape = hint_shape(None if planned else spec, ranks, chunks, microbatches, placement)
     placement = shape.placement
     if table is None:
-        if not builtin.takes_priorities and model is None:
+        if not planned and not builtin.takes_priorities and model is None:
             return resolve_hint(spec, ranks, chunks, microbatches, placement=placement)
         table = sample_durations(model or VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
+    if planned:
+        budget = budget if budget is not None else MemoryBudget.parse("1f1b")
+        plan = planned_baseline(shape, table, budget, keep=split)
+        if plan is None:
+            raise UserError(f"no order could be planned within the memory budget {budget} for {shape.describe()}",
+                            "`hint` planned")
+        return plan
     costs, priorities = _expected_inputs(shape, table, builtin.takes_priorities, split)
     return resolve_hint(spec, ranks, chunks, microbatches, costs, priorities, placement)
 
 
-def _planned(ranks, chunks, microbatches, table, placement, model, keep, budget) -> HintOrder:
-    if ranks is None or microbatches is None:
-        raise UserError(f"hint {PLANNED!r} needs `ranks` and `microbatches`")
-    shape = hint_shape(None, ranks, chunks, microbatches, placement)
-    if table is None:
-        table = sample_durations(model or VariabilityModel(), shape, 0)  # uniform: every task its kind's cost
-    budget = budget if budget is not None else MemoryBudget.parse("1f1b")
-    plan = planned_baseline(shape, table, budget, keep=keep)
-    if plan is None:
-        raise UserError(f"no order could be planned within the memory budget {budget} for {shape.describe()}",
-                        "`hint` planned")
-    return plan
+def planned_baseline(shape: PipelineShape, table: Durations, budget, keep: PipelineShape | None = None,
+                     cp: HintOrder | None = None) -> HintOrder | None:
+    """The planned order at ``budget`` (a :class:`MemoryBudget`, or any budget that gives slots per rank;
+    [Note: planned orders] in :mod:`runtime.sched.baselines`): the split-backward order whose lookahead run on
+    ``table.expected()`` within the budget is shortest, fixed as that run ordered each rank. ``keep``: plan only
+    on this shape (a run's first iteration's: its task graph and handlers are built for one shape). ``cp``:
+    that hint already built for ``table`` (its choice of split stages simulates several; ``--compare`` has
+    it). None where no plan completes."""
+    expected = table.expected()
+    sources = []
+    if cp is None:
+        try:
+            cp = resolve("cp", shape.ranks, shape.chunks, shape.microbatches, table, shape.placement, split=keep)
+        except HintError:
+            pass
+    if cp is not None:
+        sources.append(cp)
+    if shape.placement == LOOPING:
+        sources.append(sorted_zero_bubble(shape, expected.microbatch_costs))
+    slots = budget.per_rank(shape)
+    best = None
+    for source in sources:
+        if keep is not None and source.shape != keep:
+            continue
+        try:
+            plan = simulate(source, expected, "lookahead", slots)
+        except ScheduleDeadlock:
+            continue
+        if best is None or plan.makespan < best[0].makespan:
+            best = (plan, source)
+    if best is None:
+        return None
+    plan, source = best
+    tasks = plan.graph.tasks
+    orders = tuple(tuple(tasks[tid] for tid in executed) for executed in plan.executed)
+    return HintOrder(source.shape, orders, f"{PLANNED} @{budget}",
+                     {"generator": PLANNED, "from": source.name, "rule": "lookahead", "budget": str(budget),
+                      "planned_makespan": plan.makespan})
 
 
 def concrete(hint: HintOrder, table: Durations) -> HintOrder:
@@ -136,8 +168,6 @@ def builtin_candidates(shape: PipelineShape, table: Durations, budget: MemoryBud
     expectation; with a ``budget``, also the sorted 1F1Bs whose warm-ups fill it ([Note: the best fixed order
     at equal memory] in :mod:`runtime.sched.baselines`) and the order planned within it on the expected
     durations ([Note: planned orders])."""
-    from runtime.sched.baselines import sorted_baselines
-
     costs, priorities = _expected_inputs(shape, table, True)
     built = applicable_builtins(shape.ranks, shape.chunks, shape.microbatches, costs, priorities, shape.placement)
     if budget is not None:
@@ -369,4 +399,4 @@ def median_rows(comparisons: Sequence[Comparison]) -> list[Row]:
 
 
 __all__ = ["Comparison", "Credit", "DEFAULT_RULES", "Row", "builtin_candidates", "compare", "concrete", "credit",
-           "durations_for", "median_rows", "ranking_costs", "resolve"]
+           "durations_for", "median_rows", "planned_baseline", "ranking_costs", "resolve"]

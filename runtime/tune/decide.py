@@ -24,8 +24,6 @@ from typing import Callable
 
 from hints.errors import UserError
 from hints.orders import HintOrder, baseline_hint_name
-from runtime.durations.variability import VariabilityModel, sample_durations
-from runtime.sched.baselines import PLANNED, planned_baseline
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import resolve, versus_label
 from runtime.sched.rules import RULES
@@ -143,7 +141,7 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
     candidates = ([traced] if traced is not None else []) + portfolio(shape, rules, mean, cost_model,
                                                                       evaluator.slots, str(evaluator.budget))
     if static:
-        candidates = as_static(candidates, shape, mean, evaluator.slots, str(evaluator.budget))
+        candidates = as_static(candidates, shape, mean, evaluator.budget)
     # What follows the search in the same clock budget: each family's best, the references and the best fixed
     # order on every held-out scenario (in the pool: counted by the search as it scores families,
     # ``reserve_each``), and with auto the memory sweep and a new evaluator (here, one process).
@@ -553,10 +551,8 @@ def chosen_hint(outcome: TuneOutcome) -> HintOrder:
     if candidate.hint is not None:
         return candidate.hint
     shape = outcome.evaluator.shape
-    if candidate.builtin == PLANNED:  # planned on uniform durations, as cp is built: a run plans every iteration
-        uniform = sample_durations(VariabilityModel(), shape, 0)
-        return planned_baseline(shape, uniform, outcome.evaluator.slots, str(outcome.evaluator.budget))
-    return resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement)
+    return resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, placement=shape.placement,
+                   budget=outcome.evaluator.budget)  # cp and the planned order on uniform durations
 
 
 __all__ = ["AUTO_BUDGETS", "HeldBudget", "Stopwatch", "TuneOutcome", "Verdict", "chosen_hint", "decide",

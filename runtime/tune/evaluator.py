@@ -51,10 +51,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple, Sequence
 
 from hints.deps import TaskGraph
-from hints.errors import HintError, UserError
+from hints.errors import UserError
 from hints.orders import HintOrder, peak_in_flight
 from hints.tasks import PipelineShape
-from runtime.sched.baselines import PLANNED, planned_baseline
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import concrete, resolve
 from runtime.sched.results import ScheduleDeadlock, SimResult
@@ -231,13 +230,8 @@ class Evaluator:
             hint = self._builtins.get(key)
             if hint is None:
                 s = self.shape
-                if candidate.builtin == PLANNED:  # [Note: planned orders] in runtime.sched.baselines
-                    hint = planned_baseline(s, scenario.table, self.slots, str(self.budget))
-                    if hint is None:
-                        raise HintError(f"no order could be planned within {self.budget} for {s.describe()}")
-                else:
-                    hint = resolve(candidate.builtin, s.ranks, s.chunks, s.microbatches, scenario.table, s.placement)
-                self._builtins[key] = hint
+                hint = self._builtins[key] = resolve(candidate.builtin, s.ranks, s.chunks, s.microbatches,
+                                                     scenario.table, s.placement, budget=self.budget)
             return hint
         return concrete(candidate.hint, scenario.table)
 

@@ -72,7 +72,7 @@ from hints.priorities import list_priorities
 from hints.tasks import LOOPING, PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.durations.variability import Durations
-from runtime.sched.baselines import PLANNED, SORTED_1F1B, planned_baseline, sorted_baselines
+from runtime.sched.baselines import PLANNED, SORTED_1F1B, sorted_baselines
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import resolve
 from runtime.sched.split_choice import choose_split
@@ -206,20 +206,17 @@ def portfolio(shape: PipelineShape, rules: Sequence[str], mean: Durations, cost_
 
 
 def as_static(candidates: Sequence[Candidate], shape: PipelineShape, mean: Durations,
-              slots: Sequence[int] | None = None, budget: str = "1f1b") -> list[Candidate]:
+              budget: MemoryBudget | None = None) -> list[Candidate]:
     """Every candidate as one index order under the fixed rule ([Note: one order every step]), without copies
     (the built-ins, the baseline and the traced hint are kept whatever they equal: the verdict compares with
-    them by name); the planned order is planned on ``mean`` within ``slots``."""
+    them by name); the planned order is planned on ``mean`` within ``budget`` (default 1f1b)."""
     static: list[Candidate] = []
     seen: set = set()
     for candidate in candidates:
         hint = candidate.hint
-        if candidate.builtin == PLANNED:
-            hint = planned_baseline(shape, mean, slots if slots is not None else MemoryBudget.parse(budget), budget)
-            if hint is None:
-                continue
-        elif candidate.builtin is not None:
-            hint = resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, mean, shape.placement)
+        if candidate.builtin is not None:
+            hint = resolve(candidate.builtin, shape.ranks, shape.chunks, shape.microbatches, mean, shape.placement,
+                           budget=budget)
         elif hint is not None and hint.cost_ranked:
             hint = resolve_cost_ranked(hint, mean.microbatch_costs)
         key = (hint.shape, hint.orders)

@@ -12,9 +12,9 @@ from hints.orders import builtin_hint, one_f_one_b_warmups, peak_in_flight, sort
 from hints.tasks import PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.durations.variability import VariabilityModel, sample_durations
-from runtime.sched.baselines import fitted_warmups, planned_baseline, sorted_baselines, sorted_zero_bubble
+from runtime.sched.baselines import fitted_warmups, sorted_baselines, sorted_zero_bubble
 from runtime.sched.budget import MemoryBudget
-from runtime.sched.evaluate import builtin_candidates, compare, credit
+from runtime.sched.evaluate import builtin_candidates, compare, credit, planned_baseline
 from runtime.sched.simulator import simulate
 from runtime.tune.decide import tune
 from runtime.tune.evaluator import Candidate, Evaluator, Objective
