@@ -176,6 +176,16 @@ def heaviest_first(costs: Sequence[float]) -> list[int]:
     return sorted(range(len(costs)), key=lambda mb: (-costs[mb], mb))
 
 
+def lightest_to_heaviest(costs: Sequence[float]) -> list[int]:
+    """Microbatch indices by ascending cost, ties by index: slot ``k`` -> the ``k``-th lightest microbatch."""
+    return sorted(range(len(costs)), key=lambda mb: (costs[mb], mb))
+
+
+def relabelled(orders, microbatch) -> tuple[tuple[Task, ...], ...]:
+    """``orders`` (one per rank) with each task's microbatch ``k`` replaced by ``microbatch[k]``."""
+    return tuple(tuple(Task(t.stage, t.kind, microbatch[t.microbatch]) for t in order) for order in orders)
+
+
 def resolve_cost_ranked(hint: HintOrder, costs: Sequence[float]) -> HintOrder:
     """The index hint a cost-ranked ``hint`` means for microbatches of ``costs`` ([Note: cost-ranked hints]).
 
@@ -186,7 +196,7 @@ def resolve_cost_ranked(hint: HintOrder, costs: Sequence[float]) -> HintOrder:
     if len(costs) != hint.shape.microbatches:
         raise HintError(f"needs one cost per microbatch: got {len(costs)} for {hint.shape.microbatches}", hint.name)
     microbatch = heaviest_first(costs)
-    orders = tuple(tuple(Task(t.stage, t.kind, microbatch[t.microbatch]) for t in order) for order in hint.orders)
+    orders = relabelled(hint.orders, microbatch)
     provenance = {**hint.provenance, "resolved_from": "cost-ranked", "slot_to_microbatch": microbatch}
     return HintOrder(hint.shape, orders, hint.name, provenance)
 
@@ -199,8 +209,8 @@ def as_cost_ranked(hint: HintOrder, costs: Sequence[float], name: str | None = N
     not "microbatch 7 first".
     """
     slot = {mb: k for k, mb in enumerate(heaviest_first(costs))}
-    orders = tuple(tuple(Task(t.stage, t.kind, slot[t.microbatch]) for t in order) for order in hint.orders)
-    return HintOrder(hint.shape, orders, name or hint.name, dict(hint.provenance), "cost-ranked", cost_model)
+    return HintOrder(hint.shape, relabelled(hint.orders, slot), name or hint.name, dict(hint.provenance), "cost-ranked",
+                     cost_model)
 
 
 # -- generators ----------------------------------------------------------
@@ -245,10 +255,9 @@ def sorted_one_f_one_b(ranks: int, chunks: int, microbatches: int, costs: Sequen
         warmups = one_f_one_b_warmups(ranks, chunks, microbatches)
     if len(warmups) != ranks or any(w < 0 for w in warmups):
         raise HintError(f"sorted 1F1B needs a warm-up >= 0 per rank: got {list(warmups)} for {ranks} ranks")
-    order = sorted(range(microbatches), key=lambda mb: (costs[mb], mb)) if lightest_first else heaviest_first(costs)
-    return [tuple(Task(t.stage, t.kind, order[t.microbatch])
-                  for t in _one_f_one_b_rank(rank, ranks, chunks, microbatches, warmups[rank], None))
-            for rank in range(ranks)]
+    order = lightest_to_heaviest(costs) if lightest_first else heaviest_first(costs)
+    return list(relabelled((_one_f_one_b_rank(rank, ranks, chunks, microbatches, warmups[rank], None)
+                            for rank in range(ranks)), order))
 
 
 def one_f_one_b_warmups(ranks: int, chunks: int, microbatches: int) -> list[int]:
@@ -631,6 +640,8 @@ __all__ = [
     "MICROBATCH_ORDERS",
     "as_cost_ranked",
     "heaviest_first",
+    "lightest_to_heaviest",
+    "relabelled",
     "resolve_cost_ranked",
     "applicable_builtins",
     "baseline_hint_name",

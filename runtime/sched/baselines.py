@@ -19,8 +19,15 @@ from __future__ import annotations
 from typing import Sequence
 
 from hints.errors import HintError
-from hints.orders import HintOrder, one_f_one_b_warmups, sorted_one_f_one_b, zero_bubble
-from hints.tasks import LOOPING, PipelineShape, Task
+from hints.orders import (
+    HintOrder,
+    lightest_to_heaviest,
+    one_f_one_b_warmups,
+    relabelled,
+    sorted_one_f_one_b,
+    zero_bubble,
+)
+from hints.tasks import LOOPING, PipelineShape
 
 SORTED_1F1B = {"1f1b-light": True, "1f1b-heavy": False}  # built-in name -> lightest first
 
@@ -58,9 +65,7 @@ def sorted_baselines(shape: PipelineShape, costs: Sequence[float], slots: Sequen
 
 def sorted_zero_bubble(shape: PipelineShape, costs: Sequence[float]) -> HintOrder:
     """``zb`` (ZB-H1) with microbatches sorted lightest first by ``costs``, as ``1f1b-light`` sorts 1F1B."""
-    order = sorted(range(shape.microbatches), key=lambda mb: (costs[mb], mb))
-    plain = zero_bubble(shape.ranks, shape.chunks, shape.microbatches)
-    orders = tuple(tuple(Task(t.stage, t.kind, order[t.microbatch]) for t in rank) for rank in plain)
+    orders = relabelled(zero_bubble(shape.ranks, shape.chunks, shape.microbatches), lightest_to_heaviest(costs))
     return HintOrder(PipelineShape(shape.ranks, shape.chunks, shape.microbatches, True, LOOPING), orders, "zb-light",
                      {"generator": "zb", "lightest_first": True, "costs": [float(c) for c in costs]})
 
