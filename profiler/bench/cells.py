@@ -81,15 +81,15 @@ def tune_cell(workload: str, ranks: int, budget: str, settings: Settings) -> Tun
     return Tuned(chosen, chosen.label, outcome.verdict.tuned_kept, outcome.verdict.reason)
 
 
-def hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, budget: str):
+def hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, budget: str, cp=None):
     """The hint ``row`` runs on ``table`` at ``budget``; None where the row has no order there (a plan that
-    cannot complete)."""
+    cannot complete). ``cp``: the planned row plans from this ``cp`` hint, already built for ``table``."""
     from runtime.sched.baselines import PLANNED, sorted_baselines
     from runtime.sched.budget import MemoryBudget
     from runtime.sched.evaluate import concrete, planned_baseline, resolve
 
     if row.hint == PLANNED:  # [Note: planned orders] in runtime.sched.baselines
-        return planned_baseline(shape, table, MemoryBudget.parse(budget))
+        return planned_baseline(shape, table, MemoryBudget.parse(budget), cp=cp)
     if row.fills_budget:  # the sorted 1F1B with warm-ups that fill this budget (its built-in at 1F1B's)
         fitted = sorted_baselines(shape, table.expected().microbatch_costs,
                                   MemoryBudget.parse(budget).per_rank(shape), budget)
@@ -119,7 +119,6 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
     from runtime.sched.baselines import PLANNED
     from runtime.sched.bounds import bound_family, hint_bound, split_bound
     from runtime.sched.budget import MemoryBudget
-    from runtime.sched.evaluate import planned_baseline
     from runtime.sched.results import ScheduleDeadlock
     from runtime.sched.simulator import simulate
 
@@ -148,14 +147,15 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
         shape = PipelineShape(ranks, row.chunks, m)
         table = table_for(row.chunks)
         hint_key = (row.hint, row.chunks, hint_budget)
-        if hint_key not in hints and row.hint == PLANNED:  # planned from the cp the ready-cp row runs: built once
-            cp_key = ("cp", row.chunks, None)
-            if cp_key not in hints:
-                hints[cp_key] = hint_for(MatrixRow("ready-cp", "cp", "lookahead", chunks=row.chunks), shape, table,
-                                         None, budget)
-            hints[hint_key] = planned_baseline(shape, table, MemoryBudget.parse(budget), cp=hints[cp_key])
         if hint_key not in hints:
-            hints[hint_key] = hint_for(row, shape, table, (tuned or {}).get(budget), budget)
+            cp = None
+            if row.hint == PLANNED:  # planned from the cp the ready-cp row runs: built once per table
+                cp_key = ("cp", row.chunks, None)
+                if cp_key not in hints:
+                    hints[cp_key] = hint_for(MatrixRow("ready-cp", "cp", "lookahead", chunks=row.chunks), shape,
+                                             table, None, budget)
+                cp = hints[cp_key]
+            hints[hint_key] = hint_for(row, shape, table, (tuned or {}).get(budget), budget, cp)
         hint = hints[hint_key]
         if hint is None:
             cache[key] = None

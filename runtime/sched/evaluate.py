@@ -76,8 +76,8 @@ def resolve(spec: str, ranks: int | None, chunks: int | None, microbatches: int 
     either, ``bfw`` and the sorted 1F1Bs keep index order and ``cp`` uses uniform durations. ``split``: the
     stages ``cp`` splits are those of this shape instead of its own choice ([Note: which stages split]; a run keeps its first iteration's).
     ``placement`` None is the hint's own (see :func:`hints.files.load.resolve_hint`). ``planned`` ([Note:
-    planned orders] in :mod:`runtime.sched.baselines`) is planned within ``budget`` (default 1f1b), on ``split``'s
-    shape where given.
+    planned orders] in :mod:`runtime.sched.baselines`) is planned within ``budget`` (default 1f1b; any budget that
+    gives slots per rank, as tune-hint's held budgets do), on ``split``'s shape where given.
     """
     planned = spec == PLANNED
     builtin = BUILTIN_HINTS.get(spec)
