@@ -25,13 +25,18 @@ later) that together cost about one fused ``B``.
       would spend on it (tens of microseconds plus a walk of the graph below the start), so deferring it fills
       no bubble worth the cost. This is the line Megatron-LM's zero-bubble schedules draw too: they defer the
       weight GEMMs. Computing a group in ``I`` is exact whatever its shape (``I``'s call starts at the outputs).
+      A linear layer's bias goes to ``I`` too, for the same reason (a sum over the tokens of the gradient ``I``
+      has just made, while it is still in cache; the zero-bubble reference implementation, sail-sg's
+      ``WeightGradStore``, computes ``grad_bias`` with the input gradient as well and defers only the weight
+      GEMM): its weight stays in ``W`` alone. ``I`` adds these gradients into ``.grad`` as the engine's
+      accumulator would (:func:`_accumulate`) and runs the parameters' post-accumulate hooks after it.
     * ``W`` runs one engine call per group, from the saved gradients at its intermediates (and from the
       outputs' gradients at its output starts) to its parameters: the engine computes only what those
       parameters need, i.e. the weight-gradient kernels of the intermediates and the branches below them.
       The engine accumulates them into ``.grad`` itself (``torch.autograd.backward(..., inputs=...)``: the
       parameters' own accumulators, in place as under a fused ``B``, their post-accumulate hooks included);
       the cheap groups ``I`` computes come back from its call and are added by :func:`_accumulate`.
-      A linear layer's group is the exception: ``W`` runs its two kernels itself ([Note: a linear layer's W
+      A linear layer's weight is the exception: ``W`` runs its kernel itself ([Note: a linear layer's W
       without the engine]).
 
     Why it is exact: every ancestor of a node on the input path is on the input path too, so ``I`` ran
@@ -63,6 +68,7 @@ later) that together cost about one fused ``B``.
 from __future__ import annotations
 
 from collections import deque
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -82,28 +88,25 @@ del _PROBE
 # [Note: a linear layer's W without the engine]
 #     Most of ``W``'s groups are one linear layer each: an ``AddmmBackward0`` (``F.linear`` with a bias on a 2-D
 #     or flattened 3-D input) or ``MmBackward0`` (without a bias) whose weight edge is a ``TBackward0`` into the
-#     weight's accumulator and whose bias edge (addmm's ``self``) is the bias's accumulator itself. For such a
-#     group the engine call of ``W`` runs exactly two kernels, the weight's and the bias's gradient, but pays
-#     for an engine call around them: it sets up a graph task, walks everything reachable from the start to mark
-#     what is needed (the whole graph below the layer), and dispatches three nodes. On a small stage those
-#     calls cost more than the kernels (0.57 ms of a 3.7 ms ``W`` on the multimodal stage 1 of
-#     ``benchmarks/split_cost.py``, ten groups). :func:`_linear_weight` runs the two kernels itself, as the
-#     engine would run them, so the gradients are bit for bit the engine's:
-#
-#     * the weight's: ``mm_mat2_backward`` for a weight stored row-major (``mat2 = weight.t()`` column-major,
-#       its saved sizes and strides say so), i.e. ``grad.t().mm(mat1)``, which the ``TBackward0`` turns back
-#       into the weight's layout; ``alpha`` 1 (addmm's scale of the product);
-#     * the bias's: ``grad`` (times ``beta``, 1), reduced to the bias's shape as the engine reduces any
-#       gradient of a broadcast input (``sum_to``: a sum over the leading dimension, kept, then viewed);
-#     * each accumulated as ``AccumulateGrad`` does: taken over when ``.grad`` is None (the new tensor is the
-#       kernel's own, held by nobody else), else added in place.
+#     weight's accumulator and whose bias edge (addmm's ``self``) is the bias's accumulator itself; the bias is
+#     computed by ``I`` ([Note: split backward in the runtime]), so ``W``'s group is the weight alone. For such a
+#     group the engine call of ``W`` runs exactly one kernel, the weight's gradient, but pays for an engine call
+#     around it: it sets up a graph task, walks everything reachable from the start to mark what is needed (the
+#     whole graph below the layer), and dispatches two nodes. On a small stage those calls cost more than the
+#     kernels (0.57 ms of a 3.7 ms ``W`` on the multimodal stage 1 of ``benchmarks/split_cost.py``, ten
+#     groups). :func:`_linear_weight` runs the kernel itself, as the engine would run it, so the gradient is bit
+#     for bit the engine's: ``mm_mat2_backward`` for a weight stored row-major (``mat2 = weight.t()``
+#     column-major, its saved sizes and strides say so), i.e. ``grad.t().mm(mat1)``, which the ``TBackward0``
+#     turns back into the weight's layout; ``alpha`` 1 (addmm's scale of the product); accumulated as
+#     ``AccumulateGrad`` does: taken over when ``.grad`` is None (the new tensor is the kernel's own, held by
+#     nobody else), else added in place.
 #
 #     The plan decides the form once per graph shape (:meth:`_Graph.plan`: one intermediate, of those node
 #     types, with exactly those edges, and a group of just those parameters: a parameter used anywhere else
 #     would have a second intermediate or an output start). What the plan cannot see is checked per call, and
 #     anything else goes to the engine as before: a gradient or saved input that is not a plain dense real
-#     tensor (a DTensor under a TP plan, a complex or sparse one), ``alpha`` or ``beta`` other than 1, a weight
-#     not stored row-major, and a parameter with a tensor hook or a post-accumulate hook (``register_hook``,
+#     tensor (a DTensor under a TP plan, a complex or sparse one), ``alpha`` other than 1, a weight not stored
+#     row-major, and a weight with a tensor hook or a post-accumulate hook (``register_hook``,
 #     ``register_post_accumulate_grad_hook``: the engine runs them, this path would not). A hook registered on
 #     the accumulator node itself (``AccumulateGrad.register_hook``) is not visible from Python: such a hook
 #     does not fire for these groups. The kernels run on the current stream, which in rrfp is the forward's.
@@ -119,22 +122,33 @@ _CHEAP_WEIGHT_GRADIENT = frozenset({
 })
 
 
-@dataclass
 class _Group:
-    """Parameters whose gradients come from the same starts. ``linear``: for a linear layer's group, where its
-    weight and bias sit in ``params`` (the bias -1 where it gets no gradient) and whether the node is an addmm
-    ([Note: a linear layer's W without the engine]); None for any other group."""
+    """Parameters whose gradients come from the same starts. ``linear``: for a linear layer's weight (the group's
+    one parameter), whether its node is an addmm (True) or an mm (False) ([Note: a linear layer's W without the
+    engine]); None for any other group. A plain class with slots: ``I`` makes one per group per microbatch."""
 
-    params: list[torch.Tensor] = field(default_factory=list)
-    accumulators: list[Node] = field(default_factory=list)  # the parameters' gradient accumulators, in their order
-    intermediates: list[Node] = field(default_factory=list)
-    output_starts: list[tuple[GradientEdge, torch.Tensor]] = field(default_factory=list)
-    linear: tuple[int, int, bool] | None = None
+    __slots__ = ("params", "accumulators", "intermediates", "output_starts", "linear")
+
+    def __init__(self, params: list[torch.Tensor], accumulators: list[Node], intermediates: list[Node],
+                 output_starts: list[tuple[GradientEdge, torch.Tensor]], linear: bool | None) -> None:
+        self.params = params
+        self.accumulators = accumulators  # the parameters' gradient accumulators, in their order
+        self.intermediates = intermediates
+        self.output_starts = output_starts
+        self.linear = linear
 
     @property
     def targets(self) -> list[GradientEdge]:
         """Where the parameters' gradients leave the graph: the edges into their accumulators."""
         return [GradientEdge(accumulator, 0) for accumulator in self.accumulators]
+
+# Nodes of ops whose forward returns one tensor (matrix products, convolution): ``I`` captures one gradient at such
+# an intermediate without asking the node how many outputs it has (``_input_metadata`` builds a Python object per
+# output, tens of microseconds per task over a stage's intermediates).
+_ONE_OUTPUT = frozenset({
+    "AddmmBackward0", "MmBackward0", "BmmBackward0", "BaddbmmBackward0", "AddbmmBackward0", "MvBackward0",
+    "AddmvBackward0", "ConvolutionBackward0",
+})
 
 
 @dataclass
@@ -158,11 +172,12 @@ class PendingWeights:
 class _Plan:
     """The split's reading of one graph, by position (of nodes in :class:`_Graph`'s order, of parameters in the
     list given, of outputs among the roots), so that it applies to every graph of the same shape. ``groups``
-    None: a graph the split does not cover. Each group: (parameter positions, intermediate positions, output
-    positions, computed in ``I``, its linear form or None: :attr:`_Group.linear`)."""
+    None: a graph the split does not cover. ``groups``: the groups ``W`` computes, each (parameter positions,
+    intermediate positions, output positions, its linear form or None: :attr:`_Group.linear`); ``early``: the
+    positions of the parameters ``I`` computes (the cheap groups')."""
 
-    groups: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool, tuple[int, int, bool] | None],
-                       ...] | None
+    groups: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool | None], ...] | None
+    early: tuple[int, ...] = ()
 
 
 class SplitPlans:
@@ -204,22 +219,24 @@ def backward_input(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Ten
         return [None] * len(inputs), whole
     graph = _Graph([_edge(r) for r in roots], wanted, params)
     plan = plans.plan(graph) if plans is not None else graph.plan()
-    early: list[_Group] = []
     if plan.groups is None:  # a graph the split does not cover: W from the outputs, as a fused backward would
         pending = whole
+        early_targets = []
     else:
-        pending = PendingWeights([], {})
-        for group, in_i in graph.groups(plan, params, grads_of_roots):
-            (early if in_i else pending.groups).append(group)
-        pending.early = [p for group in early for p in group.params]
-    early_targets = [t for group in early for t in group.targets]
-    ahead = [_edge(x) for x in wanted] + early_targets  # what I returns first, in this order
+        accumulators = graph.param_accumulators
+        pending = PendingWeights(graph.groups(plan, params, grads_of_roots), {},
+                                 early=[params[k] for k in plan.early])
+        early_targets = [GradientEdge(accumulators[k], 0) for k in plan.early]
+    # what I returns first, in this order; an input's edge is its accumulator, found by the walk (get_gradient_edge
+    # would make a view of the input to find it, tens of microseconds)
+    found = graph.input_accumulators
+    ahead = [GradientEdge(found[k], 0) if k in found else _edge(x) for k, x in enumerate(wanted)] + early_targets
     intermediates = [node for group in pending.groups for node in group.intermediates]
     if _OUTPUT_COUNT_KNOWN:
         # The gradients flowing into the intermediates come back from the same engine call as the inputs':
         # each intermediate's forward outputs are extra targets (the engine captures a target's gradient when it
         # reaches the node, and runs the node on to the inputs as it would anyway): no Python hook per node.
-        counts = [len(node._input_metadata) for node in intermediates]
+        counts = [1 if type(node).__name__ in _ONE_OUTPUT else len(node._input_metadata) for node in intermediates]
         everything = _grad(graph.root_edges,
                            ahead + [GradientEdge(node, k) for node, count in zip(intermediates, counts)
                                     for k in range(count)],
@@ -235,7 +252,14 @@ def backward_input(roots: Sequence[torch.Tensor], root_grads: Sequence[torch.Ten
         finally:
             for handle in handles:
                 handle.remove()
-    _accumulate(pending.early, everything[len(wanted):len(ahead)])
+    if pending.early:
+        with _grad_off():
+            _accumulate(pending.early, everything[len(wanted):len(ahead)])
+        for param in pending.early:  # as the parameters' accumulators would run them, after accumulating
+            hooks = param._post_accumulate_grad_hooks
+            if hooks is not None:
+                for hook in tuple(hooks.values()):
+                    hook(param)
     by_input = dict(zip(map(id, wanted), everything[:len(wanted)]))
     return [by_input.get(id(x)) for x in inputs], pending
 
@@ -247,6 +271,13 @@ def backward_weight(pending: PendingWeights) -> None:
         if params:
             torch.autograd.backward(roots, root_grads, inputs=params)
         return
+    with _grad_off():
+        _weight_groups(pending)
+    pending.saved.clear()
+
+
+def _weight_groups(pending: PendingWeights) -> None:
+    """``W`` of each group: a linear layer's directly, any other by one engine call from its saved gradients."""
     for index, group in enumerate(pending.groups):
         if group.linear is not None and _linear_weight(group, pending.saved):
             continue
@@ -269,24 +300,22 @@ def backward_weight(pending: PendingWeights) -> None:
         finally:
             for handle in handles:
                 handle.remove()
-    pending.saved.clear()
 
 
 def _linear_weight(group: _Group, saved: dict) -> bool:
-    """``W`` of a linear layer's group without an engine call ([Note: a linear layer's W without the engine]).
-    False, having done nothing, where a check fails: the engine takes the group then."""
+    """``W`` of a linear layer's weight without an engine call ([Note: a linear layer's W without the engine]).
+    False, having done nothing, where a check fails: the engine takes the group then. Called with grad mode off
+    (the product takes a saved input that may require gradients)."""
     node = group.intermediates[0]
     grads = saved.get(node)
     if grads is None or len(grads) != 1 or type(grads[0]) is not torch.Tensor:
         return False
     (grad,) = grads
-    weight_at, bias_at, addmm = group.linear
-    weight = group.params[weight_at]
-    bias = group.params[bias_at] if bias_at >= 0 else None
+    (weight,) = group.params
     if grad.dim() != 2 or grad.layout != torch.strided or grad.is_complex():
         return False
-    if addmm:
-        if node._saved_alpha != 1 or node._saved_beta != 1:
+    if group.linear:  # addmm
+        if node._saved_alpha != 1:
             return False
         mat1 = node._saved_mat1
     else:
@@ -295,17 +324,12 @@ def _linear_weight(group: _Group, saved: dict) -> bool:
     if (type(mat1) is not torch.Tensor or mat1.layout != torch.strided or len(strides) != 2
             or strides[0] != 1 or strides[1] != sizes[0]):  # mat2 = weight.t() of a row-major weight
         return False
-    for param in (weight, bias):
-        if param is not None and (param._backward_hooks or param._post_accumulate_grad_hooks is not None):
-            return False
-    with torch.no_grad():
-        weight_grad = grad.t().mm(mat1)  # mm_mat2_backward's column-major branch, turned back by TBackward0
-        if weight_grad.shape != weight.shape:
-            return False
-        if bias is None:
-            _accumulate([weight], [weight_grad], fresh=True)
-        else:  # the bias's: the engine's sum_to
-            _accumulate([weight, bias], [weight_grad, grad.sum((0,), keepdim=True).view(bias.shape)], fresh=True)
+    if weight._backward_hooks or weight._post_accumulate_grad_hooks is not None:
+        return False
+    weight_grad = grad.t().mm(mat1)  # mm_mat2_backward's column-major branch, turned back by TBackward0
+    if weight_grad.shape != weight.shape:
+        return False
+    _accumulate((weight,), (weight_grad,), fresh=True)
     return True
 
 
@@ -346,22 +370,36 @@ def _accumulate(params: Sequence[torch.Tensor], grads, fresh: bool = False) -> N
     unchanged, to each parameter it adds and to the input), so one kept as it is is never added to in place:
     the second microbatch's sum is a new tensor, marked as ours (:data:`_OWNED`), and the ones after add into
     it. Summing out of place every time allocated a new gradient per parameter per microbatch, which on a
-    small stage cost several percent of ``B``."""
-    with torch.no_grad():
-        for param, grad in zip(params, grads):
-            if grad is None:
-                continue
-            held = param.grad
-            if held is None:
-                param.grad = grad
-                if fresh:
-                    setattr(grad, _OWNED, True)
-            elif getattr(held, _OWNED, False):
-                held.add_(grad)
-            else:
-                held = param.grad = held + grad
-                setattr(held, _OWNED, True)
+    small stage cost several percent of ``B``. Called with grad mode off (:func:`_grad_off`)."""
+    for param, grad in zip(params, grads):
+        if grad is None:
+            continue
+        held = param.grad
+        if held is None:
+            param.grad = grad
+            if fresh:
+                setattr(grad, _OWNED, True)
+        elif getattr(held, _OWNED, False):
+            held.add_(grad)
+        else:
+            held = param.grad = held + grad
+            setattr(held, _OWNED, True)
 
+
+@contextmanager
+def _grad_off():
+    """``torch.no_grad()`` for :func:`_accumulate` and :func:`_linear_weight` (whose products take saved inputs that
+    may require gradients), entered once per task: ``torch.no_grad``'s own context costs a few microseconds per
+    entry, and ``W`` used to enter it twice per group."""
+    enabled = torch.is_grad_enabled()
+    _SET_GRAD_ENABLED(False)
+    try:
+        yield
+    finally:
+        _SET_GRAD_ENABLED(enabled)
+
+
+_SET_GRAD_ENABLED = torch._C._set_grad_enabled
 
 # An attribute on a gradient tensor that _accumulate made itself, so no one else holds it: it may add in place.
 _OWNED = "_rrfp_accumulated"
@@ -397,6 +435,7 @@ class _Graph:
         # position of an accumulator -> ("x", input position) or ("p", parameter position)
         self.leaves: dict[int, tuple[str, int]] = {}
         self.param_accumulators: dict[int, Node] = {}  # parameter position -> its accumulator
+        self.input_accumulators: dict[int, Node] = {}  # input position -> its accumulator
         roles = {id(x): ("x", k) for k, x in enumerate(inputs)}
         roles.update((id(p), ("p", k)) for k, p in enumerate(params))
         position: dict[Node, int] = {}
@@ -421,8 +460,7 @@ class _Graph:
                         role = roles.get(id(child.variable))
                         if role is not None:
                             self.leaves[j] = role
-                            if role[0] == "p":
-                                self.param_accumulators[role[1]] = child
+                            (self.param_accumulators if role[0] == "p" else self.input_accumulators)[role[1]] = child
                 note(j)
         self.signature = signature
         self.root_positions = tuple((position[e.node], e.output_nr) for e in root_edges)
@@ -491,12 +529,20 @@ class _Graph:
             params.append(k)
             nodes.extend(j for j in intermediates if j not in nodes)
             outs.extend(i for i in outputs if i not in outs)
-        planned = []
+        planned, early = [], []
         for params, nodes, outs in groups.values():
-            in_i = not outs and all(type(self.nodes[j]).__name__ in _CHEAP_WEIGHT_GRADIENT for j in nodes)
-            linear = None if in_i or outs or len(nodes) != 1 else self._linear_form(params, nodes[0])
-            planned.append((tuple(params), tuple(nodes), tuple(outs), in_i, linear))
-        return _Plan(tuple(planned))
+            if not outs and all(type(self.nodes[j]).__name__ in _CHEAP_WEIGHT_GRADIENT for j in nodes):
+                early.extend(params)  # computed in I
+                continue
+            form = None if outs or len(nodes) != 1 else self._linear_form(params, nodes[0])
+            if form is None:
+                planned.append((tuple(params), tuple(nodes), tuple(outs), None))
+                continue
+            weight_at, bias_at, addmm = form
+            if bias_at >= 0:
+                early.append(params[bias_at])  # a linear layer's bias: computed in I
+            planned.append(((params[weight_at],), tuple(nodes), (), addmm))
+        return _Plan(tuple(planned), tuple(early))
 
     def _linear_form(self, params: list[int], node: int) -> tuple[int, int, bool] | None:
         """Where a linear layer's weight and bias sit in its group's ``params``, when the group's one intermediate
@@ -523,12 +569,12 @@ class _Graph:
         return params.index(weight[1]), params.index(bias[1]) if bias is not None else -1, kind == "AddmmBackward0"
 
     def groups(self, plan: _Plan, params: Sequence[torch.Tensor], root_grads: Sequence[torch.Tensor]
-               ) -> list[tuple[_Group, bool]]:
-        """``plan``'s groups on this graph's nodes and tensors, each with whether ``I`` computes it."""
-        accumulators, graph_nodes = self.param_accumulators, self.nodes
-        return [(_Group([params[k] for k in ps], [accumulators[k] for k in ps], [graph_nodes[j] for j in nodes],
-                        [(self.root_edges[i], root_grads[i]) for i in outs] if outs else [], linear), in_i)
-                for ps, nodes, outs, in_i, linear in plan.groups]
+               ) -> list[_Group]:
+        """``plan``'s groups that ``W`` computes, on this graph's nodes and tensors."""
+        accumulators, graph_nodes, root_edges = self.param_accumulators, self.nodes, self.root_edges
+        return [_Group([params[k] for k in ps], [accumulators[k] for k in ps], [graph_nodes[j] for j in nodes],
+                       [(root_edges[i], root_grads[i]) for i in outs] if outs else [], linear)
+                for ps, nodes, outs, linear in plan.groups]
 
 
 def _ancestors(parents: list[list[int]], nodes: list[int]) -> set[int]:

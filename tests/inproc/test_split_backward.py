@@ -290,18 +290,50 @@ def test_plans_are_kept_per_graph_shape_and_each_shape_splits_exactly():
     assert len(made) == 2 and made[0] != made[1]  # one reading per shape: positive and negative sums
 
 
-def test_norm_weights_are_computed_in_i_and_matmul_weights_in_w():
-    """The cheap groups (a norm's scale and shift) come from I's engine call; the linear layers' weights, the
-    weight-gradient kernels a zero-bubble schedule defers, from W."""
+def test_norm_weights_and_biases_are_computed_in_i_and_matmul_weights_in_w():
+    """The cheap groups (a norm's scale and shift) and the linear layers' biases come from I's engine call; the
+    linear layers' weights, the weight-gradient kernels a zero-bubble schedule defers, from W."""
     torch.manual_seed(0)
     module = Branchy()
     x = torch.rand(4, 8, requires_grad=True)
     (y,) = module(x)
     _, pending = backward_input([y], [torch.ones_like(y)], [x], list(module.parameters()))
-    assert {id(p) for p in pending.early} == {id(module.norm.weight), id(module.norm.bias)}
-    assert module.norm.weight.grad is not None and module.a.weight.grad is None
+    in_i = (module.norm.weight, module.norm.bias, module.a.bias, module.b.bias)
+    assert {id(p) for p in pending.early} == {id(p) for p in in_i}
+    assert all(p.grad is not None for p in in_i) and module.a.weight.grad is None
     deferred = {id(p) for group in pending.groups for p in group.params}
-    assert deferred == {id(p) for p in (*module.a.parameters(), *module.b.parameters())}
+    assert deferred == {id(module.a.weight), id(module.b.weight)}
+
+
+def test_post_accumulate_hooks_of_parameters_computed_in_i_fire_once_with_their_gradient():
+    """A norm's scale and a linear layer's bias are accumulated by I, not by their accumulators: their
+    post-accumulate hooks fire all the same, once per microbatch, after the gradient is in ``.grad``, and a
+    tensor hook's change to the gradient is kept, as under a fused backward."""
+    torch.manual_seed(5)
+    fused = Branchy()
+    split = copy.deepcopy(fused)
+    seen = {"fused": [], "split": []}
+    for name, module in (("fused", fused), ("split", split)):
+        module.norm.weight.register_hook(lambda g: g * 3)
+        for label, param in (("norm.weight", module.norm.weight), ("a.bias", module.a.bias)):
+            param.register_post_accumulate_grad_hook(
+                lambda p, name=name, label=label: seen[name].append((label, p.grad.clone())))
+    for _ in range(2):
+        x, grad = torch.rand(4, 8), torch.randn(4, 8)
+        fused(x.requires_grad_(True))[0].backward(grad)
+        leaf = x.detach().requires_grad_(True)
+        (out,) = split(leaf)
+        _, pending = backward_input([out], [grad], [leaf], list(split.parameters()))
+        backward_weight(pending)
+    assert len(seen["split"]) == len(seen["fused"]) == 4
+    for label in ("norm.weight", "a.bias"):  # each hook saw the same running sums, microbatch by microbatch
+        got = [grad for name, grad in seen["split"] if name == label]
+        want = [grad for name, grad in seen["fused"] if name == label]
+        assert len(got) == len(want) == 2
+        for g, w in zip(got, want):
+            torch.testing.assert_close(g, w, msg=label)
+    for (name, want), got in zip(fused.named_parameters(), split.parameters()):
+        torch.testing.assert_close(got.grad, want.grad, msg=name)
 
 
 class SharedPassThrough(nn.Module):
