@@ -16,8 +16,8 @@ Conventions
   median) over the ready row's: what readiness earns over the best fixed order a user could run at that
   memory ([Note: the best fixed order at equal memory] in :mod:`runtime.sched.baselines`).
 * A split backward (the zb rows) costs each workload's measured ``(I + W) / B``
-  ([Note: split backward cost by preset] in :mod:`runtime.durations.presets`: 1.08 for
-  the language presets, 1.09 for the vision-language ones, 1.0 for
+  ([Note: split backward cost by preset] in :mod:`runtime.durations.presets`: 1.05 for
+  the language presets, 1.06 for the vision-language ones, 1.0 for
   ``uniform``) unless ``--split-overhead`` sets one figure for all.
 
 [Note: honest credit]

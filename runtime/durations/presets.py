@@ -222,14 +222,16 @@ def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, fl
 # -- the presets (figures and sources: docs/workloads.md) ----------------------------------------
 
 # [Note: split backward cost by preset]
-#     What a split backward costs, ``(I + W) / B``, on the real models of this repository, at 84ac35e (``W``
-#     starts from the gradients ``I`` saved, a linear layer's ``W`` runs its kernels without an engine call):
-#     the stage that computes an input gradient, ``I`` and ``W`` exactly as a rank runs them (their Python
+#     What a split backward costs, ``(I + W) / B``, on the real models of this repository, at 75d0c13 (``W``
+#     starts from the gradients ``I`` saved, a linear layer's ``W`` runs its weight's matmul without an engine
+#     call, ``I`` computes the sums over the tokens: norms' scales and shifts, linear layers' biases): the
+#     stage that computes an input gradient, ``I`` and ``W`` exactly as a rank runs them (their Python
 #     included) against the fused ``B`` on the same module and inputs, side by side in one thread
 #     (``benchmarks/split_cost.py --no-runs --pairs 25 --warmup 2 --stages 2 --hidden 256 --seq-len 128
-#     --samples 4 --layers-per-stage 2``, with and without ``--accumulate``, two runs each; the median of the
-#     four medians: gpt 1.072-1.126, multimodal 1.084-1.108; docs/benchmarks/split-cost.md). Until 84ac35e
-#     the defaults came from the run part of the same script (``(I + W) / B`` of the tasks in ``rrfp run``
+#     --samples 4 --layers-per-stage 2``, with and without ``--accumulate``, three runs each; the median of
+#     the six medians: gpt 1.019-1.094, multimodal 1.042-1.085; docs/benchmarks/split-cost.md). From cebc923
+#     the defaults were 1.08 and 1.09, the same measurement at 84ac35e. Until 84ac35e the defaults came from
+#     the run part of the same script (``(I + W) / B`` of the tasks in ``rrfp run``
 #     traces: 1.14 and 1.33 at 97ce934, 1.57 and 1.65 for the split before f5e1052); on the 2-core VM two
 #     ranks and their transport threads share the cores, and three identical run parts at 84ac35e gave gpt
 #     1.074, 1.140, 1.107 and multimodal 1.153, 1.217, 0.911: too wide to set a default to a few percent,
@@ -243,7 +245,7 @@ def mean_costs(preset: Preset, contents: list[SampleContent]) -> tuple[float, fl
 #     the zero-bubble schedules assume), the reference on which schedule structure and the golden
 #     makespans are stated, and no paper row reads it (profiler.bench.matrix.PAPER_KIND). ``--split-overhead F``
 #     overrides any of them; a recorded table keeps what it recorded.
-MEASURED_SPLIT_OVERHEAD = {"gpt": 1.08, "multimodal": 1.09}
+MEASURED_SPLIT_OVERHEAD = {"gpt": 1.05, "multimodal": 1.06}
 _LANGUAGE_SPLIT = MEASURED_SPLIT_OVERHEAD["gpt"]
 _VISION_SPLIT = MEASURED_SPLIT_OVERHEAD["multimodal"]
 

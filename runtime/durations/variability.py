@@ -13,7 +13,7 @@ Units and conventions
 * A backward costs ``backward_ratio`` times its forward. When a hint splits
   backwards, ``I`` takes half of the sampled ``B`` and ``W`` the rest of
   ``split_overhead`` times it (by default the workload's measured figure,
-  1.08 for the language models and 1.09 for the vision-language ones, 1.0,
+  1.05 for the language models and 1.06 for the vision-language ones, 1.0,
   a free split, for ``uniform``; [Note: split backward cost by preset] in
   :mod:`runtime.durations.presets` and [Note: split backward durations] in
   :meth:`Durations.for_graph`).
@@ -340,11 +340,11 @@ class Durations:
         ``split_overhead`` (a :class:`VariabilityModel` knob; by default the
         workload's measured figure, 1.0 for ``uniform``: [Note: split backward
         cost by preset] in :mod:`runtime.durations.presets`, which has the
-        measurement) is what splitting costs on real models: at 84ac35e
+        measurement) is what splitting costs on real models: at 75d0c13
         (``W`` starts from the gradients ``I`` saved, [Note: split backward in
-        the runtime] in :mod:`runtime.exec.split_backward`) 1.08 (gpt) and 1.09
+        the runtime] in :mod:`runtime.exec.split_backward`) 1.05 (gpt) and 1.06
         (multimodal) on the stage with an input gradient, with ``I`` at
-        0.60-0.67 of ``B``. The model keeps ``I = B/2`` and puts the
+        0.60-0.68 of ``B``. The model keeps ``I = B/2`` and puts the
         overhead on ``W``: it sends the input gradient a little earlier than
         the real split does, and the total is the measured one.
         (Earlier splits: 1.14 and 1.33 at 97ce934; the runtime's first split,

@@ -3,7 +3,7 @@
 [Note: which stages split]
     Splitting a stage's backward into ``I`` + ``W`` sends the input gradient upstream sooner (``I`` is about
     half of ``B``) and leaves ``W`` to fill idle time later, but the split costs more than the fused ``B``
-    (``I + W = split_overhead x B``: 1.08 on the language presets, 1.09 on the vision-language ones, from
+    (``I + W = split_overhead x B``: 1.05 on the language presets, 1.06 on the vision-language ones, from
     ``benchmarks/split_cost.py``). Where the extra work is more than the bubble it fills, the split loses.
     What a split buys depends on where the stage sits: stage ``k``'s ``I`` shortens the backward chain of
     every stage below it, so the later stages gain most and stage 0 gains nothing (nothing waits for its

@@ -116,7 +116,7 @@ def test_simulate_charges_the_presets_split_unless_told(tmp_path):
         assert proc.returncode == 0, proc.stderr
         return json.loads(proc.stdout)
 
-    default, free, given = simulated(), simulated("--split-overhead", "1"), simulated("--split-overhead", "1.09")
-    assert default["source"]["model"]["split_overhead"] == 1.09
+    default, free, given = simulated(), simulated("--split-overhead", "1"), simulated("--split-overhead", "1.06")
+    assert default["source"]["model"]["split_overhead"] == 1.06
     assert free["source"]["model"]["split_overhead"] == 1.0
     assert default["makespan"] == given["makespan"] > free["makespan"]

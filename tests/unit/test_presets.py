@@ -157,8 +157,8 @@ def test_an_emulated_preset_draws_as_many_samples_as_its_simulation():
 
 
 @pytest.mark.parametrize("workload, expected", [
-    ("pretrain-packed", 1.08), ("sft-chat", 1.08), ("legacy-language", 1.08), ("language", 1.08),
-    ("vlm-mixed", 1.09), ("vlm-video", 1.09), ("legacy-multimodal", 1.09), ("multimodal", 1.09),
+    ("pretrain-packed", 1.05), ("sft-chat", 1.05), ("legacy-language", 1.05), ("language", 1.05),
+    ("vlm-mixed", 1.06), ("vlm-video", 1.06), ("legacy-multimodal", 1.06), ("multimodal", 1.06),
     ("uniform", 1.0),
 ])
 def test_each_workload_charges_its_documented_split_cost_by_default(workload, expected):
@@ -183,8 +183,8 @@ def test_the_emulated_run_charges_the_emulated_presets_split_unless_told():
         return make_workload(config, run_shape(config)).variability().split_overhead
 
     assert RunConfig().split_overhead is None  # "the --emulate model's own"
-    assert charged(emulate="vlm-mixed") == 1.09
-    assert charged(emulate="sft-chat") == 1.08
+    assert charged(emulate="vlm-mixed") == 1.06
+    assert charged(emulate="sft-chat") == 1.05
     assert charged(emulate="uniform") == 1.0
     assert charged(emulate="vlm-mixed", split_overhead=1.0) == 1.0
     assert charged(emulate="sft-chat", split_overhead=1.8) == 1.8
