@@ -70,6 +70,26 @@ def test_compare_runs_fixed_then_ready(compared):
     assert (tmp_path / "c" / "ready-zb@2x" / "durations.parquet").exists()
 
 
+def test_compare_of_a_cost_ordered_hint_runs_the_fixed_orders_a_user_could_run_without_readiness(tmp_path):
+    """``--compare`` of ready ``bfw`` within 1F1B's memory also runs 1F1B sorted by the same known costs and the
+    order planned on them within the budget, both fixed; the credit line is against the faster of the two, and
+    the planned order keeps to the budget in fixed order ([Note: planned orders] in runtime.sched.baselines)."""
+    result = run_warm(tmp_path, "run", "--workload", "emulated", "--emulate", "vlm-mixed", "--stages", "2",
+                      "--microbatches", "4", "--iters", "2", "--forward-time", "0.004", "--hint", "bfw",
+                      "--memory-budget", "1f1b", "--compare", "--out", "b", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    jobs = {j["job"]: j for j in data["jobs"]}
+    assert list(jobs) == ["fixed-1f1b", "fixed-1f1b-light", "fixed-planned@1f1b", "fixed-bfw", "ready-bfw@1f1b"]
+    best = min(("fixed-1f1b-light", "fixed-planned@1f1b"), key=lambda name: jobs[name]["median_wall_seconds"])
+    assert data["best_fixed_job"] == best
+    assert data["speedup_vs_best_fixed"] == jobs[best]["median_wall_seconds"] / jobs["ready-bfw@1f1b"][
+        "median_wall_seconds"]
+    assert jobs["fixed-planned@1f1b"]["peak_in_flight"] <= 2  # 1F1B's budget on 2 stages: 2 on rank 0
+    config = json.loads((tmp_path / "b" / "fixed-planned@1f1b" / "config.json").read_text())
+    assert (config["hint"], config["policy"], config["memory_budget"]) == ("planned", "fixed", "1f1b")
+
+
 def test_emulated_run_with_a_preset(compared):
     tmp_path, result = compared
     assert result.returncode == 0, result.stderr
