@@ -245,6 +245,19 @@ def test_the_saved_gradients_count_in_activation_bytes_from_i_to_w():
     assert all(p.grad is not None for p in handlers.modules[1].parameters())
 
 
+
+def _fused_and_split(fused, split, x, grad, between=None):
+    """One microbatch ``x`` with output gradient ``grad`` through ``fused`` (a fused backward) and through its copy
+    ``split`` (``I``, then ``between(pending)`` if given, then ``W``): the split's input gradient."""
+    fused(x.requires_grad_(True))[0].backward(grad)
+    leaf = x.detach().requires_grad_(True)
+    (out,) = split(leaf)
+    (input_grad,), pending = backward_input([out], [grad], [leaf], list(split.parameters()))
+    if between is not None:
+        between(pending)
+    backward_weight(pending)
+    return input_grad
+
 class Branchy(nn.Module):
     """A forward whose graph depends on the data: a second layer only for inputs of positive sum."""
 
@@ -319,12 +332,7 @@ def test_post_accumulate_hooks_of_parameters_computed_in_i_fire_once_with_their_
             param.register_post_accumulate_grad_hook(
                 lambda p, name=name, label=label: seen[name].append((label, p.grad.clone())))
     for _ in range(2):
-        x, grad = torch.rand(4, 8), torch.randn(4, 8)
-        fused(x.requires_grad_(True))[0].backward(grad)
-        leaf = x.detach().requires_grad_(True)
-        (out,) = split(leaf)
-        _, pending = backward_input([out], [grad], [leaf], list(split.parameters()))
-        backward_weight(pending)
+        _fused_and_split(fused, split, torch.rand(4, 8), torch.randn(4, 8))
     assert len(seen["split"]) == len(seen["fused"]) == 4
     for label in ("norm.weight", "a.bias"):  # each hook saw the same running sums, microbatch by microbatch
         got = [grad for name, grad in seen["split"] if name == label]
@@ -358,12 +366,7 @@ def test_gradients_accumulate_over_microbatches_without_aliasing():
     split = copy.deepcopy(fused)
     batches = [(torch.randn(4, 8), torch.randn(4, 8)) for _ in range(3)]
     for x, grad in batches:
-        out = fused(x.requires_grad_(True))[0]
-        out.backward(grad)
-        leaf = x.detach().requires_grad_(True)
-        (out,) = split(leaf)
-        input_grads, pending = backward_input([out], [grad], [leaf], list(split.parameters()))
-        backward_weight(pending)
+        _fused_and_split(fused, split, x, grad)
     for (name, want), got in zip(fused.named_parameters(), split.parameters()):
         torch.testing.assert_close(got.grad, want.grad, msg=name)
     assert split.b1.grad is not split.b2.grad
@@ -407,13 +410,11 @@ def test_linear_layers_w_runs_no_engine_call_and_matches_the_fused_backward_bit_
     calls = _engine_calls_in_w(monkeypatch)
     for _ in range(3):
         x, grad = torch.randn(shape), torch.randn(shape)
-        fused(x.requires_grad_(True))[0].backward(grad)
-        leaf = x.detach().requires_grad_(True)
-        (out,) = split(leaf)
-        (input_grad,), pending = backward_input([out], [grad], [leaf], list(split.parameters()))
-        assert [group.linear is not None for group in pending.groups] == [True, True, True]
-        backward_weight(pending)
-        assert torch.equal(input_grad, x.grad)
+
+        def all_linear(pending):
+            assert [group.linear is not None for group in pending.groups] == [True, True, True]
+
+        assert torch.equal(_fused_and_split(fused, split, x, grad, all_linear), x.grad)
     assert calls == []
     for (name, want), got in zip(fused.named_parameters(), split.parameters()):
         assert (want.grad is None) == (got.grad is None), name
@@ -443,12 +444,7 @@ def test_linear_layers_the_direct_path_does_not_cover_go_to_the_engine(monkeypat
     fired = []
     split.hooked.weight.register_post_accumulate_grad_hook(lambda p: fired.append(p.grad.clone()))
     calls = _engine_calls_in_w(monkeypatch)
-    x, grad = torch.randn(4, 8), torch.randn(4, 8)
-    fused(x.requires_grad_(True))[0].backward(grad)
-    leaf = x.detach().requires_grad_(True)
-    (out,) = split(leaf)
-    _, pending = backward_input([out], [grad], [leaf], list(split.parameters()))
-    backward_weight(pending)
+    _fused_and_split(fused, split, torch.randn(4, 8), torch.randn(4, 8))
     assert len(calls) == 3  # the hooked layer, the column-major weight, the scaled addmm; `plain` runs directly
     assert len(fired) == 1 and torch.equal(fired[0], split.hooked.weight.grad)
     for (name, want), got in zip(fused.named_parameters(), split.parameters()):
