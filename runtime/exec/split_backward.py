@@ -142,6 +142,7 @@ class _Group:
         """Where the parameters' gradients leave the graph: the edges into their accumulators."""
         return [GradientEdge(accumulator, 0) for accumulator in self.accumulators]
 
+
 # Nodes of ops whose forward returns one tensor (matrix products, convolution): ``I`` captures one gradient at such
 # an intermediate without asking the node how many outputs it has (``_input_metadata`` builds a Python object per
 # output, tens of microseconds per task over a stage's intermediates).
@@ -155,7 +156,7 @@ _ONE_OUTPUT = frozenset({
 class PendingWeights:
     """What ``I`` leaves for ``W``: per group, where to start and with which gradients; or the whole graph's
     outputs (``fallback``) when the graph is of a shape the split does not cover. ``early``: the parameters
-    whose gradients ``I`` already wrote (the cheap groups)."""
+    whose gradients ``I`` already wrote (the cheap groups', the linear layers' biases)."""
 
     groups: list[_Group]
     saved: dict[Node, tuple[torch.Tensor | None, ...]]
@@ -174,7 +175,7 @@ class _Plan:
     list given, of outputs among the roots), so that it applies to every graph of the same shape. ``groups``
     None: a graph the split does not cover. ``groups``: the groups ``W`` computes, each (parameter positions,
     intermediate positions, output positions, its linear form or None: :attr:`_Group.linear`); ``early``: the
-    positions of the parameters ``I`` computes (the cheap groups')."""
+    positions of the parameters ``I`` computes (the cheap groups' and the linear layers' biases)."""
 
     groups: tuple[tuple[tuple[int, ...], tuple[int, ...], tuple[int, ...], bool | None], ...] | None
     early: tuple[int, ...] = ()
