@@ -168,6 +168,7 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
     # structure gives with what readiness adds; the same hint in fixed order separates the two. The
     # baseline keeps the job's placement (under V it is ZB-V, hints.orders.baseline_hint_name).
     configs = [config]
+    best_fixed: list[RunConfig] = []  # [Note: the best fixed order at equal memory] in runtime.sched.baselines
     if compare:
         from runtime.config import run_shape
 
@@ -175,8 +176,9 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
         baseline = config.with_overrides(policy="fixed", hint=None, lookahead=None, p2p="async",
                                          placement=run_shape(config).placement)
         configs = [baseline, config.with_overrides(policy="fixed", lookahead=None, p2p="async"), config]
-        if _orders_by_cost(config):  # [Note: the best fixed order at equal memory] in runtime.sched.baselines
-            configs[1:1] = _best_fixed_configs(config)
+        if _orders_by_cost(config):
+            best_fixed = _best_fixed_configs(config)
+            configs[1:1] = best_fixed
     named = {_job_name(c): c for c in configs}  # a hint that is 1f1b in fixed order runs once
     preflight(list(named.values()))  # bad input fails before anything is written
     checkpoint = _checkpoint_to_resume(config, resume)
@@ -219,8 +221,8 @@ def _run(config: RunConfig, compare: bool, out: Output, resume: Path | None = No
         # [Note: equal memory]: readiness's own share is only clean when it held no more than the fixed order.
         data["vs_fixed_hint_at_equal_memory"] = (summaries[-1]["peak_in_flight"] <= summaries[-2]["peak_in_flight"]
                                                  if len(jobs) > 2 else None)
-        best_fixed = {_job_name(c) for c in _best_fixed_configs(config)} if _orders_by_cost(config) else set()
-        candidates = [s for s in summaries[1:-1] if s["job"] in best_fixed]
+        names = {_job_name(c) for c in best_fixed}
+        candidates = [s for s in summaries[1:-1] if s["job"] in names]
         if candidates:  # the faster of the fixed orders a user could run without readiness
             best = min(candidates, key=lambda s: s["median_wall_seconds"])
             data["best_fixed_job"] = best["job"]
