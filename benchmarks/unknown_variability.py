@@ -22,6 +22,16 @@ scheduler has), run fixed, over the planned order (made on the expected duration
 ``planned``'s gain over fixed ``planned`` as a share of it (in log terms). Not a bound: the planner is a heuristic
 (the lookahead arbiter run offline), and readiness can beat a plan made with perfect knowledge.
 
+[Note: what a revealed cost is worth]
+    Beside it, ``--oracle`` asks what a scheduler that learns as it goes could win. Where a microbatch's cost is
+    mispredicted on every stage alike (``cost-error``), its first forward reveals it to every later stage. The
+    *revealed* run is a ready run whose rank 0 keeps the planned order (it runs a microbatch's first forward
+    before anything is known of it) and whose other ranks take the order planned on the realized durations; the
+    *control* is the same with those ranks' order planned on another draw of the table. Revealed over control
+    is what the knowledge itself is worth, control over ready ``planned`` what a plan of the other shape is.
+    Also a yardstick, not a bound: the other ranks know more than a first forward reveals (every later stage's
+    routing and slow episodes too), and their plan assumed a rank 0 that knew as much.
+
 Rank counts above 32 run ``--large-levels`` (one level per kind by default): a 128-rank table takes about
 20 s per row set on a 2-core machine.
 """
@@ -72,26 +82,52 @@ def auto_over(workload: str, ranks: int, jitter: float, unknown: str, seeds: lis
     return fixed, policy.switches, sum(r.ready for r in rows) / sum(r.makespan for r in rows), len(rows)
 
 
+def realized(table):
+    """``table`` as a planner that knew every duration would see it: its expectation is what happens, and each
+    microbatch's known cost its realized forward and backward over every stage (in the table's own units, so that
+    where nothing varies the planner sees ``table`` itself)."""
+    spent = [sum(table.forward[s][k] + table.backward[s][k] for s in range(table.stages))
+             for k in range(table.microbatches)]
+    unit = sum(table.microbatch_costs) / sum(spent)
+    known = dataclasses.replace(table, microbatch_costs=[cost * unit for cost in spent])
+    known.expectation = known
+    return known
+
+
 def oracle_over_planned(workload: str, ranks: int, jitter: float, unknown: str, seeds: list[int], budget: str,
-                        per_table: list[dict]) -> float:
-    """Median over the tables of the planned order's fixed makespan (planned on the expected durations: the
-    ``fixed-planned`` run of ``per_table``, simulate_table's result on table ``seeds[i]``) over that of the order
-    planned on the realized durations, also fixed: what knowing every duration in advance would be worth."""
+                        per_table: list[dict]) -> tuple[float, float | None, float | None]:
+    """Medians over the tables of three yardsticks, each over the planned order (planned on the expected
+    durations) run fixed: the ``fixed-planned`` run of ``per_table``, simulate_table's result on table ``seeds[i]``.
+
+    * perfect knowledge: the order planned on the realized durations, fixed;
+    * revealed: a ready run (the lookahead rule, at ``budget``) whose rank 0 keeps the planned order and whose
+      other ranks take the order planned on the realized durations: what knowing each microbatch's cost once its
+      first forward has run could be worth ([Note: what a revealed cost is worth] in the module's docstring);
+    * its control: the same with the other ranks' order planned on another draw of the table (seed + 7), knowledge
+      that is wrong. Revealed over control is what the knowledge itself is worth; control over ready ``planned``,
+      what the other plan's shape is.
+
+    The last two are None where no plan on the realized durations keeps the planned order's shape."""
     from runtime.sched.evaluate import planned_baseline
     from runtime.sched.simulator import simulate
 
     shape = PipelineShape(ranks, 1, MICROBATCHES_PER_RANK * ranks)
     model = VariabilityModel(workload=workload, jitter=jitter, unknown=unknown)
-    ratios = []
+    memory = MemoryBudget.parse(budget)
+    oracles, revealed, control = [], [], []
     for seed, ran in zip(seeds, per_table):
         table = sample_durations(model, shape, seed)  # the table simulate_table drew
-        known = dataclasses.replace(table, microbatch_costs=[
-            sum(table.forward[s][k] + table.backward[s][k] for s in range(table.stages))
-            for k in range(table.microbatches)])
-        known.expectation = known  # the oracle expects what happens
-        oracle = planned_baseline(shape, known, MemoryBudget.parse(budget))
-        ratios.append(ran["runs"][("fixed-planned", budget)]["makespan"] / simulate(oracle, table, "fixed").makespan)
-    return statistics.median(ratios)
+        planned_fixed = ran["runs"][("fixed-planned", budget)]["makespan"]
+        oracle = planned_baseline(shape, realized(table), memory)
+        oracles.append(planned_fixed / simulate(oracle, table, "fixed").makespan)
+        plan = planned_baseline(shape, table, memory)
+        for knowing, into in ((table, revealed), (sample_durations(model, shape, seed + 7), control)):
+            downstream = planned_baseline(shape, realized(knowing), memory, keep=plan.shape)
+            if downstream is not None:
+                hybrid = dataclasses.replace(plan, orders=plan.orders[:1] + downstream.orders[1:])
+                into.append(planned_fixed / simulate(hybrid, table, "lookahead", memory).makespan)
+    return (statistics.median(oracles), statistics.median(revealed) if revealed else None,
+            statistics.median(control) if control else None)
 
 
 def main() -> None:
@@ -106,7 +142,8 @@ def main() -> None:
                         "ranks); their tables are seed 1000 s + 1, apart from the others")
     parser.add_argument("--large-levels", default="moe=1.7,cost-error=0.2,slow-rank=0.3,inter-node=1")
     parser.add_argument("--oracle", action="store_true", help="add a yardstick (not a bound): the order planned on "
-                        "the realized durations, fixed, over the planned order, fixed")
+                        "the realized durations, fixed, over the planned order, fixed; and what knowing each microbatch's cost once its "
+                        "first forward has run could be worth to a ready run, with a control")
     args = parser.parse_args()
     rows = [r for r in MATRIX_ROWS if r.name in ROWS]
     seeds = [1000 * s for s in range(args.tables)]
@@ -134,6 +171,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     gains = {}
     oracle_lines = []
+    worths = {}
     for ranks, workload, unknown, cells, autos, oracles in out:
         for budget in BUDGETS:
             entries = {e["row"]: e for e in cells[budget]["rows"]}
@@ -148,10 +186,15 @@ def main() -> None:
                   f"{b:.3f}x | {c:.3f}x | {own:.3f}x | {cp['peak_in_flight']:g}, {planned['peak_in_flight']:g} | "
                   f"{fixed} of {count}, {switches}, {ratio:.3f}x |")
             if oracles:
-                ceiling = oracles[budget]
+                ceiling, revealed, control = oracles[budget]
                 share = f"{math.log(own) / math.log(ceiling):.0%}" if ceiling > 1.005 else "-"
+                knowing = "-" if revealed is None else f"{revealed:.3f}x"
+                wrong = "-" if control is None else f"{control:.3f}x"
+                worth = "-" if revealed is None or control is None else f"{revealed / control:.3f}x"
                 oracle_lines.append(f"| {ranks} | {workload} | {unknown or 'none'} | {budget} | {ceiling:.3f}x | "
-                                    f"{own:.3f}x | {share} |")
+                                    f"{own:.3f}x | {share} | {knowing} | {wrong} | {worth} |")
+                if revealed is not None and control is not None:
+                    worths.setdefault((ranks, budget), []).append((revealed, revealed / control, own))
     print("\n| ranks | budget | ready 1f1b-light / best fixed | ready cp / best fixed | ready planned / best fixed | "
           "ready planned / fixed planned | points with the best ready >= 1.05x the best fixed |")
     print("|---|---|---|---|---|---|---|")
@@ -164,9 +207,19 @@ def main() -> None:
     print("\nEach cell: min, median, max over the points.")
     if oracle_lines:
         print("\n| ranks | workload | unknown | budget | perfect knowledge: planned on the realized durations, fixed, "
-              "over planned fixed | ready planned / fixed planned | readiness's gain as a share of it (-: under 0.5%) |")
-        print("|---|---|---|---|---|---|---|")
+              "over planned fixed | ready planned / fixed planned | readiness's gain as a share of it (-: under 0.5%) | "
+              "revealed: ready, ranks 1+ planned on the realized durations, over planned fixed | control: the same "
+              "planned on another draw | what the knowledge is worth: revealed / control |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(oracle_lines))
+        print("\n| ranks | budget | revealed / fixed planned | revealed / control | ready planned / fixed planned | "
+              "points where revealed >= 1.05x fixed planned |")
+        print("|---|---|---|---|---|---|")
+        for (ranks, budget), values in worths.items():
+            cells = (", ".join(f"{f(v[k] for v in values):.3f}x" for f in (min, statistics.median, max))
+                     for k in range(3))
+            wins = sum(1 for v in values if v[0] >= 1.05)
+            print(f"| {ranks} | {budget} | {' | '.join(cells)} | {wins} of {len(values)} |")
 
 
 if __name__ == "__main__":
