@@ -213,13 +213,15 @@ def main() -> None:
         print("|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(oracle_lines))
         print("\n| ranks | budget | revealed / fixed planned | revealed / control | ready planned / fixed planned | "
-              "points where revealed >= 1.05x fixed planned |")
-        print("|---|---|---|---|---|---|")
+              "revealed / ready planned | points where revealed >= 1.05x fixed planned (ready planned) |")
+        print("|---|---|---|---|---|---|---|")
         for (ranks, budget), values in worths.items():
+            values = [(*v, v[0] / v[2]) for v in values]
             cells = (", ".join(f"{f(v[k] for v in values):.3f}x" for f in (min, statistics.median, max))
-                     for k in range(3))
+                     for k in range(4))
             wins = sum(1 for v in values if v[0] >= 1.05)
-            print(f"| {ranks} | {budget} | {' | '.join(cells)} | {wins} of {len(values)} |")
+            ready = sum(1 for v in values if v[2] >= 1.05)
+            print(f"| {ranks} | {budget} | {' | '.join(cells)} | {wins} ({ready}) of {len(values)} |")
 
 
 if __name__ == "__main__":
