@@ -144,16 +144,17 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
         candidates = as_static(candidates, shape, mean, evaluator.budget)
     # What follows the search in the same clock budget: each family's best, the references and the best fixed
     # order on every held-out scenario (in the pool: counted by the search as it scores families,
-    # ``reserve_each``), and with auto the memory sweep and a new evaluator (here, one process).
+    # ``reserve_each``), and with auto the memory sweep and the verdict at the budget it picks (here, one process).
     held_out = len(scenarios.holdout) * (len({c.family for c in candidates} | {"local search"}) + 2)
     after = (len(AUTO_BUDGETS) * len(scenarios.tuning) + held_out) * jobs if explore else 0
     # Besides simulations: five paired bootstraps of 2,000 resamples of the held-out scenarios, the report's text
     # and its files (measured on the development machine: about 3 ms per held-out scenario, and 50 ms), and each
     # report row's lower bounds on its first held-out scenarios: computed now for the first (kept for the
-    # report) and timed, so the clock keeps back the rest (at 32 x 128 about 0.5 s a scenario).
+    # report) and timed, so the clock keeps back the rest (at 32 x 128 about 0.5 s a scenario; with auto, the
+    # evaluator at the budget it picks shares them: Evaluator.at_budget).
     bounds_s = 0.0
-    if time_budget is not None:  # with auto, a new evaluator after the sweep computes them all again
-        bounds_s = evaluator.price_bounds() * (min(ROW_BOUND_SCENARIOS, len(scenarios.holdout)) - (not explore))
+    if time_budget is not None:
+        bounds_s = evaluator.price_bounds() * (min(ROW_BOUND_SCENARIOS, len(scenarios.holdout)) - 1)
     config = SearchConfig(objective, rules, evaluations, seed, jobs, seconds=time_budget, started=clock.started,
                           reserve=after, reserve_each=0 if explore else len(scenarios.holdout),
                           reserve_s=0.05 + 0.003 * len(scenarios.holdout) + bounds_s)
@@ -170,8 +171,7 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
     pareto: list[dict] = []
     chosen_budget = str(budget)
     if explore and RULES[result.best.candidate.rule].uses_budget:
-        pareto, chosen_budget = _memory_pareto(scenarios, result.best.candidate, objective, overhead)
-        evaluator = Evaluator(scenarios, MemoryBudget.parse(chosen_budget), overhead)
+        pareto, chosen_budget, evaluator = _memory_pareto(evaluator, result.best.candidate, objective)
     elif explore:
         chosen_budget = "1f1b"
     verdict = decide(evaluator, result, objective, seed)
@@ -267,17 +267,19 @@ def decide(evaluator: Evaluator, result: SearchResult, objective: Objective, see
     return Verdict(chosen, kept, reason, held, gain)
 
 
-def _memory_pareto(scenarios: ScenarioSet, candidate: Candidate, objective: Objective, overhead: float):
-    rows = []
+def _memory_pareto(searched: Evaluator, candidate: Candidate, objective: Objective):
+    """``candidate`` on the tuning scenarios at each of :data:`AUTO_BUDGETS`: the rows of the memory table, the
+    smallest budget within 1% of the best, and the evaluator at that budget."""
+    rows, evaluators = [], {}
     for spec in AUTO_BUDGETS:
-        evaluator = Evaluator(scenarios, MemoryBudget.parse(spec), overhead)
+        evaluator = evaluators[spec] = searched.at_budget(MemoryBudget.parse(spec))
         value = objective(evaluator.makespans(candidate))
         rows.append({"budget": spec, "slots": evaluator.slots, "max_slots": max(evaluator.slots), "objective": value})
     best = min(r["objective"] for r in rows)
     chosen = next(r["budget"] for r in rows if r["objective"] <= best * 1.01)
     for r in rows:
         r["chosen"] = r["budget"] == chosen
-    return rows, chosen
+    return rows, chosen, evaluators[chosen]
 
 
 # -- the report --------------------------------------------------------------------

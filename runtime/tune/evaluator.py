@@ -200,6 +200,13 @@ class Evaluator:
         self._held: dict[tuple[int, int], tuple[Candidate, Outcome]] = {}  # (id(candidate), index): held-out figures
         self.simulations = 0
 
+    def at_budget(self, budget: MemoryBudget) -> "Evaluator":
+        """An evaluator of the same scenarios at another budget, sharing what does not depend on it (task graphs,
+        per-task arrays, lower bounds): ``--memory-budget auto``'s sweep and verdict build and bound nothing twice."""
+        other = Evaluator(self.scenarios, budget, self.overhead)
+        other._graphs, other._arrays, other._bounds = self._graphs, self._arrays, self._bounds
+        return other
+
     def graph(self, shape: PipelineShape) -> TaskGraph:
         """The task graph of ``shape`` (this evaluator's, split or not, some stages fused or none)."""
         if shape not in self._graphs:

@@ -12,7 +12,8 @@ import pytest
 from hints.tasks import PipelineShape
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.tune.decide import tune
-from runtime.tune.evaluator import Objective
+from runtime.sched.budget import MemoryBudget
+from runtime.tune.evaluator import Evaluator, Objective
 from runtime.tune.scenarios import from_model, from_recorded
 
 
@@ -83,6 +84,14 @@ def test_memory_auto_gives_a_pareto_table():
     assert chosen[0]["objective"] <= best * 1.01  # the smallest budget within 1% of the best
     smaller = [row for row in outcome.pareto if row["max_slots"] < chosen[0]["max_slots"]]
     assert all(row["objective"] > best * 1.01 for row in smaller)
+    # The verdict is judged at the chosen budget, by an evaluator that shares the search's graphs, arrays and lower
+    # bounds (Evaluator.at_budget) and scores as a fresh one at that budget does.
+    evaluator = outcome.evaluator
+    assert str(evaluator.budget) == outcome.budget and evaluator.slots == chosen[0]["slots"]
+    fresh = Evaluator(scenarios, MemoryBudget.parse(outcome.budget))
+    candidate = outcome.verdict.chosen.candidate
+    assert evaluator.makespans(candidate, "holdout") == fresh.makespans(candidate, "holdout")
+    assert evaluator.bounds(candidate, "holdout", 1) == fresh.bounds(candidate, "holdout", 1)
 
 
 @pytest.mark.parametrize("budget", ["1f1b", "auto"])

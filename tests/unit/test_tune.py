@@ -135,6 +135,23 @@ def test_evaluator_scores_cost_ranked_candidates_per_scenario():
         assert [t.microbatch for t in hint.orders[0][:4]] == heaviest_first(costs)
 
 
+def test_an_evaluator_at_another_budget_shares_what_the_budget_does_not_change():
+    from runtime.tune.evaluator import Candidate
+
+    shape = PipelineShape(4, 1, 8)
+    scenarios = from_model(VariabilityModel(workload="language", jitter=0.1), shape, 2, 2, seed=0)
+    tight = Evaluator(scenarios, MemoryBudget.parse("1f1b"))
+    tight.price_bounds()
+    wide = tight.at_budget(MemoryBudget.parse("2x"))
+    fresh = Evaluator(scenarios, MemoryBudget.parse("2x"))
+    assert wide.slots == fresh.slots and wide.slots != tight.slots
+    assert wide._bounds is tight._bounds and wide._arrays is tight._arrays and wide._graphs is tight._graphs
+    ready = Candidate("1f1b", "built-in", "lookahead", builtin="1f1b")
+    assert wide.makespans(ready, "holdout") == fresh.makespans(ready, "holdout")
+    assert wide.makespans(ready, "holdout") != tight.makespans(ready, "holdout")  # the budget itself is not shared
+    assert wide.bounds(ready, "holdout", 1) == fresh.bounds(ready, "holdout", 1)
+
+
 # -- what the report predicts ----------------------------------------------------------------------------------
 
 
