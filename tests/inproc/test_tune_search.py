@@ -11,8 +11,8 @@ import pytest
 
 from hints.tasks import PipelineShape
 from runtime.durations.variability import VariabilityModel, sample_durations
-from runtime.tune.decide import tune
 from runtime.sched.budget import MemoryBudget
+from runtime.tune.decide import tune
 from runtime.tune.evaluator import Evaluator, Objective
 from runtime.tune.scenarios import from_model, from_recorded
 
