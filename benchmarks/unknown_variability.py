@@ -118,11 +118,12 @@ def oracle_over_planned(workload: str, ranks: int, jitter: float, unknown: str, 
     for seed, ran in zip(seeds, per_table):
         table = sample_durations(model, shape, seed)  # the table simulate_table drew
         planned_fixed = ran["runs"][("fixed-planned", budget)]["makespan"]
-        oracle = planned_baseline(shape, realized(table), memory)
+        known = realized(table)
+        oracle = planned_baseline(shape, known, memory)
         oracles.append(planned_fixed / simulate(oracle, table, "fixed").makespan)
         plan = planned_baseline(shape, table, memory)
-        for knowing, into in ((table, revealed), (sample_durations(model, shape, seed + 7), control)):
-            downstream = planned_baseline(shape, realized(knowing), memory, keep=plan.shape)
+        for knowing, into in ((known, revealed), (realized(sample_durations(model, shape, seed + 7)), control)):
+            downstream = planned_baseline(shape, knowing, memory, keep=plan.shape)
             if downstream is not None:
                 hybrid = dataclasses.replace(plan, orders=plan.orders[:1] + downstream.orders[1:])
                 into.append(planned_fixed / simulate(hybrid, table, "lookahead", memory).makespan)
@@ -141,9 +142,9 @@ def main() -> None:
     parser.add_argument("--auto-iterations", type=int, default=8, help="iterations of the auto runs (half above 32 "
                         "ranks); their tables are seed 1000 s + 1, apart from the others")
     parser.add_argument("--large-levels", default="moe=1.7,cost-error=0.2,slow-rank=0.3,inter-node=1")
-    parser.add_argument("--oracle", action="store_true", help="add a yardstick (not a bound): the order planned on "
-                        "the realized durations, fixed, over the planned order, fixed; and what knowing each microbatch's cost once its "
-                        "first forward has run could be worth to a ready run, with a control")
+    parser.add_argument("--oracle", action="store_true", help="add yardsticks (not bounds): the order planned on the "
+                        "realized durations, fixed, over the planned order, fixed; and what knowing each microbatch's "
+                        "cost once its first forward has run could be worth to a ready run, with a control")
     args = parser.parse_args()
     rows = [r for r in MATRIX_ROWS if r.name in ROWS]
     seeds = [1000 * s for s in range(args.tables)]
@@ -194,7 +195,7 @@ def main() -> None:
                 oracle_lines.append(f"| {ranks} | {workload} | {unknown or 'none'} | {budget} | {ceiling:.3f}x | "
                                     f"{own:.3f}x | {share} | {knowing} | {wrong} | {worth} |")
                 if revealed is not None and control is not None:
-                    worths.setdefault((ranks, budget), []).append((revealed, revealed / control, own))
+                    worths.setdefault((ranks, budget), []).append((revealed, revealed / control, own, revealed / own))
     print("\n| ranks | budget | ready 1f1b-light / best fixed | ready cp / best fixed | ready planned / best fixed | "
           "ready planned / fixed planned | points with the best ready >= 1.05x the best fixed |")
     print("|---|---|---|---|---|---|---|")
@@ -207,8 +208,8 @@ def main() -> None:
     print("\nEach cell: min, median, max over the points.")
     if oracle_lines:
         print("\n| ranks | workload | unknown | budget | perfect knowledge: planned on the realized durations, fixed, "
-              "over planned fixed | ready planned / fixed planned | readiness's gain as a share of it (-: under 0.5%) | "
-              "revealed: ready, ranks 1+ planned on the realized durations, over planned fixed | control: the same "
+              "over planned fixed | ready planned / fixed planned | readiness's gain as a share of it (-: under 0.5%) "
+              "| revealed: ready, ranks 1+ planned on the realized durations, over planned fixed | control: the same "
               "planned on another draw | what the knowledge is worth: revealed / control |")
         print("|---|---|---|---|---|---|---|---|---|---|")
         print("\n".join(oracle_lines))
@@ -216,7 +217,6 @@ def main() -> None:
               "revealed / ready planned | points where revealed >= 1.05x fixed planned (ready planned) |")
         print("|---|---|---|---|---|---|---|")
         for (ranks, budget), values in worths.items():
-            values = [(*v, v[0] / v[2]) for v in values]
             cells = (", ".join(f"{f(v[k] for v in values):.3f}x" for f in (min, statistics.median, max))
                      for k in range(4))
             wins = sum(1 for v in values if v[0] >= 1.05)
