@@ -101,9 +101,11 @@ def _comparable(result, cwd) -> tuple:
     stderr = re.sub(r"t=\d+\.\d+", "t=T", result.stderr.replace(str(cwd), "CWD"))  # decision times
     stderr = re.sub(r"ready=\[[^]]*\]", "ready=[...]", stderr)  # what had arrived when: timing
     # Whether the failed rank's neighbours report too (the transport error the failure caused them) is a race
-    # with the agent stopping them, however the run is started: compare the culprit's report only.
+    # with the agent stopping them, however the run is started: a neighbour is either "also reported" or "was
+    # stopped". Compare the culprit's report only.
     culprit = re.search(r"rank (\d+) in task", stderr)
-    stderr = "\n".join(line for line in stderr.split("\n") if not line.startswith("also reported:"))
+    raced = re.compile(r"also reported: .*|ranks? [\d, ]+ (was|were) stopped")
+    stderr = "\n".join(line for line in stderr.split("\n") if not raced.fullmatch(line))
     # Without a terminal rank 0 prints a line per iteration (runtime.run.progress) on its own stderr: a subprocess's
     # captured stderr, but under the warm runner the fork server's log (ranks fork from it, not from the command).
     # The step times and rates in them are measured anyway; the command's own lines are compared.
