@@ -22,11 +22,13 @@ root logger's handlers are restored afterwards. tests/cli/test_runners.py runs a
 ways and checks that the two agree byte for byte.
 
 ``run_script(cwd, path, *args)`` does the same for a script of the repository (``benchmarks/*.py``,
-``examples/*.py``): run as ``__main__`` with its own folder first on ``sys.path``, as ``python PATH`` does.
+``examples/*.py``): run as ``__main__`` with its own folder first on ``sys.path``, as ``python PATH`` does;
+``load_script(path)`` loads one as a module instead, for a test of its functions.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import io
 import logging
 import os
@@ -38,6 +40,7 @@ import traceback
 import warnings
 from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from pathlib import Path
+from types import ModuleType
 from typing import Callable, Iterator, NamedTuple
 
 REPO = Path(__file__).resolve().parents[2]
@@ -168,13 +171,31 @@ def run_script(cwd: Path, script: str | Path, *args, columns: int = 200) -> Resu
     path = REPO / script
 
     def run() -> None:
-        sys.path.insert(0, str(path.parent))
-        try:
+        with _folder_on_path(path):
             runpy.run_path(str(path), run_name="__main__")
-        finally:
-            sys.path.remove(str(path.parent))
 
     return _in_process(cwd, [str(path), *map(str, args)], run, columns)
+
+
+def load_script(script: str | Path) -> ModuleType:
+    """A script of the repository (relative to it, or absolute) as a module named after its file, for a test of
+    its functions: loaded, not run as ``__main__``, with its folder first on ``sys.path`` as it loads, so that it
+    imports its siblings (``benchmarks/_cli``) as ``python PATH`` lets it."""
+    path = REPO / script
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    with _folder_on_path(path):
+        spec.loader.exec_module(module)
+    return module
+
+
+@contextmanager
+def _folder_on_path(script: Path) -> Iterator[None]:
+    sys.path.insert(0, str(script.parent))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(script.parent))
 
 
 def _in_process(cwd: Path, argv: list[str], call: Callable[[], object], columns: int) -> Result:

@@ -4,28 +4,19 @@ script's docstring)."""
 
 from __future__ import annotations
 
-import importlib.util
 import statistics
-import sys
 
 import pytest
 
 from hints.tasks import PipelineShape
 from profiler.bench.cells import simulate_table
 from runtime.durations.variability import VariabilityModel, sample_durations
-from tests.helpers.cli import REPO
+from tests.helpers.cli import load_script
 
 
 @pytest.fixture(scope="module")
 def script():
-    sys.path.insert(0, str(REPO / "benchmarks"))  # the script imports its sibling _cli
-    try:
-        spec = importlib.util.spec_from_file_location("unknown_variability", REPO / "benchmarks/unknown_variability.py")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        yield module
-    finally:
-        sys.path.remove(str(REPO / "benchmarks"))
+    return load_script("benchmarks/unknown_variability.py")
 
 
 def test_realized_costs_are_the_spent_seconds_in_the_tables_units(script):

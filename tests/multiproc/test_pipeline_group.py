@@ -12,7 +12,6 @@ runtime/run/pipeline.py).
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -25,7 +24,7 @@ import torch
 from runtime.config import RunConfig, run_shape
 from runtime.run.launch import free_port
 from runtime.workloads.make import reference_train
-from tests.helpers.cli import REPO, child_env
+from tests.helpers.cli import REPO, child_env, load_script
 
 HINTS = ["1f1b", "zb", "cp"]
 STEPS = 4
@@ -48,13 +47,6 @@ def _torchrun(root, nproc: int, *args: str, timeout: float = 240) -> subprocess.
     return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
 
 
-def _example():
-    spec = importlib.util.spec_from_file_location("pp_in_dp", REPO / "examples" / "pp_in_dp.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.fixture(scope="module")
 def example_runs(tmp_path_factory):
     """The example run with every hint of HINTS in turn, then with --torch: {schedule: its losses}, and the
@@ -73,7 +65,7 @@ def example_runs(tmp_path_factory):
 def _unpipelined_losses(steps: int) -> list[list[float]]:
     """The example's job as plain arithmetic in this process: each replica's mean loss over its microbatches,
     the gradient of the mean over both replicas' (what averaging over the DP group gives), AdamW."""
-    example = _example()
+    example = load_script("examples/pp_in_dp.py")
     args = example.parse_args(["--steps", str(steps)])
     replicas = 2
     stages = [example.build_stage(stage, args.width, args.seed) for stage in range(example.STAGES)]
