@@ -97,7 +97,8 @@ def realized(table):
 def oracle_over_planned(workload: str, ranks: int, jitter: float, unknown: str, seeds: list[int], budget: str,
                         per_table: list[dict]) -> tuple[float, float | None, float | None]:
     """Medians over the tables of three yardsticks, each over the planned order (planned on the expected
-    durations) run fixed: the ``fixed-planned`` run of ``per_table``, simulate_table's result on table ``seeds[i]``.
+    durations) run fixed: the ``fixed-planned`` run of ``per_table``, simulate_table's result on table ``seeds[i]``
+    with ``keep_plans`` (its table and its plan are read from it).
 
     * perfect knowledge: the order planned on the realized durations, fixed;
     * revealed: a ready run (the lookahead rule, at ``budget``) whose rank 0 keeps the planned order and whose
@@ -116,12 +117,11 @@ def oracle_over_planned(workload: str, ranks: int, jitter: float, unknown: str, 
     memory = MemoryBudget.parse(budget)
     oracles, revealed, control = [], [], []
     for seed, ran in zip(seeds, per_table):
-        table = sample_durations(model, shape, seed)  # the table simulate_table drew
+        table, plan = ran["tables"][1], ran["plans"][(1, budget)]
         planned_fixed = ran["runs"][("fixed-planned", budget)]["makespan"]
         known = realized(table)
         oracle = planned_baseline(shape, known, memory)
         oracles.append(planned_fixed / simulate(oracle, table, "fixed").makespan)
-        plan = planned_baseline(shape, table, memory)
         for knowing, into in ((known, revealed), (realized(sample_durations(model, shape, seed + 7)), control)):
             downstream = planned_baseline(shape, knowing, memory, keep=plan.shape)
             if downstream is not None:
@@ -154,7 +154,8 @@ def main() -> None:
         for workload in args.workloads:
             for unknown in points(args.levels if ranks <= 32 else args.large_levels):
                 progress(f"{workload} p={ranks} {unknown or 'none'}")
-                per_table = [simulate_table(workload, ranks, args.jitter, seed, rows, BUDGETS, unknown=unknown)
+                per_table = [simulate_table(workload, ranks, args.jitter, seed, rows, BUDGETS, unknown=unknown,
+                                            keep_plans=args.oracle)
                              for seed in seeds]
                 cells = {b: summarize_cell(workload, ranks, b, per_table, rows, None, args.jitter) for b in BUDGETS}
                 runs = args.auto_iterations if ranks <= 32 else max(3, args.auto_iterations // 2)

@@ -105,14 +105,18 @@ def hint_for(row: MatrixRow, shape: PipelineShape, table, tuned: Tuned | None, b
 
 def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, rows: Sequence[MatrixRow],
                    budgets: Sequence[str], tuned: dict[str, Tuned] | None = None,
-                   bubbles: bool = False, split_overhead: float | None = None, unknown: str = "") -> dict:
+                   bubbles: bool = False, split_overhead: float | None = None, unknown: str = "",
+                   keep_plans: bool = False) -> dict:
     """Every row of ``rows`` on one sampled table, at every budget.
 
     Returns ``{"bound": {chunks: seconds}, "cost_spread": cv, "runs": {(row, budget): run}}`` where a run
     holds ``makespan``, ``peak`` (microbatches, max over ranks), ``within`` (every rank within the
     budget's slots), and for ready rows ``fixed_makespan``, ``fixed_peak``, ``fixed_within`` of the same
     hint in fixed order (None if that order cannot complete); with ``bubbles`` also ``bubbles`` (seconds
-    by cause, :func:`profiler.analysis.bubbles.simulated_bubbles`).
+    by cause, :func:`profiler.analysis.bubbles.simulated_bubbles`). With ``keep_plans`` also ``tables``
+    (``{chunks: the sampled table}``) and ``plans`` (``{(chunks, budget): the planned order its planned rows
+    ran}``, None where no plan completes), for a caller that builds on them rather than drawing and planning
+    again (benchmarks/unknown_variability.py's yardsticks).
     """
     from hints.deps import TaskGraph
     from runtime.durations.variability import VariabilityModel, sample_durations
@@ -201,7 +205,11 @@ def simulate_table(workload: str, ranks: int, jitter: float, table_seed: int, ro
                 result["bubbles"] = dict(result["bubbles"])
             runs[(row.name, budget)] = result
     costs = _cost_spread(table_for(1))
-    return {"bound": bounds, "cost_spread": costs, "runs": runs}
+    out = {"bound": bounds, "cost_spread": costs, "runs": runs}
+    if keep_plans:
+        out["tables"] = tables
+        out["plans"] = {(chunks, budget): hint for (name, chunks, budget), hint in hints.items() if name == PLANNED}
+    return out
 
 
 def _cost_spread(table) -> float:
