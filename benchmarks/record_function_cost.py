@@ -154,9 +154,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--profiled-tasks", type=int, default=2000, help="the same under the profiler")
     parser.add_argument("--repeats", type=int, default=9)
     args = parser.parse_args(argv)
-    for name in ("tasks", "profiled_tasks", "repeats"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be at least 1")
+    parser.at_least(args, 1, "tasks", "profiled_tasks", "repeats")
     torch.set_num_threads(1)
     print(render(measure(args.tasks, args.profiled_tasks, args.repeats), args))
 

@@ -366,12 +366,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "microbatch of an iteration but its first (default: each pass from zero_grad)")
     parser.add_argument("--json", type=Path, default=None, metavar="FILE", help="also write the numbers as JSON")
     args = parser.parse_args(argv)
-    if args.ops < 0:
-        parser.error(f"--ops must be >= 0, got {args.ops}")
-    for name in ("stages", "microbatches", "iters", "rounds", "seq_len", "hidden", "layers_per_stage", "samples",
-                 "pairs"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
+    parser.at_least(args, 0, "ops")
+    parser.at_least(args, 1, "stages", "microbatches", "iters", "rounds", "seq_len", "hidden", "layers_per_stage",
+                    "samples", "pairs")
     if args.stages < 2 or args.warmup < 0:
         parser.error("need --stages >= 2 and --warmup >= 0")
     return args

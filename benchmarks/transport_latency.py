@@ -276,9 +276,7 @@ def main() -> None:
         parser.error(f"--sizes: {args.sizes!r} is not a comma-separated list of byte counts, e.g. 2048,1048576")
     if any(size < 4 or size % 4 for size in sizes):  # payloads are float32 tensors of size / 4 elements
         parser.error(f"--sizes: every size must be a positive multiple of 4 bytes, got {args.sizes}")
-    for flag, value in (("--round-trips", args.round_trips), ("--rounds", args.rounds)):
-        if value < 1:
-            parser.error(f"{flag} must be >= 1, got {value}")
+    parser.at_least(args, 1, "round_trips", "rounds")
     config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=2, rdzv_backend="c10d",
                           rdzv_endpoint=f"127.0.0.1:{free_port()}", max_restarts=0, run_id="latency")
     if args.breakdown:

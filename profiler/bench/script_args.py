@@ -18,6 +18,15 @@ class Parser(argparse.ArgumentParser):
         print(f"error: {message}", file=sys.stderr)
         sys.exit(2)
 
+    def at_least(self, args: argparse.Namespace, least: int, *names: str) -> None:
+        """An error naming the first of ``names`` (attributes of ``args``, a flag's name with underscores; of a
+        list, its smallest value) that is under ``least``."""
+        for name in names:
+            value = getattr(args, name)
+            value = min(value) if isinstance(value, list) else value
+            if value < least:
+                self.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+
 
 def progress(message: str) -> None:
     """One timestamped line on stderr (stdout holds the results)."""
