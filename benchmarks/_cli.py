@@ -5,6 +5,6 @@ The scripts run as ``python benchmarks/NAME.py``, so this folder is on ``sys.pat
 them too.
 """
 
-from profiler.bench.script_args import Parser, progress
+from profiler.bench.script_args import Parser, progress, run
 
-__all__ = ["Parser", "progress"]
+__all__ = ["Parser", "progress", "run"]

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import statistics
 
-from _cli import Parser, progress
+from _cli import Parser, progress, run
 
 from hints.tasks import PipelineShape
+from runtime.durations.presets import WORKLOAD_NAMES
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import builtin_candidates, compare
@@ -48,10 +49,13 @@ def measure(workload: str, ranks: int, seed: int, jitter: float) -> dict:
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[128])
-    parser.add_argument("--workloads", nargs="+", default=["vlm-mixed", "sft-chat", "pretrain-packed"])
+    parser.add_argument("--workloads", nargs="+", default=["vlm-mixed", "sft-chat", "pretrain-packed"],
+                        choices=WORKLOAD_NAMES)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jitter", type=float, default=0.1)
     args = parser.parse_args()
+    parser.at_least(args, 1, "ranks", "seeds")
+    VariabilityModel(jitter=args.jitter)  # checked before anything runs
     print("| workload | ranks | row | family | family bound / universal | makespan / universal (before) | "
           "makespan / family bound (after) |")
     print("|---|---|---|---|---|---|---|")
@@ -76,4 +80,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

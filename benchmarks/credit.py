@@ -31,9 +31,10 @@ import statistics
 import sys
 import time
 
-from _cli import Parser, progress
+from _cli import Parser, progress, run
 
 from hints.tasks import PipelineShape
+from runtime.durations.presets import WORKLOAD_NAMES
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import builtin_candidates, compare
@@ -89,13 +90,17 @@ def levers(workload: str, ranks: int, seed: int, jitter: float, tune_seconds: fl
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[32, 128])
-    parser.add_argument("--workloads", nargs="+", default=["vlm-mixed", "sft-chat", "pretrain-packed"])
+    parser.add_argument("--workloads", nargs="+", default=["vlm-mixed", "sft-chat", "pretrain-packed"],
+                        choices=WORKLOAD_NAMES)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--seeds-at-128", type=int, default=1, help="seeds at 64 ranks and more (slow)")
     parser.add_argument("--jitter", type=float, default=0.1)
     parser.add_argument("--tune-seconds", type=float, default=10.0)
     parser.add_argument("--tune-max-ranks", type=int, default=32)
     args = parser.parse_args()
+    parser.at_least(args, 1, "ranks", "seeds", "seeds_at_128")
+    parser.at_least(args, 0, "tune_seconds")
+    VariabilityModel(jitter=args.jitter)  # checked before anything runs
     began = time.perf_counter()
     lines = []
     for workload in args.workloads:
@@ -132,4 +137,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -22,9 +22,10 @@ import statistics
 import sys
 import time
 
-from _cli import Parser, progress
+from _cli import Parser, progress, run
 
 from hints.orders import peak_in_flight
+from runtime.durations.presets import WORKLOAD_NAMES
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.evaluate import resolve
 from runtime.sched.simulator import simulate
@@ -82,7 +83,7 @@ def auto_grid(args):
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[8, 16, 32])
-    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS))
+    parser.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=WORKLOAD_NAMES)
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--jitter", type=float, default=0.1)
     parser.add_argument("--hints", nargs="+", default=list(HINTS), choices=list(HINTS))
@@ -90,6 +91,9 @@ def main() -> None:
     parser.add_argument("--auto", type=int, default=0, help="iterations per case of --policy auto (0: none)")
     parser.add_argument("--auto-only", action="store_true", help="with --auto: skip the per-seed grid")
     args = parser.parse_args()
+    parser.at_least(args, 1, "ranks", "seeds")
+    parser.at_least(args, 0, "auto")
+    VariabilityModel(jitter=args.jitter)  # checked before anything runs
     began = time.perf_counter()
     results: dict[tuple[str, str, str], list[tuple[float, str]]] = {}
     for name, budget, workload, ranks, seed, rule, ratio in ([] if args.auto_only else grid(args)):
@@ -120,4 +124,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

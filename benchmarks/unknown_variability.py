@@ -46,11 +46,12 @@ import statistics
 import sys
 import time
 
-from _cli import Parser, progress
+from _cli import Parser, progress, run
 
 from hints.tasks import PipelineShape
 from profiler.bench.cells import hint_for, simulate_table, summarize_cell
 from profiler.bench.matrix import MATRIX_ROWS, MICROBATCHES_PER_RANK, parse_unknown_sweep
+from runtime.durations.presets import WORKLOAD_NAMES
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.auto import simulate_auto
 from runtime.sched.budget import MemoryBudget
@@ -61,8 +62,8 @@ ROWS = ("fixed-1f1b", "fixed-zb", "fixed-1f1b-light", "fixed-1f1b-heavy", "fixed
 BUDGETS = ("1f1b", "2x")
 
 
-def points(spec: str) -> list[str]:
-    return [""] + [f"{kind}={level:g}" for kind, levels in parse_unknown_sweep(spec) for level in levels]
+def points(spec: str, flag: str) -> list[str]:
+    return [""] + [f"{kind}={level:g}" for kind, levels in parse_unknown_sweep(spec, flag) for level in levels]
 
 
 def auto_over(workload: str, ranks: int, jitter: float, unknown: str, seeds: list[int], budget: str):
@@ -134,7 +135,7 @@ def oracle_over_planned(workload: str, ranks: int, jitter: float, unknown: str, 
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--ranks", type=int, nargs="+", default=[32, 128])
-    parser.add_argument("--workloads", nargs="+", default=["sft-chat", "vlm-mixed"])
+    parser.add_argument("--workloads", nargs="+", default=["sft-chat", "vlm-mixed"], choices=WORKLOAD_NAMES)
     parser.add_argument("--tables", type=int, default=2)
     parser.add_argument("--jitter", type=float, default=0.1)
     parser.add_argument("--levels", default="moe=1.3:1.7:2.5,cost-error=0.1:0.2:0.4,slow-rank=0.1:0.3:0.6,"
@@ -146,13 +147,17 @@ def main() -> None:
                         "realized durations, fixed, over the planned order, fixed; and what knowing each microbatch's "
                         "cost once its first forward has run could be worth to a ready run, with a control")
     args = parser.parse_args()
+    parser.at_least(args, 1, "ranks", "tables", "auto_iterations")
+    VariabilityModel(jitter=args.jitter)  # checked before anything runs, as the sweep's levels are
+    sweeps = {small: points(args.levels if small else args.large_levels, "--levels" if small else "--large-levels")
+              for small in {ranks <= 32 for ranks in args.ranks}}
     rows = [r for r in MATRIX_ROWS if r.name in ROWS]
     seeds = [1000 * s for s in range(args.tables)]
     began = time.perf_counter()
     out = []
     for ranks in args.ranks:
         for workload in args.workloads:
-            for unknown in points(args.levels if ranks <= 32 else args.large_levels):
+            for unknown in sweeps[ranks <= 32]:
                 progress(f"{workload} p={ranks} {unknown or 'none'}")
                 per_table = [simulate_table(workload, ranks, args.jitter, seed, rows, BUDGETS, unknown=unknown,
                                             keep_plans=args.oracle)
@@ -226,4 +231,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -192,9 +192,10 @@ def check_settings(settings: Settings) -> None:
         check_split_overhead(settings.split_overhead, "`split_overhead`")
 
 
-def parse_unknown_sweep(text: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
+def parse_unknown_sweep(text: str, where: str = "--unknown-sweep") -> tuple[tuple[str, tuple[float, ...]], ...]:
     """``moe=1.3:1.7,cost-error=0.2`` -> the sweep's levels per kind; ``none`` skips the sweep. Each level is
-    checked as ``--unknown`` checks it ([Note: unknown variability] in runtime.durations.unknown)."""
+    checked as ``--unknown`` checks it ([Note: unknown variability] in runtime.durations.unknown); an error names
+    ``where`` (the flag that gave ``text``)."""
     from runtime.durations.unknown import Unknown
 
     if text.strip() == "none":
@@ -203,10 +204,10 @@ def parse_unknown_sweep(text: str) -> tuple[tuple[str, tuple[float, ...]], ...]:
     for part in text.split(","):
         kind, sep, levels = part.strip().partition("=")
         if not sep or not levels.strip():
-            raise UserError(f"{part.strip()!r} is not KIND=LEVEL[:LEVEL...], e.g. moe=1.3:1.7", "--unknown-sweep")
+            raise UserError(f"{part.strip()!r} is not KIND=LEVEL[:LEVEL...], e.g. moe=1.3:1.7", where)
         values = []
         for level in levels.split(":"):
-            Unknown.parse(f"{kind.strip()}={level.strip()}", "--unknown-sweep")
+            Unknown.parse(f"{kind.strip()}={level.strip()}", where)
             values.append(float(level))
         sweep.append((kind.strip(), tuple(values)))
     return tuple(sweep)

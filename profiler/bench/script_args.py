@@ -7,8 +7,12 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
+from typing import Callable
+
+from hints.errors import UserError, as_flag
 
 
 class Parser(argparse.ArgumentParser):
@@ -26,6 +30,25 @@ class Parser(argparse.ArgumentParser):
             value = min(value) if isinstance(value, list) else value
             if value < least:
                 self.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+
+
+def run(main: Callable[[], object]) -> None:
+    """A script's entry point: ``main()``, with bad input the library finds once the arguments are parsed (a
+    :class:`UserError`: a level out of range, a workload's shape) one ``error:`` line and exit 2 as the parser's
+    own errors are, and Ctrl-C ``interrupted (SIGINT)`` and exit 130, without a traceback (``RRFP_DEBUG=1``
+    shows it). The scripts print their tables when they end, so neither leaves half a table behind."""
+    try:
+        main()
+    except UserError as err:
+        if os.environ.get("RRFP_DEBUG") == "1":
+            raise
+        print(f"error: {err.render(as_flag)}", file=sys.stderr)  # `jitter` -> --jitter, the scripts' convention
+        sys.exit(2)
+    except KeyboardInterrupt:
+        if os.environ.get("RRFP_DEBUG") == "1":
+            raise
+        print("interrupted (SIGINT)", file=sys.stderr)
+        sys.exit(130)
 
 
 def progress(message: str) -> None:
