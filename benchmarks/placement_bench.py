@@ -25,13 +25,15 @@ pays under the reservation rule ([Note: memory budget and chunk deadlock]).
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
 import time
 
+from _cli import Parser, run
+
 from hints.tasks import LOOPING, PipelineShape, V
+from runtime.durations.presets import WORKLOAD_NAMES
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import DEFAULT_RULES, compare, resolve
@@ -98,14 +100,16 @@ def sweep(workload: str, stages: int, microbatches: int, seeds: list[int], jitte
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=32)
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--workloads", nargs="+", default=["multimodal", "language"])
+    parser.add_argument("--workloads", nargs="+", default=["multimodal", "language"], choices=WORKLOAD_NAMES)
     parser.add_argument("--jitter", type=float, default=0.1)
     parser.add_argument("--sweep", type=int, nargs="*", default=[], help="slot counts for the zbv budget sweep")
     args = parser.parse_args()
+    parser.at_least(args, 1, "stages", "microbatches")
+    VariabilityModel(jitter=args.jitter)  # checked before anything runs
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, CPython {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d')}")
     for workload in args.workloads:
@@ -122,4 +126,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -19,13 +19,15 @@ defaults of ``runtime.sched.rules.LOOKAHEAD_OFF_BY_DEFAULT``).
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
 import time
 
+from _cli import Parser, run
+
 from hints.tasks import PipelineShape
+from runtime.durations.presets import WORKLOAD_NAMES
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.evaluate import builtin_candidates, compare
@@ -123,15 +125,17 @@ def part_two(args) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, nargs="+", default=[8, 32, 128])
-    parser.add_argument("--workloads", nargs="+", default=["language", "multimodal"])
+    parser.add_argument("--workloads", nargs="+", default=["language", "multimodal"], choices=WORKLOAD_NAMES)
     parser.add_argument("--chunks", type=int, default=1)
     parser.add_argument("--jitter", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--acceptance", action="store_true", help="also run the acceptance grid (part 2)")
     parser.add_argument("--skip-tables", action="store_true", help="only the acceptance grid")
     args = parser.parse_args()
+    parser.at_least(args, 1, "stages", "chunks")
+    VariabilityModel(jitter=args.jitter)  # checked before anything runs
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, CPython {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d')}")
     if not args.skip_tables:
@@ -141,4 +145,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -1,7 +1,7 @@
-"""The simulated benchmark scripts: bad input is one ``error:`` line and exit 2 before anything runs, whether the
-parser finds it or the library does once the arguments are parsed (profiler.bench.script_args.run); Ctrl-C is
-one line and 130. The scripts run in this process, as ``python benchmarks/NAME.py`` runs them
-(tests.helpers.cli.run_script)."""
+"""The simulated benchmark scripts (whose inputs the library checks: workloads, levels, jitter): bad input is one
+``error:`` line and exit 2 before anything runs, whether the parser finds it or the library does once the
+arguments are parsed (profiler.bench.script_args.run); Ctrl-C is one line and 130. The scripts run in this
+process, as ``python benchmarks/NAME.py`` runs them (tests.helpers.cli.run_script)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,13 @@ CASES = [
     ("bound_tightness", ("--workloads", "nosuch"), "argument --workloads: invalid choice: 'nosuch'"),
     ("bound_tightness", ("--seeds", "0"), "--seeds must be >= 1, got 0"),
     ("bound_tightness", ("--jitter", "-0.5"), "--jitter: must be a finite number from 0 to 3, got -0.5"),
+    ("simulate_compare", ("--workloads", "nosuch"), "argument --workloads: invalid choice: 'nosuch'"),
+    ("simulate_compare", ("--chunks", "0"), "--chunks must be >= 1, got 0"),
+    ("simulate_compare", ("--jitter", "-2"), "--jitter: must be a finite number from 0 to 3, got -2.0"),
+    ("simulate_compare", ("--nope",), "unrecognized arguments: --nope"),
+    ("placement_bench", ("--workloads", "x"), "argument --workloads: invalid choice: 'x'"),
+    ("placement_bench", ("--microbatches", "0"), "--microbatches must be >= 1, got 0"),
+    ("placement_bench", ("--jitter", "9"), "--jitter: must be a finite number from 0 to 3, got 9.0"),
 ]
 
 
