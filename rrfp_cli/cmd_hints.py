@@ -18,7 +18,7 @@ from rich.text import Text
 
 from hints.errors import UserError
 from hints.files.hint_json import hint_to_json
-from hints.files.torch_csv import check_runs_in_torch, check_torch_lowering, torch_csv_text
+from hints.files.torch_csv import check_runs_in_torch, check_torch_lowering, in_torch_loss_order, torch_csv_text
 from hints.files.torch_names import TORCH_SCHEDULES
 from hints.orders import BUILTIN_HINTS, HintOrder
 from hints.outputs import Outputs
@@ -162,10 +162,11 @@ def export(
                         "microbatches drawn at seed N)", "--torch-csv")
     elif freeze_iteration is not None:
         output.note(f"--freeze-iteration: {order.name} does not depend on costs; there is nothing to bind")
-    torch_text = torch_version = None
+    torch_text = torch_version = renamed = None
     if torch_csv is not None:  # [Note: a CSV torch can run]: every check before anything is written
         from runtime.sched.simulator import check_completes
 
+        order, renamed = in_torch_loss_order(order)  # both files hold the order torch runs
         check_runs_in_torch(order, check_completes)
         torch_text = torch_csv_text(order)
         torch_version = check_torch_lowering(order, torch_text)
@@ -179,8 +180,13 @@ def export(
         output.warn(f"{'the CSV binds' if torch_csv is not None else 'the hint binds'} iteration "
                     f"{freeze_iteration}'s costs ({frozen}); torch runs this one order every step, whatever "
                     "each step's microbatches cost")
+    if renamed is not None:
+        which = f"iteration {freeze_iteration}'s microbatch" if frozen is not None else "the hint's microbatch"
+        output.warn(f"torch looks the last stage's losses up by the order its forwards run, so they must run as "
+                    f"microbatches 0, 1, 2, ...: the files rename the microbatches (the same order), microbatch k "
+                    f"being {which} {renamed}[k]; feed torch the microbatches in that order")
     data = {"hint": order.name, "written": written, "frozen_iteration": freeze_iteration if frozen else None,
-            "warnings": output.warnings}
+            "renamed_microbatches": renamed, "warnings": output.warnings}
     if torch_csv is not None:
         data["torch_checks"] = {"completes_in_fixed_order": True, "torch_lowering": torch_version}
     output.result(

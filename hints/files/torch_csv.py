@@ -34,6 +34,9 @@ run ([Note: a CSV torch can run]), which is what ``rrfp hints export --torch-csv
 
     Both answer the same question on the same dependencies (a forward waits for the previous stage's
     forward, a backward for the next stage's), so torch's pass is a check of rrfp's, not a second rule.
+
+    * and the last stage's forwards in microbatch order ([Note: torch's loss order]), which no lowering
+      checks: torch runs an order that breaks it, and trains wrong or fails mid-step.
     A cost-ranked hint is refused as it is: its microbatch numbers are slots ([Note: cost-ranked hints]
     in :mod:`hints.orders`) that torch, which runs the same order every step, cannot re-rank; it must
     be bound to one iteration's costs first. The file is written atomically (:func:`write_text`):
@@ -49,7 +52,7 @@ from pathlib import Path
 from typing import Callable, Sequence
 
 from hints.errors import HintError, UserError
-from hints.orders import HintOrder, fused_in
+from hints.orders import HintOrder, fused_in, relabelled
 from hints.outputs import write_text
 from hints.tasks import PLACEMENTS, PipelineShape, Task, V, check_placement
 from hints.validate import validate_orders
@@ -59,6 +62,42 @@ _TORCH_ACTION_RE = re.compile(
     r"^(\d+)(F|I|B|W|UNSHARD|RESHARD|REDUCE_GRAD|SEND_F|RECV_F|SEND_B|RECV_B)(\d*)$"
 )
 _TORCH_COMPUTE = {"F", "B", "I", "W"}
+
+
+# [Note: torch's loss order]
+#     torch's runtime (``PipelineScheduleMulti._maybe_compute_loss`` / ``_maybe_get_loss``, torch 2.13) appends
+#     each loss the last stage computes to a list, in the order its forwards run, and looks a microbatch's loss
+#     up at its backward by the microbatch number: ``_internal_losses[mb]``. So the last stage must run its
+#     forwards as microbatches 0, 1, 2, ...; an order that runs ``3F2`` before ``3F1`` backpropagates microbatch
+#     1's backward through microbatch 2's loss (no error: wrong gradients; found by running random orders that
+#     torch's lowering accepts in examples/torch_pipelining_job.py), or, when a backward comes before the loss
+#     its number names, fails mid-step ("Loss for microbatch 3 is not available"), its peer then seeing only a
+#     closed connection. Every microbatch's chain of tasks is the same, so renaming the microbatches
+#     (:func:`in_torch_loss_order`: the k-th forward the last stage runs becomes microbatch k, on every stage)
+#     gives the same order, with the same dependencies, memory and completion, that torch runs right; it then
+#     takes the microbatches in that order. rrfp's own runtime keys every loss by its microbatch: for
+#     ``rrfp run`` the order is free.
+
+
+def last_stage_forwards(hint: HintOrder) -> list[int]:
+    """The microbatches in the order the last stage runs their forwards."""
+    last = hint.shape.stages - 1
+    return [task.microbatch for task in hint.orders[hint.shape.rank_of(last)]
+            if task.stage == last and task.kind.value == "F"]
+
+
+def in_torch_loss_order(hint: HintOrder) -> tuple[HintOrder, list[int] | None]:
+    """``hint`` with its microbatches renamed so the last stage runs its forwards as 0, 1, 2, ... ([Note:
+    torch's loss order]), and ``renamed`` (``renamed[k]``: the microbatch of ``hint`` that is now ``k``); the
+    hint itself and None when they already run so. A cost-ranked hint is returned as it is (its numbers are
+    slots: :func:`check_runs_in_torch` refuses it)."""
+    order = last_stage_forwards(hint)
+    if hint.cost_ranked or order == sorted(order):
+        return hint, None
+    new = {old: k for k, old in enumerate(order)}
+    provenance = {**hint.provenance, "renamed_microbatches": order}
+    return HintOrder(hint.shape, relabelled(hint.orders, new), hint.name, provenance, hint.microbatches,
+                     hint.cost_model), order
 
 
 def torch_csv_text(hint: HintOrder) -> str:
@@ -94,6 +133,14 @@ def check_runs_in_torch(hint: HintOrder, completes: Callable[[HintOrder], None])
         raise HintError("is cost-ranked: its microbatch numbers are slots re-ranked by each iteration's costs, "
                         "but torch runs one CSV in the same order every step; bind it to one iteration's costs "
                         "first (`freeze_iteration`)", where)
+    order = last_stage_forwards(hint)
+    if order != sorted(order):
+        stage = hint.shape.stages - 1
+        first = next(k for k, mb in enumerate(order) if mb != k)
+        raise HintError(f"runs {stage}F{order[first]} before {stage}F{first}, but torch looks the last stage's "
+                        f"losses up by the order its forwards ran, so they must run as microbatches 0, 1, 2, ... "
+                        f"(else wrong gradients); rename its microbatches (`in_torch_loss_order`) for the same "
+                        f"order, which torch runs right", where)
     try:
         completes(hint)
     except UserError as err:

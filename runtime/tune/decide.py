@@ -156,6 +156,7 @@ def tune(scenarios: ScenarioSet, policy: str, budget: str | HeldBudget, objectiv
     if time_budget is not None:
         bounds_s = evaluator.price_bounds() * (min(ROW_BOUND_SCENARIOS, len(scenarios.holdout)) - 1)
     config = SearchConfig(objective, rules, evaluations, seed, jobs, seconds=time_budget, started=clock.started,
+                          static=static,
                           reserve=after, reserve_each=0 if explore else len(scenarios.holdout),
                           reserve_s=0.05 + 0.003 * len(scenarios.holdout) + bounds_s)
     with Search(evaluator, config, progress) as search:

@@ -43,7 +43,12 @@ far is kept either way, and ``stopped`` says which.
     per-microbatch costs, as a recorded or sampled iteration's microbatch
     index says nothing of its contents), under the ``fixed`` rule, and drops
     the copies this makes. Each is then scored on every scenario as the one
-    order torch would run.
+    order torch would run. torch also needs the last stage's forwards in
+    microbatch order ([Note: torch's loss order] in :mod:`hints.files.torch_csv`):
+    every candidate and every local-search move is renamed so (the same order
+    under other microbatch numbers: as an index says nothing of a
+    microbatch's contents, neither better nor worse in expectation), and
+    what is scored is what schedule.csv holds.
 """
 
 from __future__ import annotations
@@ -58,6 +63,7 @@ from multiprocessing.connection import wait
 from typing import Any, Callable, Sequence
 
 from hints.errors import HintError
+from hints.files.torch_csv import in_torch_loss_order
 from hints.orders import (
     BUILTIN_HINTS,
     HintOrder,
@@ -101,6 +107,7 @@ class SearchConfig:
     race_first: int = 6  # scenarios a newcomer is scored on before the rest
     local_starts: int = 3
     history: int = 30  # late acceptance: compare with the value this many steps ago
+    static: bool = False  # one order every step (torch): moves are renamed as as_static renames candidates
 
 
 @dataclass
@@ -219,6 +226,7 @@ def as_static(candidates: Sequence[Candidate], shape: PipelineShape, mean: Durat
                            budget=budget)
         elif hint is not None and hint.cost_ranked:
             hint = resolve_cost_ranked(hint, mean.microbatch_costs)
+        hint, _ = in_torch_loss_order(hint)
         key = (hint.shape, hint.orders)
         if key in seen and candidate.family not in ("built-in", "baseline", "traced"):
             continue
@@ -828,6 +836,8 @@ class Search:
                 a, b = (a, b) if self.rng.random() < 0.5 else (b, a)
                 hint = apply_move(current.candidate.hint, (kind, rank, a, b),
                                   f"{start.candidate.name} + local search")
+                if hint is not None and config.static:
+                    hint, _ = in_torch_loss_order(hint)
                 if hint is not None:
                     batch.append(Candidate(hint.name, "local search", current.candidate.rule, hint,
                                            notes={"from": start.candidate.label, "step": step}))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from hints.deps import TaskGraph
+from hints.deps import TaskGraph, prerequisites
 from hints.orders import HintOrder
 from hints.tasks import PipelineShape, Task
 
@@ -44,3 +44,18 @@ def random_order_hint(shape: PipelineShape, seed: int) -> HintOrder:
                 order[pos] = type(tasks[0])(stage, kind, mb)
         orders.append(tuple(order))
     return HintOrder(shape, tuple(orders), f"random-{seed}")
+
+
+def random_completing_hint(shape: PipelineShape, seed: int) -> HintOrder:
+    """Random per-rank orders that complete in fixed order: each rank's order is the order a random list
+    schedule ran its tasks in (each step, any task whose prerequisites have run)."""
+    rng = random.Random(seed)
+    todo = {task for rank in range(shape.ranks) for task in shape.tasks_of_rank(rank)}
+    done: set[Task] = set()
+    orders: list[list[Task]] = [[] for _ in range(shape.ranks)]
+    while todo:
+        task = rng.choice(sorted(t for t in todo if all(p in done for p in prerequisites(t, shape))))
+        todo.remove(task)
+        done.add(task)
+        orders[shape.rank_of(task.stage)].append(task)
+    return HintOrder(shape, tuple(map(tuple, orders)), f"random-run-{seed}")

@@ -8,9 +8,11 @@ import json
 
 import pytest
 
+from hints.errors import HintError
 from hints.files.hint_json import save_hint
 from hints.files.load import load_hint
-from hints.orders import HintOrder, applicable_builtins, as_cost_ranked, builtin_hint
+from hints.files.torch_csv import check_runs_in_torch, in_torch_loss_order, last_stage_forwards
+from hints.orders import HintOrder, applicable_builtins, as_cost_ranked, builtin_hint, relabelled
 from hints.tasks import PipelineShape, Task
 from runtime.durations.variability import VariabilityModel, sample_durations
 from runtime.sched.evaluate import concrete, resolve
@@ -87,7 +89,12 @@ def test_freeze_iteration_binds_that_iterations_costs_and_warns(tmp_path):
                               "at seed 3); torch runs this one order every step")
     table = sample_durations(VariabilityModel(workload="multimodal"), PipelineShape(4, 1, 8), 3)
     expected = builtin_hint("bfw", 4, 1, 8, costs=table.expected().microbatch_costs)
-    assert load_hint(tmp_path / "s.csv").orders == expected.orders
+    # bfw runs the heaviest first: in torch, its microbatches are renamed ([Note: torch's loss order])
+    renamed, names = in_torch_loss_order(expected)
+    assert names == last_stage_forwards(expected) != list(range(8))
+    assert load_hint(tmp_path / "s.csv").orders == renamed.orders
+    assert f"microbatch k being iteration 3's microbatch {names}[k]; feed torch the microbatches in that order" \
+        in warning
     later = sample_durations(VariabilityModel(workload="multimodal"), PipelineShape(4, 1, 8), 4)
     other = builtin_hint("bfw", 4, 1, 8, costs=later.expected().microbatch_costs)
     assert other.orders != expected.orders  # another iteration binds another order
@@ -102,7 +109,27 @@ def test_freeze_iteration_binds_a_cost_ranked_file(tmp_path):
     data = json.loads(result.stdout)
     assert data["frozen_iteration"] == 2 and "binds iteration 2's costs" in data["warnings"][0]
     table = sample_durations(VariabilityModel(workload="multimodal"), ranked.shape, 2)
-    assert load_hint(tmp_path / "s.csv").orders == concrete(ranked, table).orders
+    bound, names = in_torch_loss_order(concrete(ranked, table))
+    assert load_hint(tmp_path / "s.csv").orders == bound.orders
+    assert data["renamed_microbatches"] == names == last_stage_forwards(concrete(ranked, table))
+    assert "feed torch the microbatches in that order" in data["warnings"][1]
+
+
+def test_the_csv_and_the_json_hold_the_renamed_order_torch_runs(tmp_path):
+    """A hint file whose last stage runs 1F1 before 1F0: both outputs rename them; check_runs_in_torch refuses
+    the order as it is, and torch's lowering would not have (it checks dependencies, not the loss order)."""
+    plain = builtin_hint("1f1b", 2, 1, 3)
+    swapped = HintOrder(plain.shape, relabelled(plain.orders, [1, 0, 2]), "swapped")
+    save_hint(swapped, tmp_path / "h.json")
+    with pytest.raises(HintError, match=r"hint swapped: runs 1F1 before 1F0, but torch looks the last stage's losses "
+                                        r"up by the order its forwards ran"):
+        check_runs_in_torch(swapped, check_completes)
+    result = run_cli(tmp_path, "hints", "export", "h.json", "--torch-csv", "s.csv", "--out", "o.json", "--json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["renamed_microbatches"] == [1, 0, 2] and "the hint's microbatch [1, 0, 2][k]" in data["warnings"][0]
+    assert load_hint(tmp_path / "s.csv").orders == load_hint(tmp_path / "o.json").orders == plain.orders
+    assert load_hint(tmp_path / "o.json").provenance["renamed_microbatches"] == [1, 0, 2]
 
 
 def test_freeze_iteration_on_an_index_order_binds_nothing(tmp_path):

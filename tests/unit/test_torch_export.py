@@ -15,12 +15,14 @@ from hints.files.load import hint_placement, load_hint, resolve_hint
 from hints.files.torch_csv import (
     check_torch_lowering,
     export_torch_csv,
+    in_torch_loss_order,
+    last_stage_forwards,
     torch_csv_text,
     torch_schedule_name,
     torch_schedule_notes,
 )
 from hints.files.torch_names import TORCH_PREFIX, TORCH_SCHEDULES
-from hints.orders import HintOrder, applicable_builtins, as_cost_ranked, builtin_hint, peak_in_flight
+from hints.orders import HintOrder, applicable_builtins, as_cost_ranked, builtin_hint, peak_in_flight, relabelled
 from hints.tasks import PipelineShape, Task
 from hints.validate import validate_orders
 from runtime.durations.variability import VariabilityModel
@@ -28,9 +30,10 @@ from runtime.sched.evaluate import resolve
 from runtime.sched.results import ScheduleDeadlock
 from runtime.sched.simulator import check_completes
 from runtime.tune.decide import HeldBudget, tune
-from runtime.tune.evaluator import Candidate, Objective
+from runtime.tune.evaluator import Candidate, Evaluator, Objective
 from runtime.tune.scenarios import from_model
 from runtime.tune.search import as_static
+from tests.helpers.schedules import random_completing_hint, random_order_hint
 
 pytestmark = pytest.mark.unit
 
@@ -187,6 +190,51 @@ def test_the_notes_say_what_torch_and_torchtitan_need():
     assert "layers_per_stage" not in v
 
 
+# -- [Note: torch's loss order] -------------------------------------------------------
+
+
+@pytest.mark.parametrize("shape", [PipelineShape(2, 2, 4), PipelineShape(3, 1, 5, True),
+                                   PipelineShape(2, 2, 5, True, "v"), PipelineShape(4, 2, 6)],
+                         ids=lambda s: s.describe())
+def test_renaming_the_microbatches_keeps_the_order_and_puts_the_last_stages_forwards_in_turn(shape):
+    seen = {True: 0, False: 0}
+    for seed in range(40):
+        hint = (random_completing_hint if seed % 2 else random_order_hint)(shape, seed)
+        renamed, names = in_torch_loss_order(hint)
+        assert last_stage_forwards(renamed) == list(range(shape.microbatches))
+        if names is None:
+            assert renamed is hint and last_stage_forwards(hint) == list(range(shape.microbatches))
+            continue
+        assert names == last_stage_forwards(hint) and renamed.shape == hint.shape and renamed.name == hint.name
+        assert relabelled(renamed.orders, names) == hint.orders  # a renaming, nothing moved
+        validate_orders(shape, renamed.orders, "renamed")
+        assert [peak_in_flight(o, shape) for o in renamed.orders] == [peak_in_flight(o, shape) for o in hint.orders]
+        assert _completes(renamed) == _completes(hint)
+        seen[_completes(hint)] += 1
+    assert seen[True] and seen[False]  # orders that complete and orders that deadlock were both renamed
+
+
+def _completes(hint: HintOrder) -> bool:
+    try:
+        check_completes(hint)
+    except ScheduleDeadlock:
+        return False
+    return True
+
+
+def test_an_order_torch_would_look_its_losses_up_wrong_in_is_refused(tmp_path):
+    hint = HintOrder(PipelineShape(2, 2, 3), relabelled(builtin_hint("interleaved-1f1b", 2, 2, 3).orders, [0, 2, 1]),
+                     "swapped")
+    with pytest.raises(HintError) as info:
+        export_torch_csv(hint, tmp_path / "s.csv", check_completes)
+    assert str(info.value) == ("hint swapped: runs 3F2 before 3F1, but torch looks the last stage's losses up by the "
+                               "order its forwards ran, so they must run as microbatches 0, 1, 2, ... (else wrong "
+                               "gradients); rename its microbatches (`in_torch_loss_order`) for the same order, which "
+                               "torch runs right")
+    assert list(tmp_path.iterdir()) == []
+    assert in_torch_loss_order(as_cost_ranked(hint, [1.0, 2.0, 3.0]))[1] is None  # slots: refused as they are
+
+
 # -- tune-hint --target torch's pieces ------------------------------------------------
 
 
@@ -204,8 +252,11 @@ def test_static_candidates_are_index_orders_in_fixed_order_without_copies():
     # bfw is built from the mean costs; GPipe heaviest first, its slots bound by the same costs, is that very
     # order (one chunk: both passes heaviest first), and "gpipe again" is gpipe: both copies are dropped.
     assert [c.name for c in static] == ["bfw", "gpipe"]
-    assert static[0].hint.orders == resolve("bfw", 2, 1, 4, mean).orders
+    bfw = resolve("bfw", 2, 1, 4, mean)
+    assert last_stage_forwards(bfw) != [0, 1, 2, 3]  # heaviest first: torch would look its losses up wrong
+    assert static[0].hint.orders == in_torch_loss_order(bfw)[0].orders
     assert static[1].hint.orders == gpipe.orders
+    assert all(last_stage_forwards(c.hint) == [0, 1, 2, 3] for c in static)  # [Note: torch's loss order]
 
 
 def test_a_held_budget_keeps_every_fixed_order_within_what_each_rank_held():
@@ -222,6 +273,19 @@ def test_a_held_budget_keeps_every_fixed_order_within_what_each_rank_held():
     peaks = [peak_in_flight(order, chosen.hint.shape) for order in chosen.hint.orders]
     assert all(peak <= slots for peak, slots in zip(peaks, [3, 2, 2]))
     check_completes(chosen.hint)
+
+
+def test_every_static_candidate_simulated_runs_its_last_stages_forwards_in_turn(monkeypatch):
+    """Local-search moves included: what is scored is what schedule.csv would hold ([Note: torch's loss order])."""
+    simulated = []
+    makespans = Evaluator.makespans
+    monkeypatch.setattr(Evaluator, "makespans", lambda self, candidate, *args: (
+        simulated.append(candidate), makespans(self, candidate, *args))[1])
+    shape = PipelineShape(2, 1, 6)  # with room for 2x 1F1B's activations, moves swap the last stage's forwards
+    scenarios = from_model(VariabilityModel(workload="multimodal", jitter=0.1), shape, 4, 4, seed=1)
+    tune(scenarios, "fixed", "2x", Objective.parse("mean"), evaluations=600, static=True)
+    assert sum(c.family == "local search" for c in simulated) > 100
+    assert all(last_stage_forwards(c.hint) == list(range(6)) for c in simulated)
 
 
 def test_a_static_tuning_refuses_a_ready_policy():
