@@ -182,9 +182,10 @@ def export(
                     "each step's microbatches cost")
     if renamed is not None:
         which = f"iteration {freeze_iteration}'s microbatch" if frozen is not None else "the hint's microbatch"
+        files = "the CSV and the JSON rename" if out is not None else "the CSV renames"
         output.warn(f"torch looks the last stage's losses up by the order its forwards run, so they must run as "
-                    f"microbatches 0, 1, 2, ...: the files rename the microbatches (the same order), microbatch k "
-                    f"being {which} {renamed}[k]; feed torch the microbatches in that order")
+                    f"microbatches 0, 1, 2, ...: {files} the microbatches (the same order), microbatch k being "
+                    f"{which} {renamed}[k]; feed torch the microbatches in that order")
     data = {"hint": order.name, "written": written, "frozen_iteration": freeze_iteration if frozen else None,
             "renamed_microbatches": renamed, "warnings": output.warnings}
     if torch_csv is not None:

@@ -314,7 +314,8 @@ def torch_schedule_notes(hint: HintOrder, csv_path: str, torch_version: str | No
         f"- Shape: {shape.describe()}.",
         f"- Stage placement: {where}, as torch's `Schedule{name}` places them; build each rank's stages so.",
         f"- Microbatches: {m} per step; torch's `n_microbatches` (torchtitan's microbatch count) must be {m}.",
-        f"- Checked: it completes in exactly this order (`rrfp hints check`); {checked}.",
+        f"- Checked: it completes in exactly this order (`rrfp hints check`); {checked}; the last stage runs its "
+        f"forwards as microbatches 0, 1, 2, ..., as torch's loss lookup needs.",
         f"- torch runs this one order every step, whatever each step's microbatches cost.{frozen}",
         "",
         "## torchtitan",

@@ -177,7 +177,8 @@ def test_the_notes_say_what_torch_and_torchtitan_need():
     hint = builtin_hint("interleaved-1f1b", 4, 3, 8)
     notes = torch_schedule_notes(hint, "/abs/schedule.csv", "2.13.0")
     for text in ("`/abs/schedule.csv`", "rank r holds stages r, r + 4, r + 8", "`ScheduleInterleaved1F1B`",
-                 "Microbatches: 8 per step", "torch 2.13.0's lowering", "--parallelism.pipeline_parallel_degree 4",
+                 "Microbatches: 8 per step", "torch 2.13.0's lowering", "as microbatches 0, 1, 2, ..., as torch's loss",
+                 "--parallelism.pipeline_parallel_degree 4",
                  "--parallelism.pipeline_parallel_schedule Interleaved1F1B",
                  "--parallelism.pipeline_parallel_schedule_csv /abs/schedule.csv",
                  "--parallelism.num_pp_microbatches 8", "pipeline_parallel_microbatch_size",
