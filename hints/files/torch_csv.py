@@ -139,7 +139,7 @@ def check_runs_in_torch(hint: HintOrder, completes: Callable[[HintOrder], None])
         first = next(k for k, mb in enumerate(order) if mb != k)
         raise HintError(f"runs {stage}F{order[first]} before {stage}F{first}, but torch looks the last stage's "
                         f"losses up by the order its forwards ran, so they must run as microbatches 0, 1, 2, ... "
-                        f"(else wrong gradients); rename its microbatches (`in_torch_loss_order`) for the same "
+                        f"(else wrong gradients); rename its microbatches (in_torch_loss_order does) for the same "
                         f"order, which torch runs right", where)
     try:
         completes(hint)

@@ -230,7 +230,7 @@ def test_an_order_torch_would_look_its_losses_up_wrong_in_is_refused(tmp_path):
         export_torch_csv(hint, tmp_path / "s.csv", check_completes)
     assert str(info.value) == ("hint swapped: runs 3F2 before 3F1, but torch looks the last stage's losses up by the "
                                "order its forwards ran, so they must run as microbatches 0, 1, 2, ... (else wrong "
-                               "gradients); rename its microbatches (`in_torch_loss_order`) for the same order, which "
+                               "gradients); rename its microbatches (in_torch_loss_order does) for the same order, which "
                                "torch runs right")
     assert list(tmp_path.iterdir()) == []
     assert in_torch_loss_order(as_cost_ranked(hint, [1.0, 2.0, 3.0]))[1] is None  # slots: refused as they are
