@@ -48,6 +48,7 @@ def test_a_repeated_interrupt_keeps_what_one_keeps(tmp_path, sequence):
     assert process.returncode == 130, stderr
     assert stderr.strip().splitlines()[-1] == "interrupted (SIGINT)", stderr
     assert "Traceback" not in stderr and "internal error" not in stderr
+    assert (run / "metrics.parquet").is_file(), f"{sorted(p.name for p in run.iterdir())}\n{stderr}"
     kept = pl.read_parquet(run / "metrics.parquet")
     assert kept.height >= 2 and kept["iteration"].to_list() == list(range(kept.height))
     assert f"kept {kept.height} completed iterations of ready-1f1b@1f1b in i (metrics.parquet, trace.pftrace)" \
