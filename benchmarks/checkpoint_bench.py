@@ -12,7 +12,6 @@ their ratio holds on a loaded machine. Medians exclude the first iteration.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -23,8 +22,10 @@ import tempfile
 from pathlib import Path
 
 import polars as pl
+from _cli import Parser, run
 
 REPO = Path(__file__).resolve().parents[1]
+HEADS = 4
 
 
 def rrfp(cwd: Path, *args: str) -> None:
@@ -36,14 +37,18 @@ def rrfp(cwd: Path, *args: str) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, default=4)
     parser.add_argument("--hidden", type=int, default=256)
     parser.add_argument("--layers-per-stage", type=int, default=2)
     parser.add_argument("--iters", type=int, default=6)
     args = parser.parse_args()
+    parser.at_least(args, 1, "stages", "hidden", "layers_per_stage")
+    parser.at_least(args, 2, "iters")  # the medians leave the first iteration out
+    if args.hidden % HEADS:
+        parser.error(f"--hidden must be a multiple of {HEADS} (the model's attention heads), got {args.hidden}")
     model = ["--workload", "gpt", "--stages", str(args.stages), "--microbatches", str(2 * args.stages),
-             "--hidden", str(args.hidden), "--layers-per-stage", str(args.layers_per_stage), "--heads", "4",
+             "--hidden", str(args.hidden), "--layers-per-stage", str(args.layers_per_stage), "--heads", str(HEADS),
              "--seq-len", "64", "--policy", "fixed", "--no-trace"]
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
@@ -66,4 +71,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -7,6 +7,7 @@ The comparison lives in the package (so an installed ``rrfp bench`` runs it as
 """
 
 from profiler.bench.external import main
+from profiler.bench.script_args import run
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -36,6 +36,8 @@ import sys
 import time
 from pathlib import Path
 
+from _cli import Parser, run
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -298,9 +300,10 @@ def streams(lines: list[str], device: str) -> bool:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--out")
-    parser.add_argument("--device", default="cuda", help="cpu: a dry run of checks 1, 2 and 4 (gloo) without a GPU")
+    parser.add_argument("--device", default="cuda", choices=("cuda", "cpu"),
+                        help="cpu: a dry run of checks 1, 2 and 4 (gloo) without a GPU")
     parser.add_argument("--pingpong", choices=("gloo", "nccl"), help=argparse.SUPPRESS)  # check 4's child
     args = parser.parse_args()
     if args.pingpong:
@@ -309,9 +312,13 @@ def main() -> None:
     if not args.out:
         parser.error("--out is required")
     out = Path(args.out)
+    parser.folder(out, "--out")
+    import torch
+
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: torch sees no GPU here (--device cpu is the dry run)")
     out.mkdir(parents=True, exist_ok=True)
     work = Path("/tmp/rrfp-device")
-    import torch
 
     lines = [f"# rrfp device check\n\ntorch {torch.__version__}, CUDA {torch.version.cuda}, "
              f"{torch.cuda.device_count()} x {torch.cuda.get_device_name(0) if torch.cuda.is_available() else 'no GPU'}, "
@@ -337,4 +344,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -28,7 +28,6 @@ sizes say the simulation is linear as an algorithm; what the timed table shows b
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -316,18 +315,19 @@ def calls_per_task() -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    from _cli import Parser  # here, not at the top: see the end of this file
+
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--against", metavar="REV", help="compare end to end with git revision REV, side by side")
-    parser.add_argument("--e2e-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--calls", action="store_true", help="count function calls per task instead of timing")
     args = parser.parse_args()
-    if args.e2e_worker:
-        _worker_main()
-        return
+    parser.at_least(args, 1, "repeats")
+    if args.against is not None:
+        parser.commit(args.against, "--against")
     print(f"machine: {platform.machine()}, {platform.python_implementation()} {platform.python_version()}, "
           f"{os.cpu_count()} CPUs")
-    if args.against:
+    if args.against is not None:
         against(args.against, args.repeats)
         return
     if args.calls:
@@ -340,4 +340,9 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    if sys.argv[1:] == ["--e2e-worker"]:  # a _Worker: maybe under an older tree (--against), without what _cli needs
+        _worker_main()
+    else:
+        from _cli import run
+
+        run(main)

@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Callable
 
 import torch
-from _cli import Parser
+from _cli import Parser, run
 
 from hints.orders import builtin_hint
 from runtime.exec.ranges import TaskRanges
@@ -160,4 +160,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -23,12 +23,13 @@ Step times are medians over iterations after the first.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
 import time
 from pathlib import Path
+
+from _cli import Parser, run
 
 from hints.orders import BUILTIN_HINTS, applicable_builtins
 from profiler.analysis.replay import sensitivity, trace_hint
@@ -36,7 +37,7 @@ from profiler.trace.reader import read_trace
 from profiler.trace.recorder import merge_run_traces
 from runtime.config import RunConfig
 from runtime.durations.tables import load_durations
-from runtime.run.launch import launch
+from runtime.run.launch import launch, preflight
 from runtime.run.worker import Job, WorkerOptions
 from runtime.sched.budget import MemoryBudget
 from runtime.sched.simulator import simulate
@@ -148,7 +149,7 @@ def bench(args, stages: int, root: Path) -> None:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, nargs="+", default=[4, 8])
     parser.add_argument("--microbatches-per-rank", type=int, default=4)
     parser.add_argument("--iters", type=int, default=5)
@@ -157,7 +158,13 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="runs/bench-runtime")
     args = parser.parse_args()
-    root = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+    parser.at_least(args, 1, "stages", "microbatches_per_rank")
+    parser.at_least(args, 2, "iters")  # step times are medians over the iterations after the first
+    out = Path(args.out)
+    parser.folder(out, "--out")
+    for stages in args.stages:  # every job's flags (--forward-time, --jitter, --seed), before any rank starts
+        preflight([job.config for job in jobs_for(args, stages, out)])
+    root = out / time.strftime("%Y%m%d-%H%M%S")
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, CPython {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d')}")
     for stages in args.stages:
@@ -165,4 +172,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

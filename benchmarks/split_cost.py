@@ -58,7 +58,7 @@ from pathlib import Path
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: no numpy here
 
 import torch
-from _cli import Parser, progress  # benchmarks/_cli.py: this script's folder is on sys.path
+from _cli import Parser, progress, run  # benchmarks/_cli.py: this script's folder is on sys.path
 
 from profiler.trace.reader import read_trace
 from runtime.config import RunConfig, run_shape
@@ -400,4 +400,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

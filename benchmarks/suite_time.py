@@ -14,7 +14,6 @@ print one ``error:`` line and exit 2.
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import re
@@ -25,6 +24,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _cli import Parser, run
 
 REPO = Path(__file__).resolve().parents[1]
 SUMMARY = re.compile(r"^=* ?(\d+ (passed|failed).*) in [\d.]+s", re.MULTILINE)
@@ -44,22 +45,13 @@ def commit_of(tree: Path, rev: str = "HEAD") -> str:
                           check=True).stdout.strip()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+def main() -> None:
+    parser = Parser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--against", required=True, help="the revision to compare with (a commit, tag or branch)")
     parser.add_argument("--repeats", type=int, default=1, help="how many turns of both trees (default 1)")
-    try:
-        args = parser.parse_args()
-    except SystemExit as exit_:
-        return int(exit_.code or 0)
-    if args.repeats < 1:
-        print(f"error: --repeats: {args.repeats} is not a positive count", file=sys.stderr)
-        return 2
-    check = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{args.against}^{{commit}}"], cwd=REPO,
-                           capture_output=True, text=True)
-    if check.returncode != 0:
-        print(f"error: --against: {args.against!r} is not a commit of this repository", file=sys.stderr)
-        return 2
+    args = parser.parse_args()
+    parser.at_least(args, 1, "repeats")
+    parser.commit(args.against, "--against")
     other = Path(tempfile.mkdtemp(prefix="rrfp-suite-")) / "tree"
     subprocess.run(["git", "worktree", "add", "--detach", str(other), args.against], cwd=REPO, check=True,
                    capture_output=True)
@@ -94,8 +86,7 @@ def main() -> int:
         print(f"| {repeat + 1} | here | `pytest -m unit` | {unit[0]:.1f} | {unit[1]} | {unit[2]} |")
     ratio = statistics.median(here[0] / there[0] for _, there, here, _ in rows)
     print(f"\nMedian ratio here / {args.against} (`make test`): {ratio:.2f}")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -11,13 +11,17 @@ range from its first operator to its end, i.e. without the input wait), rrfp's b
 
 from __future__ import annotations
 
-import argparse
 import gzip
 import json
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from _cli import Parser, run
+
+from hints.errors import HintError
+from hints.files.torch_names import TORCH_SCHEDULES
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -43,17 +47,30 @@ def raw_compute_ns(folder: Path) -> dict[int, int]:
     return out
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None) -> None:
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--schedules", default="Interleaved1F1B,InterleavedZeroBubble,ZBVZeroBubble,DualPipeV")
     parser.add_argument("-m", "--microbatches", type=int, default=8)
     parser.add_argument("--iters", type=int, default=4)
     parser.add_argument("--width", type=int, default=256)
     args = parser.parse_args(argv)
+    schedules = args.schedules.split(",")
+    for name in schedules:
+        if name not in TORCH_SCHEDULES:  # the job runs torch's Schedule<NAME>, spelt as torch spells it
+            parser.error(f"--schedules: {name!r} is not a torch schedule; use {', '.join(TORCH_SCHEDULES)}")
+    parser.at_least(args, 1, "microbatches", "width")
+    parser.at_least(args, 2, "iters")  # the profiled job's first step warms the profiler up
+    from hints.files.torch_import import import_torch_schedule  # imports torch
+
+    for name in schedules:  # torch's own shape checks (the job's 2 ranks), before any job runs
+        try:
+            import_torch_schedule(name, 2, args.microbatches)
+        except HintError as err:
+            parser.error(f"--microbatches: {err.what}")
     print("| schedule | rank | profiler compute slices (ms) | rrfp busy after import (ms) | difference |")
     print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as root:
-        for name in args.schedules.split(","):
+        for name in schedules:
             traces, run = Path(root) / name, Path(root) / f"{name}-run"
             subprocess.run([sys.executable, str(REPO / "examples" / "torch_pipelining_job.py"), "--schedule", name,
                             "-p", "2", "-m", str(args.microbatches), "--iters", str(args.iters), "--width",
@@ -67,8 +84,7 @@ def main(argv=None) -> int:
             for rank, raw in sorted(raw_compute_ns(traces).items()):
                 mine = busy[str(rank)]
                 print(f"| {name} | {rank} | {raw / 1e6:.3f} | {mine / 1e6:.3f} | {(mine - raw) / raw:+.4%} |")
-    return 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

@@ -27,13 +27,18 @@ but 0 (``metrics.parquet``: ``dp_reduce_seconds``, ``dp_exposed_seconds``).
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import subprocess
 import sys
 from pathlib import Path
+
+from _cli import Parser, run
+
+from hints.errors import UserError
+from hints.tasks import PipelineShape
+from runtime.sched.budget import MemoryBudget
 
 ROOT = Path(__file__).resolve().parents[1]
 EMULATED = ["--workload", "emulated", "--emulate", "multimodal", "--jitter", "0.2"]
@@ -86,10 +91,11 @@ def overlap(run_dir: str) -> dict:
 # The emulated --compare runs: name, shape flags, which table, what to read from the ready job.
 GRIDS = (("emulated-pp4-tp2", ["--stages", "4", "--tp", "2", "--microbatches", "16"], "tp", follow),
          ("emulated-pp2-dp2", ["--stages", "2", "--dp", "2", "--microbatches", "8"], "dp", overlap))
+RUNS = (*(name for name, *_ in GRIDS), "gpt-pp2-tp2", "gpt-pp2-dp2", "gpt-pp2v2-dp2")  # what --only names
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--budgets", default="1f1b,2x")
@@ -97,6 +103,18 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=ROOT / "runs" / "bench-tp-dp")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
+    parser.at_least(args, 2, "iters")  # the figures leave iteration 0 out
+    parser.at_least(args, 1, "repeats")
+    for budget in args.budgets.split(","):
+        try:  # the emulated runs hold one chunk per rank
+            MemoryBudget.parse(budget).per_rank(PipelineShape(2, 1, 8))
+        except UserError as err:
+            parser.error(f"--budgets: {err.what}")
+    for name in [] if args.only is None else args.only.split(","):
+        if name not in RUNS:
+            parser.error(f"--only: {name!r} is not a run; use {', '.join(RUNS)}")
+    parser.folder(args.out, "--out")
+    args.out = args.out.resolve()  # rrfp runs in ROOT: a relative --out means this directory's, as everywhere
     results: dict = {"compare": [], "tp": [], "dp": []}
     wanted = None if args.only is None else set(args.only.split(","))
     runs = lambda name: wanted is None or name in wanted  # noqa: E731
@@ -161,4 +179,4 @@ def _median(rows: list[dict], key: str, scale: float, fmt: str) -> str:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -12,13 +12,14 @@ backward (``I`` then ``W`` by ``autograd.grad`` with the graph retained). Prints
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from _cli import Parser, run  # noqa: E402
 
 
 def _worker(rank: int, port: int, iters: int, out) -> None:
@@ -69,13 +70,14 @@ def _worker(rank: int, port: int, iters: int, out) -> None:
 
 
 def main() -> None:
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--iters", type=int, default=50)
+    args = parser.parse_args()
+    parser.at_least(args, 1, "iters")
     import torch.multiprocessing as mp
 
     from runtime.run.launch import free_port
 
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=50)
-    args = parser.parse_args()
     context = mp.get_context("spawn")
     out = context.SimpleQueue()
     port = free_port()
@@ -91,4 +93,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

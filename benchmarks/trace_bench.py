@@ -31,7 +31,6 @@
 
 from __future__ import annotations
 
-import argparse
 import os
 import platform
 import statistics
@@ -40,17 +39,15 @@ import sys
 import time
 from pathlib import Path
 
-import torch
+from _cli import Parser, run
 
 from hints.tasks import Task
 from profiler.trace.cache import keep
 from profiler.trace.reader import compiled_reader, read_trace
 from profiler.trace.recorder import TraceRecorder, merge_run_traces
-from runtime.comm.inbox import Arrival
-from runtime.comm.links import Sent
 from runtime.config import RunConfig
 from runtime.exec.recording import RecorderSetup, TaskSpan
-from runtime.run.launch import launch
+from runtime.run.launch import launch, preflight
 from runtime.run.worker import Job, WorkerOptions
 from runtime.sched.arbiter import Decision
 
@@ -59,11 +56,16 @@ TRACER = "profiler.trace.recorder:TraceRecorder"
 READER_TARGET = 3.0  # read_trace's CPU time as a multiple of a plain parse of the same file (issue 26)
 
 
-def overhead(args, out: Path) -> dict[str, str]:
+def overhead_configs(args) -> dict[str, RunConfig]:
+    """The two jobs of part 1, each run with tracing off and on."""
     base = dict(workload="emulated", emulate="multimodal", ranks=args.stages, microbatches=args.microbatches,
                 iters=args.iters, forward_time=args.forward_time, seed=1)
-    configs = {"fixed-1f1b": RunConfig(**base, hint="1f1b", policy="fixed"),
-               "ready-zb@2x": RunConfig(**base, hint="zb", policy="ready", memory_budget="2x")}
+    return {"fixed-1f1b": RunConfig(**base, hint="1f1b", policy="fixed"),
+            "ready-zb@2x": RunConfig(**base, hint="zb", policy="ready", memory_budget="2x")}
+
+
+def overhead(args, out: Path) -> dict[str, str]:
+    configs = overhead_configs(args)
     jobs = []
     for name, config in configs.items():
         for traced in (False, True):
@@ -86,6 +88,11 @@ def overhead(args, out: Path) -> dict[str, str]:
 
 def synthetic_trace(out: Path, events: int) -> int:
     """Write a trace of about ``events`` packets through TraceRecorder; returns the task count."""
+    import torch
+
+    from runtime.comm.inbox import Arrival
+    from runtime.comm.links import Sent
+
     ranks, microbatches = 8, 64
     per_task = 11  # task 2 + decision 2 + counters 3 + about 2 send + 2 receive packets
     iterations = max(1, events // (ranks * microbatches * 2 * per_task))
@@ -261,7 +268,7 @@ def _read_walking(path: Path, compiled: bool):
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--stages", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=32)
     parser.add_argument("--iters", type=int, default=5)
@@ -271,7 +278,14 @@ def main() -> None:
     parser.add_argument("--out", default="runs/bench-trace")
     parser.add_argument("--reader-only", action="store_true", help="Only part 2 (reader speed).")
     args = parser.parse_args()
-    out = Path(args.out) / time.strftime("%Y%m%d-%H%M%S")
+    parser.at_least(args, 1, "stages", "microbatches", "repeats")
+    parser.at_least(args, 2, "iters")  # the median step leaves the first iteration out
+    parser.folder(args.out, "--out")
+    if not args.reader_only:
+        preflight(list(overhead_configs(args).values()))  # --forward-time and the rest, before any rank starts
+    import torch
+
+    out = Path(args.out).resolve() / time.strftime("%Y%m%d-%H%M%S")  # absolute: `rrfp trace bubbles` runs in ROOT
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, CPython {platform.python_version()}, "
           f"torch {torch.__version__}")
     if args.reader_only:
@@ -288,4 +302,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

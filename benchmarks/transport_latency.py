@@ -41,7 +41,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message="Failed to initialize NumPy")  # before torch: no numpy here
 
-from _cli import Parser  # benchmarks/_cli.py: this script's folder is on sys.path
+from _cli import Parser, run  # benchmarks/_cli.py: this script's folder is on sys.path
 
 from runtime.run.launch import free_port
 
@@ -299,4 +299,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -20,7 +20,6 @@ runs
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import platform
@@ -29,6 +28,8 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+
+from _cli import Parser, run
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -147,19 +148,24 @@ def _side_by_side(out: Path, job_toml: Path, builtin: dict, emulate: str, budget
     return {job.name: results[job.name]["metrics"] for job in jobs}
 
 
+PARTS = {"speed": part_speed, "bound": part_bound, "runs": part_runs}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--parts", nargs="+", default=["speed", "bound", "runs"])
+    parser = Parser(description=__doc__.splitlines()[0])
+    parser.add_argument("--parts", nargs="+", choices=PARTS, default=list(PARTS))
     parser.add_argument("--time-budget", type=float, default=60.0)
     parser.add_argument("--work", default="runs/bench-tune")
     args = parser.parse_args()
+    parser.positive(args, "time_budget")  # tune-hint's search needs some time
+    parser.folder(args.work, "--work")
     work = Path(args.work) / time.strftime("%Y%m%d-%H%M%S")
     work.mkdir(parents=True)
     print(f"machine: {platform.machine()}, {os.cpu_count()} CPUs, CPython {platform.python_version()}; "
           f"{time.strftime('%Y-%m-%d')}")
-    for part in args.parts:
-        {"speed": part_speed, "bound": part_bound, "runs": part_runs}[part](args, work.resolve())
+    for part in dict.fromkeys(args.parts):  # once each: a part's tune-hint runs write new directories
+        PARTS[part](args, work.resolve())
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

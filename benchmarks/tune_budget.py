@@ -13,7 +13,6 @@ The load average is read before each run: the figures of a machine shared with o
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import os
@@ -23,6 +22,10 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from _cli import Parser, run
+
+from runtime.durations.presets import WORKLOAD_NAMES
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -49,14 +52,18 @@ def one_run(shape: tuple[str, ...], seconds: float, jobs: int, out: Path) -> dic
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--time-budget", type=float, nargs="+", default=[20.0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--jobs", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--workload", default="multimodal")
+    parser.add_argument("--workload", default="multimodal", choices=WORKLOAD_NAMES)
     parser.add_argument("--ranks", type=int, default=8)
     parser.add_argument("--microbatches", type=int, default=32)
     args = parser.parse_args()
+    parser.positive(args, "time_budget")  # tune-hint's search needs some time; the table divides by it
+    parser.at_least(args, 1, "repeats", "jobs", "ranks", "microbatches")
+    # once each: a run's --out is named after its budget and --jobs, and tune-hint refuses one that exists
+    args.time_budget, args.jobs = list(dict.fromkeys(args.time_budget)), list(dict.fromkeys(args.jobs))
     shape = ("--workload", args.workload, "-p", str(args.ranks), "-m", str(args.microbatches), "--jitter", "0.1")
     runs: list[dict] = []
     with tempfile.TemporaryDirectory() as work:
@@ -92,4 +99,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -90,7 +90,7 @@ from hints.files.torch_import import import_torch_schedule
 from hints.orders import peak_in_flight
 from hints.outputs import write_text
 from hints.tasks import LOOPING, PipelineShape, V
-from profiler.bench.script_args import Parser, progress
+from profiler.bench.script_args import Parser, progress, run
 from profiler.bench.torch_side import run_torch
 from runtime.config import RunConfig
 from runtime.run.launch import launch, preflight
@@ -490,4 +490,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -7,12 +7,17 @@ Nothing here imports torch.
 from __future__ import annotations
 
 import argparse
+import math
 import os
+import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Callable
 
 from hints.errors import UserError, as_flag
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 class Parser(argparse.ArgumentParser):
@@ -29,7 +34,34 @@ class Parser(argparse.ArgumentParser):
             value = getattr(args, name)
             value = min(value) if isinstance(value, list) else value
             if value < least:
-                self.error(f"--{name.replace('_', '-')} must be >= {least}, got {value}")
+                self.error(f"--{_flag(name)} must be >= {least}, got {value}")
+
+    def positive(self, args: argparse.Namespace, *names: str) -> None:
+        """An error naming the first of ``names`` (as :meth:`at_least`; every value of a list) that is not a
+        finite number above 0: a time budget, a duration."""
+        for name in names:
+            values = getattr(args, name)
+            for value in values if isinstance(values, list) else [values]:
+                if not (math.isfinite(value) and value > 0):
+                    self.error(f"--{_flag(name)} must be a finite number > 0, got {value}")
+
+    def folder(self, path: str | Path, flag: str) -> None:
+        """An error when ``path`` cannot be a folder: it, or the nearest of its parents that exists, is a file."""
+        path = Path(path)
+        found = next(p for p in (path, *path.absolute().parents) if p.exists())
+        if not found.is_dir():
+            self.error(f"{flag}: {found} is a file, not a folder")
+
+    def commit(self, revision: str, flag: str) -> None:
+        """An error when ``revision`` names no commit of this repository (``git rev-parse``)."""
+        check = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{revision}^{{commit}}"], cwd=REPO,
+                               capture_output=True, text=True)
+        if check.returncode != 0:
+            self.error(f"{flag}: {revision!r} is not a commit of this repository")
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
 
 
 def run(main: Callable[[], object]) -> None:

@@ -1,4 +1,4 @@
-"""The simulated benchmark scripts (whose inputs the library checks: workloads, levels, jitter): bad input is one
+"""The benchmark scripts (whose inputs the library checks too: workloads, levels, jitter, run flags): bad input is one
 ``error:`` line and exit 2 before anything runs, whether the parser finds it or the library does once the
 arguments are parsed (profiler.bench.script_args.run); Ctrl-C is one line and 130. The scripts run in this
 process, as ``python benchmarks/NAME.py`` runs them (tests.helpers.cli.run_script)."""
@@ -36,6 +36,58 @@ CASES = [
     ("placement_bench", ("--workloads", "x"), "argument --workloads: invalid choice: 'x'"),
     ("placement_bench", ("--microbatches", "0"), "--microbatches must be >= 1, got 0"),
     ("placement_bench", ("--jitter", "9"), "--jitter: must be a finite number from 0 to 3, got 9.0"),
+    ("checkpoint_bench", ("--iters", "1"), "--iters must be >= 2, got 1"),
+    ("checkpoint_bench", ("--stages", "0"), "--stages must be >= 1, got 0"),
+    ("checkpoint_bench", ("--layers-per-stage", "0"), "--layers-per-stage must be >= 1, got 0"),
+    ("checkpoint_bench", ("--hidden", "30"), "--hidden must be a multiple of 4 (the model's attention heads), got 30"),
+    ("checkpoint_bench", ("--nope",), "unrecognized arguments: --nope"),
+    ("device_check", (), "--out is required"),
+    ("device_check", ("--out", "report", "--device", "tpu"), "argument --device: invalid choice: 'tpu'"),
+    ("device_check", ("--pingpong", "mpi"), "argument --pingpong: invalid choice: 'mpi'"),
+    ("device_check", ("--out", "/dev/null", "--device", "cpu"), "--out: /dev/null is a file, not a folder"),
+    ("foundation", ("--repeats", "0"), "--repeats must be >= 1, got 0"),
+    ("foundation", ("--against", "no-such-rev"), "--against: 'no-such-rev' is not a commit of this repository"),
+    ("foundation", ("--e2e-worker", "--repeats", "1"), "unrecognized arguments: --e2e-worker"),
+    ("runtime_bench", ("--iters", "1"), "--iters must be >= 2, got 1"),
+    ("runtime_bench", ("--stages", "4", "0"), "--stages must be >= 1, got 0"),
+    ("runtime_bench", ("--microbatches-per-rank", "0"), "--microbatches-per-rank must be >= 1, got 0"),
+    ("runtime_bench", ("--forward-time", "-1"), "--forward-time: must be a finite number from 0 to 3600, got -1.0"),
+    ("runtime_bench", ("--jitter", "5"), "--jitter: must be a finite number from 0 to 3, got 5.0"),
+    ("runtime_bench", ("--seed", "-1"), "--seed: must be a whole number >= 0, got -1"),
+    ("runtime_bench", ("--out", "/dev/null"), "--out: /dev/null is a file, not a folder"),
+    ("suite_time", (), "the following arguments are required: --against"),
+    ("suite_time", ("--against", "HEAD", "--repeats", "0"), "--repeats must be >= 1, got 0"),
+    ("suite_time", ("--against", "no-such-rev"), "--against: 'no-such-rev' is not a commit of this repository"),
+    ("torch_import_fidelity", ("--schedules", "Interleaved1F1B,Nope"), "--schedules: 'Nope' is not a torch schedule"),
+    ("torch_import_fidelity", ("--iters", "1"), "--iters must be >= 2, got 1"),
+    ("torch_import_fidelity", ("-m", "0"), "--microbatches must be >= 1, got 0"),
+    ("torch_import_fidelity", ("--width", "0"), "--width must be >= 1, got 0"),
+    ("torch_import_fidelity", ("--schedules", "ZBVZeroBubble,Interleaved1F1B", "-m", "5"),
+     "--microbatches: torch could not build 'Interleaved1F1B' for 2 ranks x 2 chunks, 5 microbatches"),
+    ("tp_dp", ("--iters", "1"), "--iters must be >= 2, got 1"),
+    ("tp_dp", ("--repeats", "0"), "--repeats must be >= 1, got 0"),
+    ("tp_dp", ("--budgets", "1f1b,3y"), "--budgets: '3y' is not a budget"),
+    ("tp_dp", ("--budgets", "2x,0"), "--budgets: 0 gives 0 slot(s) on some rank"),
+    ("tp_dp", ("--only", "gpt-pp2-tp2,nope"), "--only: 'nope' is not a run; use emulated-pp4-tp2, emulated-pp2-dp2"),
+    ("tp_dp", ("--out", "/dev/null"), "--out: /dev/null is a file, not a folder"),
+    ("tp_dtensor", ("--iters", "0"), "--iters must be >= 1, got 0"),
+    ("tp_dtensor", ("--nope",), "unrecognized arguments: --nope"),
+    ("trace_bench", ("--iters", "1"), "--iters must be >= 2, got 1"),
+    ("trace_bench", ("--stages", "0"), "--stages must be >= 1, got 0"),
+    ("trace_bench", ("--microbatches", "0"), "--microbatches must be >= 1, got 0"),
+    ("trace_bench", ("--reader-only", "--repeats", "0"), "--repeats must be >= 1, got 0"),
+    ("trace_bench", ("--forward-time", "-1"), "--forward-time: must be a finite number from 0 to 3600, got -1.0"),
+    ("trace_bench", ("--out", "/dev/null"), "--out: /dev/null is a file, not a folder"),
+    ("tune_bench", ("--parts", "speed", "nope"), "argument --parts: invalid choice: 'nope'"),
+    ("tune_bench", ("--time-budget", "-1"), "--time-budget must be a finite number > 0, got -1.0"),
+    ("tune_bench", ("--time-budget", "inf"), "--time-budget must be a finite number > 0, got inf"),
+    ("tune_bench", ("--work", "/dev/null"), "--work: /dev/null is a file, not a folder"),
+    ("tune_budget", ("--time-budget", "5", "0"), "--time-budget must be a finite number > 0, got 0.0"),
+    ("tune_budget", ("--repeats", "0"), "--repeats must be >= 1, got 0"),
+    ("tune_budget", ("--jobs", "1", "0"), "--jobs must be >= 1, got 0"),
+    ("tune_budget", ("--workload", "nosuch"), "argument --workload: invalid choice: 'nosuch'"),
+    ("tune_budget", ("--ranks", "0"), "--ranks must be >= 1, got 0"),
+    ("tune_budget", ("--microbatches", "0"), "--microbatches must be >= 1, got 0"),
 ]
 
 
@@ -46,6 +98,18 @@ def test_bad_input_is_one_error_line_and_exit_2(tmp_path, script, args, message)
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], result.stderr
     assert result.stdout == "" and not list(tmp_path.iterdir())  # nothing ran: nothing printed or written
+
+
+def test_device_check_without_a_gpu_is_one_error_line(tmp_path):
+    """--device cuda (the default) where torch sees no GPU: refused before any check runs or any report is written."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = run_script(tmp_path, "benchmarks/device_check.py", "--out", "report")
+    assert result.returncode == 2, result.stderr
+    assert result.stderr == "error: --device cuda: torch sees no GPU here (--device cpu is the dry run)\n"
+    assert result.stdout == "" and not list(tmp_path.iterdir())
 
 
 def test_an_interrupt_is_one_line_and_130(capsys, monkeypatch):
