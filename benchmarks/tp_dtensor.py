@@ -13,6 +13,7 @@ backward (``I`` then ``W`` by ``autograd.grad`` with the graph retained). Prints
 from __future__ import annotations
 
 import os
+import queue
 import sys
 import time
 from pathlib import Path
@@ -69,6 +70,22 @@ def _worker(rank: int, port: int, iters: int, out) -> None:
     dist.destroy_process_group()
 
 
+def _result(out, processes) -> tuple[dict, float]:
+    """Rank 0's timings, or one error line (exit 1) as soon as a rank has ended without them."""
+    while True:
+        try:
+            return out.get(timeout=0.5)
+        except queue.Empty:
+            ended = [(rank, p.exitcode) for rank, p in enumerate(processes) if p.exitcode is not None]
+            failed = [(rank, code) for rank, code in ended if code != 0]
+            if failed:
+                rank, code = failed[0]
+                raise SystemExit(f"error: rank {rank} exited with {code} before rank 0 reported (its traceback is "
+                                 f"above)")
+            if len(ended) == len(processes):
+                raise SystemExit("error: both ranks exited without a result")
+
+
 def main() -> None:
     parser = Parser(description=__doc__.splitlines()[0])
     parser.add_argument("--iters", type=int, default=50)
@@ -79,14 +96,18 @@ def main() -> None:
     from runtime.run.launch import free_port
 
     context = mp.get_context("spawn")
-    out = context.SimpleQueue()
+    out = context.Queue()
     port = free_port()
     processes = [context.Process(target=_worker, args=(rank, port, args.iters, out)) for rank in range(2)]
     for p in processes:
         p.start()
-    timings, agree = out.get()
-    for p in processes:
-        p.join(60)
+    try:
+        timings, agree = _result(out, processes)
+    finally:  # a rank that failed leaves the other blocked in a collective: stop it rather than wait for ever
+        for p in processes:
+            p.join(60 if p.exitcode == 0 else 0)
+            if p.is_alive():
+                p.terminate()
     print(f"outputs agree with the whole MLP within {agree:.1e}; DTensor ran the split backward (I, then W)")
     for name, ms in timings.items():
         print(f"{name:45s} {ms:7.2f} ms per forward+backward")

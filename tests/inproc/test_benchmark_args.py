@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from profiler.bench.script_args import run
-from tests.helpers.cli import run_script
+from tests.helpers.cli import load_script, run_script
 
 CASES = [
     ("unknown_variability", ("--workloads", "sft-chat", "nosuch"), "argument --workloads: invalid choice: 'nosuch'"),
@@ -133,3 +133,29 @@ def test_rrfp_debug_shows_the_traceback(monkeypatch):
 
     with pytest.raises(UserError):
         run(refused)
+
+
+class _Ended:
+    def __init__(self, exitcode):
+        self.exitcode = exitcode
+
+
+class _Nothing:
+    def get(self, timeout):
+        import queue
+
+        raise queue.Empty
+
+
+@pytest.mark.parametrize("exitcodes, message", [
+    ((None, 1), "error: rank 1 exited with 1 before rank 0 reported (its traceback is above)"),
+    ((-9, None), "error: rank 0 exited with -9 before rank 0 reported (its traceback is above)"),
+    ((0, 0), "error: both ranks exited without a result"),
+])
+def test_tp_dtensor_ends_when_a_rank_ends_without_its_timings(exitcodes, message):
+    """A rank that fails leaves the other blocked in a collective: the script says so at once instead of waiting
+    for ever on a result that cannot come."""
+    tp_dtensor = load_script("benchmarks/tp_dtensor.py")
+    with pytest.raises(SystemExit) as ended:
+        tp_dtensor._result(_Nothing(), [_Ended(code) for code in exitcodes])
+    assert ended.value.code == message
