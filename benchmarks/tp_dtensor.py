@@ -103,11 +103,12 @@ def main() -> None:
         p.start()
     try:
         timings, agree = _result(out, processes)
-    finally:  # a rank that failed leaves the other blocked in a collective: stop it rather than wait for ever
+    except BaseException:  # a rank that failed leaves the other blocked in a collective: stop it, not wait for ever
         for p in processes:
-            p.join(60 if p.exitcode == 0 else 0)
-            if p.is_alive():
-                p.terminate()
+            p.terminate()
+        raise
+    for p in processes:  # rank 0 reported: both are tearing their group down
+        p.join(60)
     print(f"outputs agree with the whole MLP within {agree:.1e}; DTensor ran the split backward (I, then W)")
     for name, ms in timings.items():
         print(f"{name:45s} {ms:7.2f} ms per forward+backward")
